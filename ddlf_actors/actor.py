@@ -1,0 +1,128 @@
+"""Remote classes: ``ActorClass`` (what ``@ddlf.remote`` makes of a class), ``ActorHandle``."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+
+from ddlf_actors.runtime.core import ActorSpec, get_core
+from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.serialization import dumps
+
+from .options import ACTOR_OPTIONS, validate
+
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod"]
+
+
+def _require_core():
+    core = get_core()
+    if core is None:
+        raise DDLFError("DDLF is not initialized: call ddlf.init() first")
+    return core
+
+
+class ActorClass:
+    """A class decorated with ``@ddlf.remote``. Create actors with ``Cls.remote(...)``."""
+
+    def __init__(self, cls: type, options: dict):
+        self._cls = cls
+        self._options = validate(dict(options), ACTOR_OPTIONS, f"actor class {cls.__name__}")
+        self._spec: ActorSpec | None = None
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__module__ = cls.__module__
+        self.__doc__ = cls.__doc__
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            f"Actor class {self.__name__} cannot be instantiated directly. "
+            f"Use {self.__name__}.remote(...) instead.")
+
+    def _get_spec(self) -> ActorSpec:
+        # The class is pickled once, on first use; every actor of it reuses the bytes.
+        if self._spec is None:
+            methods = {}
+            for name, fn in inspect.getmembers(self._cls, callable):
+                if name.startswith("__") and name != "__call__":
+                    continue
+                methods[name] = inspect.iscoroutinefunction(fn)
+            segs = [bytes(s) for s in dumps(self._cls)]
+            self._spec = ActorSpec(self._cls.__name__, segs, methods, self._options)
+        return self._spec
+
+    def options(self, **options) -> _BoundActorClass:
+        merged = dict(self._options)
+        merged.update(validate(options, ACTOR_OPTIONS, f"actor class {self.__name__}"))
+        return _BoundActorClass(self, merged)
+
+    def remote(self, *args, **kwargs) -> ActorHandle:
+        return self._create(self._options, args, kwargs)
+
+    def _create(self, options, args, kwargs) -> ActorHandle:
+        core = _require_core()
+        spec = self._get_spec()
+        actor_id = uuid.uuid4().hex[:16]
+        core.create_actor(actor_id, spec, args, kwargs, options)
+        return ActorHandle(actor_id, spec.class_name, spec.methods)
+
+    def __repr__(self):
+        return f"ActorClass({self.__module__}.{self.__qualname__})"
+
+
+class _BoundActorClass:
+    def __init__(self, actor_class: ActorClass, options: dict):
+        self._actor_class = actor_class
+        self._options = options
+
+    def remote(self, *args, **kwargs) -> ActorHandle:
+        return self._actor_class._create(self._options, args, kwargs)
+
+
+class ActorMethod:
+    __slots__ = ("_handle", "_name")
+
+    def __init__(self, handle: ActorHandle, name: str):
+        self._handle = handle
+        self._name = name
+
+    def remote(self, *args, **kwargs):
+        h = self._handle
+        return _require_core().submit_actor_call(h._actor_id, h._class_name, self._name, args, kwargs)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            f"Actor methods cannot be called directly. Use "
+            f"{self._handle._class_name}.{self._name}.remote(...) instead "
+            f"(e.g. handle.{self._name}.remote()).")
+
+
+class ActorHandle:
+    """A reference to a live actor; pass it to other actors and tasks freely."""
+
+    def __init__(self, actor_id: str, class_name: str, methods: dict):
+        self._actor_id = actor_id
+        self._class_name = class_name
+        self._methods = methods
+        self._method_cache: dict = {}
+
+    def __getattr__(self, name: str) -> ActorMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._methods:
+            raise AttributeError(f"actor class {self._class_name} has no method {name!r}")
+        m = self._method_cache.get(name)
+        if m is None:
+            m = self._method_cache[name] = ActorMethod(self, name)
+        return m
+
+    def __reduce__(self):
+        return (ActorHandle, (self._actor_id, self._class_name, self._methods))
+
+    def __eq__(self, other):
+        return isinstance(other, ActorHandle) and other._actor_id == self._actor_id
+
+    def __hash__(self):
+        return hash(self._actor_id)
+
+    def __repr__(self):
+        return f"ActorHandle({self._class_name}, {self._actor_id})"

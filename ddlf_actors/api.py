@@ -1,0 +1,200 @@
+"""Starting, stopping and talking to a cluster: ``init``, ``get``, ``wait``, ``put`` ..."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+
+from ddlf_actors.runtime.auth import read_token_file
+from ddlf_actors.runtime.core import Core, get_core, set_core
+from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.local_cluster import LocalCluster
+from ddlf_actors.runtime.object_ref import ObjectRef
+
+from .actor import ActorClass, ActorHandle
+from .remote_function import RemoteFunction
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "get_actor",
+    "nodes", "cluster_resources", "available_resources", "ClusterInfo",
+]
+
+_lock = threading.Lock()
+
+
+class ClusterInfo:
+    """What ``ddlf.init`` returns: where the head is, and the token to join it."""
+
+    def __init__(self, address: str, token: str, embedded: bool):
+        self.address = address
+        self.token = token
+        self.embedded = embedded
+
+    def __repr__(self):
+        kind = "embedded" if self.embedded else "connected"
+        return f"ClusterInfo(address={self.address!r}, {kind})"
+
+
+def init(address: str | None = None, *, num_cpus: float | None = None, token: str | None = None,
+         resources: dict | None = None) -> ClusterInfo:
+    """Start an embedded local cluster (no ``address``) or connect to ``"host:port"``.
+
+    The embedded cluster is a head and one node as child processes with ``num_cpus`` CPUs
+    (default ``os.cpu_count()``); it stops at :func:`shutdown` or at interpreter exit.
+    Raises ``DDLFError`` if already initialized, ``AuthenticationError`` for a wrong token.
+    """
+    with _lock:
+        if get_core(auto=False) is not None:
+            raise DDLFError("ddlf.init() was already called in this process; call "
+                            "ddlf.shutdown() first to start or join another cluster")
+        cluster = None
+        if address is None:
+            cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources)
+            address, token = cluster.address, cluster.token
+        else:
+            if num_cpus is not None or resources:
+                raise ValueError("num_cpus and resources describe an embedded cluster; give them "
+                                 "to `ddlf-node start` on each host instead")
+            token = token or os.environ.get("DDLF_AUTH_TOKEN") or _token_from_file(address)
+            if ":" not in address:
+                raise ValueError(f"address must be 'host:port', got {address!r}")
+        core = Core(address, token, is_driver=True, cluster=cluster)
+        try:
+            core.connect()
+        except BaseException:
+            core.io.stop()
+            if cluster is not None:
+                cluster.stop()
+            raise
+        set_core(core)
+        return ClusterInfo(address, token, cluster is not None)
+
+
+def _token_from_file(address: str) -> str | None:
+    from ddlf_actors.runtime.config import session_root
+
+    port = address.rsplit(":", 1)[-1]
+    path = os.path.join(session_root(), f"head-{port}", "token")
+    return read_token_file(path) if os.path.exists(path) else None
+
+
+def shutdown() -> None:
+    """Disconnect; stop the embedded cluster (and every actor it runs) if we started one."""
+    with _lock:
+        core = get_core(auto=False)
+        if core is None:
+            return
+        set_core(None)
+        cluster = core.cluster
+        core.closing = True
+        if cluster is not None:
+            try:
+                core.head_call("shutdown", timeout=15)
+            except Exception:
+                pass
+        core.close()
+        if cluster is not None:
+            cluster.stop()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized() -> bool:
+    return get_core(auto=False) is not None
+
+
+def _core() -> Core:
+    core = get_core()
+    if core is None:
+        raise DDLFError("DDLF is not initialized: call ddlf.init() first")
+    return core
+
+
+def remote(*args, **options):
+    """Make a class an actor class, or a function a remote function.
+
+    Use bare (``@ddlf.remote``) or with options (``@ddlf.remote(num_cpus=1, ...)``).
+    """
+    if len(args) == 1 and not options and callable(args[0]):
+        return _make_remote(args[0], {})
+    if args:
+        raise TypeError("use @ddlf.remote or @ddlf.remote(option=value, ...)")
+    return lambda obj: _make_remote(obj, options)
+
+
+def _make_remote(obj, options):
+    if isinstance(obj, type):
+        return ActorClass(obj, options)
+    if callable(obj):
+        return RemoteFunction(obj, options)
+    raise TypeError(f"@ddlf.remote applies to classes and functions, not {type(obj).__name__}")
+
+
+def get(refs, *, timeout: float | None = None):
+    """Block until the value(s) are ready and return them (a list keeps its order).
+
+    Raises the remote error (a ``TaskError``, also an instance of the remote exception's
+    class), ``ActorDiedError``, or ``GetTimeoutError`` after ``timeout`` seconds.
+    """
+    core = _core()
+    if isinstance(refs, ObjectRef):
+        return core.get([refs], timeout)[0]
+    if isinstance(refs, (list, tuple)):
+        return core.get(list(refs), timeout)
+    raise TypeError(f"ddlf.get expects an ObjectRef or a list of them, got {type(refs).__name__}")
+
+
+def wait(refs, *, num_returns: int = 1, timeout: float | None = None):
+    """Return ``(ready, not_ready)`` once ``num_returns`` refs are ready or ``timeout`` passes.
+
+    Both lists keep the order of ``refs``.
+    """
+    if isinstance(refs, ObjectRef) or not isinstance(refs, (list, tuple)):
+        raise TypeError("ddlf.wait expects a list of ObjectRefs")
+    refs = list(refs)
+    if len(set(refs)) != len(refs):
+        raise ValueError("ddlf.wait got the same ObjectRef more than once")
+    if not 0 <= num_returns <= len(refs):
+        raise ValueError(f"num_returns must be between 0 and len(refs)={len(refs)}, got {num_returns}")
+    return _core().wait(refs, num_returns, timeout)
+
+
+def put(value) -> ObjectRef:
+    """Store ``value`` once; the ref can be passed to many calls (shipped once per worker)."""
+    return _core().put(value)
+
+
+def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
+    """Kill an actor's process now. Its pending and later calls raise ``ActorDiedError``."""
+    if not isinstance(actor, ActorHandle):
+        raise TypeError(f"ddlf.kill expects an ActorHandle, got {type(actor).__name__}")
+    _core().kill_actor(actor._actor_id, no_restart)
+
+
+def get_actor(name: str) -> ActorHandle:
+    """Return a handle to the live actor created with ``name=``; ``ValueError`` if none."""
+    view = _core().head_call("get_actor", name)
+    if view is None:
+        raise ValueError(f"no live actor named {name!r} in this cluster")
+    return ActorHandle(view["actor_id"], view["class_name"], view["methods"] or {})
+
+
+def nodes() -> list[dict]:
+    """One dict per node: ``node_id``, ``address``, ``alive``, ``resources`` (and more)."""
+    return _core().head_call("nodes")
+
+
+def cluster_resources() -> dict:
+    """Total resources of the alive nodes, e.g. ``{"CPU": 2.0}``."""
+    return _core().head_call("cluster_resources")
+
+
+def available_resources() -> dict:
+    """Resources not reserved by actors or running tasks, e.g. ``{"CPU": 1.0}``."""
+    return _core().head_call("available_resources")
+
+
+# Silence "imported but unused" for names re-exported by the package.
+_ = (RemoteFunction,)

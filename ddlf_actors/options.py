@@ -1,0 +1,37 @@
+"""Validation of the options accepted by ``@ddlf.remote`` and ``.options()``."""
+
+from __future__ import annotations
+
+__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "validate"]
+
+_COMMON = {"num_cpus", "resources", "name"}
+ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id"}
+TASK_OPTIONS = _COMMON | {"max_retries"}
+
+
+def validate(options: dict, allowed: set, what: str) -> dict:
+    unknown = set(options) - allowed
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for {what}; "
+                         f"valid options are {sorted(allowed)}")
+    n = options.get("num_cpus")
+    if n is not None and (not isinstance(n, (int, float)) or n < 0):
+        raise ValueError(f"num_cpus must be a number >= 0, got {n!r}")
+    res = options.get("resources")
+    if res is not None:
+        if not isinstance(res, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in res.items()):
+            raise ValueError(f"resources must be a dict of name -> amount >= 0, got {res!r}")
+        if "CPU" in res:
+            raise ValueError("give CPUs with num_cpus=..., not resources={'CPU': ...}")
+    for key in ("max_restarts", "max_retries"):
+        v = options.get(key)
+        if v is not None and (not isinstance(v, int) or v < -1):
+            raise ValueError(f"{key} must be an int >= 0 (or -1 for unlimited), got {v!r}")
+    mc = options.get("max_concurrency")
+    if mc is not None and (not isinstance(mc, int) or mc < 1):
+        raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")
+    lt = options.get("lifetime")
+    if lt not in (None, "detached"):
+        raise ValueError(f"lifetime must be None or 'detached', got {lt!r}")
+    return options

@@ -1,0 +1,241 @@
+"""One authenticated, framed TCP connection (an ``asyncio.BufferedProtocol``).
+
+The protocol first runs the handshake in :mod:`auth` with fixed-size reads, then
+parses frames with :class:`FrameDecoder`. ``BufferedProtocol`` lets a large segment
+be received straight into its final buffer, so a 100 MB array costs no extra copy on
+the receiving side. Writes are queued and flushed once per loop iteration, which
+coalesces the many small frames of a burst of calls into one ``writev``.
+
+A framing error aborts the connection: after one, the stream has no trustworthy
+frame boundary left, so the connection is never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from . import auth, protocol
+from .errors import AuthenticationError, ConnectionLostError, FrameError
+from .framing import FrameDecoder, encode_frame
+
+__all__ = ["Connection", "connect", "serve"]
+
+log = logging.getLogger("ddlf.connection")
+
+_AUTH_CLIENT_CHALLENGE = 1
+_AUTH_CLIENT_REPLY = 2
+_AUTH_SERVER_RESPONSE = 3
+_OPEN = 4
+_CLOSED = 5
+
+
+class Connection(asyncio.BufferedProtocol):
+    """A framed connection. ``handler`` gets ``frame_received(conn, segments)`` and
+    ``connection_closed(conn, exc)``; ``on_open(conn)`` runs once authentication succeeds."""
+
+    def __init__(self, token, handler, *, server: bool, max_frame_bytes: int | None = None,
+                 on_open=None):
+        self.token = token
+        self.handler = handler
+        self.server = server
+        self.on_open = on_open
+        self.decoder = FrameDecoder(max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.loop = None
+        self.peer = None
+        self.state = _AUTH_SERVER_RESPONSE if server else _AUTH_CLIENT_CHALLENGE
+        self._auth_buf = bytearray()
+        self._auth_mem = memoryview(bytearray(256))
+        self._server_nonce = b""
+        self._client_nonce = b""
+        self.ready: asyncio.Future | None = None
+        self._out: list = []
+        self._flush_scheduled = False
+        self.closed = False
+        self.close_exc: BaseException | None = None
+        self.info: dict = {}  # free-form per-connection state owned by the handler
+
+    # -- asyncio protocol ----------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        self.loop = asyncio.get_running_loop()
+        self.ready = self.loop.create_future()
+        self.peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        if self.server:
+            msg, self._server_nonce = auth.make_challenge()
+            transport.write(msg)
+
+    def get_buffer(self, sizehint):
+        if self.state == _OPEN:
+            return self.decoder.get_buffer()
+        return self._auth_mem
+
+    def buffer_updated(self, nbytes):
+        if self.state == _OPEN:
+            try:
+                frames = self.decoder.buffer_updated(nbytes)
+            except FrameError as e:
+                log.warning("aborting connection from %s: %s", self.peer, e)
+                self.abort(e)
+                return
+            self._deliver(frames)
+        elif self.state != _CLOSED:
+            self._auth_buf += self._auth_mem[:nbytes]
+            self._advance_auth()
+
+    def _deliver(self, frames):
+        handler = self.handler
+        for segs in frames:
+            if self.closed:
+                return
+            try:
+                handler.frame_received(self, segs)
+            except Exception as e:  # a handler bug must not leave the peer waiting forever
+                log.exception("error handling a frame from %s", self.peer)
+                self.abort(e)
+                return
+
+    def _advance_auth(self):
+        buf = self._auth_buf
+        try:
+            if self.state == _AUTH_CLIENT_CHALLENGE:
+                if len(buf) < auth.CHALLENGE_SIZE:
+                    return
+                challenge = bytes(buf[: auth.CHALLENGE_SIZE])
+                del buf[: auth.CHALLENGE_SIZE]
+                response, self._client_nonce = auth.answer_challenge(self.token, challenge)
+                self._server_nonce = challenge[-32:]
+                self.transport.write(response)
+                self.state = _AUTH_CLIENT_REPLY
+            if self.state == _AUTH_CLIENT_REPLY:
+                if len(buf) < auth.REPLY_SIZE:
+                    return
+                reply = bytes(buf[: auth.REPLY_SIZE])
+                del buf[: auth.REPLY_SIZE]
+                auth.check_reply(self.token, self._server_nonce, self._client_nonce, reply)
+                self._open(bytes(buf))
+            elif self.state == _AUTH_SERVER_RESPONSE:
+                if len(buf) < auth.RESPONSE_SIZE:
+                    return
+                response = bytes(buf[: auth.RESPONSE_SIZE])
+                del buf[: auth.RESPONSE_SIZE]
+                ok, reply = auth.check_answer(self.token, self._server_nonce, response)
+                self.transport.write(reply)
+                if not ok:
+                    log.warning("rejected a connection from %s: wrong or missing token", self.peer)
+                    self.state = _CLOSED
+                    self.transport.close()  # flushes the "refused" reply first
+                    return
+                self._open(bytes(buf))
+        except AuthenticationError as e:
+            self.abort(e)
+
+    def _open(self, leftover: bytes):
+        self.state = _OPEN
+        self._auth_buf = bytearray()
+        if not self.ready.done():
+            self.ready.set_result(self)
+        if self.on_open is not None:
+            self.on_open(self)
+        if leftover:
+            try:
+                frames = self.decoder.feed(leftover)
+            except FrameError as e:
+                self.abort(e)
+                return
+            self._deliver(frames)
+
+    def connection_lost(self, exc):
+        was_open = self.state == _OPEN
+        self.state = _CLOSED
+        self.closed = True
+        if exc is None and self.close_exc is not None:
+            exc = self.close_exc
+        if self.ready is not None and not self.ready.done():
+            if self.server:
+                self.ready.cancel()
+            else:
+                self.ready.set_exception(
+                    exc if isinstance(exc, AuthenticationError) else AuthenticationError(
+                        "the peer closed the connection during the handshake: most likely it "
+                        "rejected our token (pass the head's token with ddlf.init(token=...) or "
+                        "DDLF_AUTH_TOKEN)"
+                    )
+                )
+        self._out.clear()
+        if was_open or not self.server:
+            try:
+                self.handler.connection_closed(self, exc)
+            except Exception:
+                log.exception("error in connection_closed handler")
+
+    def eof_received(self):
+        return False
+
+    # -- sending ---------------------------------------------------------------------------
+    def send(self, segments) -> None:
+        """Queue one frame; it is written at the end of this loop iteration."""
+        if self.closed:
+            raise ConnectionLostError(f"connection to {self.peer} is closed")
+        self._out.extend(encode_frame(segments))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def send_msg(self, kind: int, msg_id: int, segments=()) -> None:
+        self.send([protocol.header(kind, msg_id), *segments])
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self.closed:
+            out, self._out = self._out, []
+            self.transport.writelines(out)
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        if self.closed:
+            return
+        self.close_exc = exc
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def connect(host: str, port: int, token, handler, *, timeout: float = 10.0,
+                  max_frame_bytes: int | None = None) -> Connection:
+    """Open an authenticated connection; raise ``AuthenticationError`` or ``OSError``."""
+    loop = asyncio.get_running_loop()
+    _, conn = await asyncio.wait_for(
+        loop.create_connection(
+            lambda: Connection(token, handler, server=False, max_frame_bytes=max_frame_bytes),
+            host, port),
+        timeout,
+    )
+    await asyncio.wait_for(conn.ready, timeout)
+    return conn
+
+
+async def serve(host: str, port: int, token, handler, *, on_open=None,
+                max_frame_bytes: int | None = None) -> asyncio.AbstractServer:
+    """Listen on ``host:port`` (port 0 picks a free one); each peer must authenticate."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: Connection(token, handler, server=True, max_frame_bytes=max_frame_bytes,
+                           on_open=on_open),
+        host, port, reuse_address=True, backlog=1024,
+    )

@@ -1,0 +1,22 @@
+"""What a worker process knows about the cluster it belongs to.
+
+Set by :mod:`worker` at start-up; read by the client core so that code running inside
+an actor or task can call other actors without an explicit ``init``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["WorkerContext", "current"]
+
+
+class WorkerContext:
+    def __init__(self, head_address: str, token: str, node_id: str, worker_id: str):
+        self.head_address = head_address
+        self.token = token
+        self.node_id = node_id
+        self.worker_id = worker_id
+        self.actor_id: str | None = None
+        self.job_id: str | None = None
+
+
+current: WorkerContext | None = None

@@ -1,0 +1,149 @@
+"""The error hierarchy shared by the runtime and the public API (re-exported as ``ddlf.errors``)."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DDLFError",
+    "TaskError",
+    "ActorDiedError",
+    "WorkerCrashedError",
+    "GetTimeoutError",
+    "AuthenticationError",
+    "FrameError",
+    "ConnectionLostError",
+    "UnschedulableError",
+    "SerializationError",
+    "CodeShippingError",
+    "VersionMismatchError",
+]
+
+
+class DDLFError(Exception):
+    """Base class of every error DDLF raises."""
+
+
+class AuthenticationError(DDLFError):
+    """A peer did not prove it holds the cluster token (or we could not prove it to the peer)."""
+
+
+class FrameError(DDLFError):
+    """A malformed or oversized frame arrived; the connection that carried it is aborted."""
+
+
+class ConnectionLostError(DDLFError):
+    """A connection closed while a request on it was outstanding."""
+
+
+class GetTimeoutError(DDLFError, TimeoutError):
+    """``ddlf.get`` timed out before every requested object was ready."""
+
+
+class UnschedulableError(DDLFError):
+    """An actor or task asks for more resources than any node in the cluster has."""
+
+
+class SerializationError(DDLFError, TypeError):
+    """An argument or return value cannot be pickled (the message names which one)."""
+
+
+class CodeShippingError(DDLFError):
+    """Code pickled by reference on the caller could not be imported on the worker."""
+
+
+class VersionMismatchError(DDLFError):
+    """A peer runs a different DDLF or Python version than the head."""
+
+
+class ActorDiedError(DDLFError):
+    """The actor's process died (or was killed) before or while running this call.
+
+    ``cause`` holds the creation error when the actor died in ``__init__``.
+    """
+
+    def __init__(self, message: str = "the actor died", cause: BaseException | None = None):
+        super().__init__(message)
+        self.cause = cause
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.cause))
+
+
+class WorkerCrashedError(DDLFError):
+    """The worker process running a task died before the task finished."""
+
+
+class TaskError(DDLFError):
+    """An exception raised by remote code, re-raised at ``get``.
+
+    ``remote_traceback`` is the traceback text from the worker; ``cause`` is the original
+    exception when it could be pickled. ``as_instanceof_cause()`` returns an instance that is
+    also of the cause's class, so ``except ValueError`` catches a remote ``ValueError``.
+    """
+
+    def __init__(
+        self,
+        cause: BaseException | None,
+        remote_traceback: str,
+        where: str = "",
+        cause_type_name: str = "",
+    ):
+        self.cause = cause
+        self.remote_traceback = remote_traceback
+        self.where = where
+        self.cause_type_name = cause_type_name or (type(cause).__name__ if cause else "Exception")
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        head = f"{self.cause_type_name} raised in {self.where or 'remote code'}"
+        return f"{head}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
+
+    def __str__(self) -> str:
+        return self._message()
+
+    def __reduce__(self):
+        return (TaskError, (self.cause, self.remote_traceback, self.where, self.cause_type_name))
+
+    def as_instanceof_cause(self) -> TaskError:
+        """Return an equivalent error that is also an instance of the cause's class."""
+        cause = self.cause
+        if cause is None or isinstance(cause, TaskError):
+            return self
+        cls = _dual_class(type(cause))
+        if cls is None:
+            return self
+        err = cls.__new__(cls)
+        # BaseException.__new__ doesn't run __init__: set what both bases need.
+        err.args = cause.args
+        err.cause = cause
+        err.remote_traceback = self.remote_traceback
+        err.where = self.where
+        err.cause_type_name = self.cause_type_name
+        try:
+            err.__dict__.update({k: v for k, v in vars(cause).items() if k not in err.__dict__})
+        except TypeError:
+            pass
+        return err
+
+
+_dual_classes: dict[type, type | None] = {}
+
+
+def _dual_class(cause_cls: type) -> type | None:
+    """A class deriving from both TaskError and ``cause_cls``, or None where Python forbids it."""
+    if cause_cls in _dual_classes:
+        return _dual_classes[cause_cls]
+    try:
+        cls = type(
+            f"TaskError({cause_cls.__name__})",
+            (TaskError, cause_cls),
+            {
+                "__init__": lambda self, *a, **k: None,
+                "__str__": TaskError.__str__,
+                "__reduce__": TaskError.__reduce__,
+                "__module__": __name__,
+            },
+        )
+    except TypeError:  # final classes, or instance layouts that cannot be combined
+        cls = None
+    _dual_classes[cause_cls] = cls
+    return cls

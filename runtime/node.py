@@ -1,0 +1,430 @@
+"""The node daemon: one per host. Starts, watches and kills worker processes.
+
+Workers come from a ``forkserver`` that has already imported the worker module, numpy
+and cloudpickle, and the daemon keeps a few of them started ahead of need, so creating
+an actor costs handing its class to an idle worker rather than starting Python.
+
+The daemon registers with the head, heartbeats to it, answers its requests
+(``start_actor``, ``lease_worker``, ``kill_actor`` ...), reports worker deaths, and
+forwards worker output line by line. It exits, killing its workers, when the head
+connection closes or (embedded clusters) when its parent driver goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import uuid
+
+import psutil
+
+from . import __version__, config, rpc
+from .connection import connect, serve
+from .errors import DDLFError
+from .eventloop import new_event_loop
+
+__all__ = ["NodeDaemon", "main"]
+
+log = logging.getLogger("ddlf.node")
+
+_PRESTART = 2          # idle fresh workers kept ready for actor creation
+_LOG_POLL_S = 0.05
+_MARKER = "\x00ddlf:"
+
+
+class WorkerProc:
+    __slots__ = ("worker_id", "process", "pid", "address", "conn", "state", "actor_id", "ready",
+                 "log_prefix", "offsets", "partial", "name", "job_id", "exited")
+
+    def __init__(self, worker_id, log_prefix):
+        self.worker_id = worker_id
+        self.process = None
+        self.pid = None
+        self.address = None
+        self.conn = None
+        self.state = "starting"   # starting | idle | task | actor | dead
+        self.actor_id = None
+        self.ready: asyncio.Future | None = None
+        self.log_prefix = log_prefix
+        self.offsets = {".out": 0, ".err": 0}
+        self.partial = {".out": b"", ".err": b""}
+        self.name = "worker"
+        self.job_id = None
+        self.exited = False
+
+
+class NodeDaemon:
+    def __init__(self, loop, head_address: str, token: str, *, host: str = "127.0.0.1",
+                 num_cpus: float | None = None, resources: dict | None = None,
+                 node_id: str | None = None, log_dir: str | None = None):
+        self.loop = loop
+        self.head_address = head_address
+        self.token = token
+        self.host = host
+        self.node_id = node_id or uuid.uuid4().hex[:12]
+        total = {"CPU": float(num_cpus if num_cpus is not None else os.cpu_count() or 1)}
+        total.update({k: float(v) for k, v in (resources or {}).items()})
+        total.setdefault(f"node:{host}", 1.0)
+        self.resources = total
+        self.log_dir = log_dir or os.path.join(config.session_root(), f"node-{self.node_id}")
+        os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        self.workers: dict[str, WorkerProc] = {}
+        self.idle_fresh: list[WorkerProc] = []
+        self.idle_task: list[WorkerProc] = []
+        self.head_conn = None
+        self.server = None
+        self.address = None
+        self.stopping = False
+        self.stopped = loop.create_future()
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(["ddlf_actors.runtime.worker", "numpy", "cloudpickle"])
+        self._refilling = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.server = await serve(self.host, 0, self.token, rpc.RpcHandler(self))
+        port = self.server.sockets[0].getsockname()[1]
+        self.address = f"{self.host}:{port}"
+        hhost, hport = self.head_address.rsplit(":", 1)
+        self.head_conn = await connect(hhost, int(hport), self.token, rpc.RpcHandler(_HeadLink(self)))
+        await rpc.call(self.head_conn, "register_node", {
+            "node_id": self.node_id, "address": self.address, "resources": self.resources,
+            "pid": os.getpid(), "version": __version__,
+            "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+        })
+        self.loop.create_task(self._heartbeat())
+        self.loop.create_task(self._tail_logs())
+        self._refill()
+
+    async def shutdown(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        procs = [w for w in self.workers.values() if w.process is not None and not w.exited]
+        for w in procs:
+            _signal(w.pid, signal.SIGKILL)
+        for w in procs:
+            try:
+                await self.loop.run_in_executor(None, w.process.join, 5)
+            except Exception:
+                pass
+        self._drain_logs()
+        if self.server is not None:
+            self.server.close()
+        if self.head_conn is not None:
+            self.head_conn.close()
+        if not self.stopped.done():
+            self.stopped.set_result(None)
+
+    async def _heartbeat(self):
+        proc = psutil.Process()
+        while not self.stopping:
+            rpc.push(self.head_conn, "heartbeat", {
+                "node_id": self.node_id, "cpu_percent": psutil.cpu_percent(None),
+                "mem_available": psutil.virtual_memory().available, "rss": proc.memory_info().rss,
+            })
+            await asyncio.sleep(config.HEARTBEAT_INTERVAL_S)
+
+    # -- workers -----------------------------------------------------------------------------
+    def _spawn(self) -> WorkerProc:
+        from .worker import worker_main
+
+        wid = uuid.uuid4().hex[:12]
+        w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"))
+        w.ready = self.loop.create_future()
+        host, port = self.address.rsplit(":", 1)
+        env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        w.process = self._ctx.Process(
+            target=worker_main, name=f"ddlf-worker-{wid}", daemon=False,
+            args=(host, int(port), self.token, self.node_id, wid, self.head_address,
+                  self.host, w.log_prefix, env),
+        )
+        self.workers[wid] = w
+        self.loop.create_task(self._start_process(w))
+        return w
+
+    async def _start_process(self, w: WorkerProc):
+        try:
+            await self.loop.run_in_executor(None, w.process.start)
+        except Exception as e:
+            self.workers.pop(w.worker_id, None)
+            if not w.ready.done():
+                w.ready.set_exception(DDLFError(f"could not start a worker process: {e}"))
+            return
+        w.pid = w.process.pid
+        self.loop.add_reader(w.process.sentinel, self._on_exit, w)
+
+    def rpc_worker_ready(self, conn, worker_id, pid, port):
+        w = self.workers.get(worker_id)
+        if w is None:
+            conn.close()
+            return None
+        w.pid = pid
+        w.conn = conn
+        w.address = f"{self.host}:{port}"
+        conn.info["worker"] = w
+        if not w.ready.done():
+            w.ready.set_result(w)
+        return None
+
+    def _on_exit(self, w: WorkerProc):
+        try:
+            self.loop.remove_reader(w.process.sentinel)
+        except Exception:
+            pass
+        if w.exited:
+            return
+        w.exited = True
+        w.process.join(0)
+        code = w.process.exitcode
+        prev = w.state
+        w.state = "dead"
+        self.workers.pop(w.worker_id, None)
+        for pool in (self.idle_fresh, self.idle_task):
+            if w in pool:
+                pool.remove(w)
+        if not w.ready.done():
+            w.ready.set_exception(DDLFError(f"worker process exited during start-up (exit code {code})"))
+        self._read_logs(w)
+        if not self.stopping and self.head_conn is not None:
+            rpc.push(self.head_conn, "worker_died", {
+                "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": prev,
+                "pid": w.pid,
+            })
+            self._refill()
+
+    def _refill(self):
+        if self.stopping or self._refilling:
+            return
+        starting = sum(1 for w in self.workers.values() if w.state == "starting")
+        for _ in range(max(0, _PRESTART - len(self.idle_fresh) - starting)):
+            w = self._spawn()
+            self.loop.create_task(self._park(w))
+
+    async def _park(self, w: WorkerProc):
+        try:
+            await w.ready
+        except Exception:
+            return
+        if w.state == "starting":
+            w.state = "idle"
+            self.idle_fresh.append(w)
+
+    async def _fresh_worker(self) -> WorkerProc:
+        if self.idle_fresh:
+            w = self.idle_fresh.pop(0)
+        else:
+            starting = [w for w in self.workers.values() if w.state == "starting"]
+            w = starting[0] if starting else self._spawn()
+            w.state = "claimed"
+            await w.ready
+        w.state = "claimed"
+        self._refill()
+        return w
+
+    # -- requests from the head --------------------------------------------------------------
+    async def rpc_start_actor(self, conn, spec: dict):
+        w = await self._fresh_worker()
+        w.state = "actor"
+        w.actor_id = spec["actor_id"]
+        w.name = spec["class_name"]
+        w.job_id = spec.get("job_id")
+        try:
+            reply = await rpc.call(w.conn, "start_actor", spec)
+        except Exception as e:
+            _signal(w.pid, signal.SIGKILL)
+            raise DDLFError(f"worker {w.pid} died while starting actor {w.name}: {e}")
+        if not reply["ok"]:
+            w.actor_id = None  # a failed __init__ is reported here, not as a crash
+            _signal(w.pid, signal.SIGKILL)
+            return {"ok": False, "error": reply["error"], "pid": w.pid}
+        return {"ok": True, "address": w.address, "pid": w.pid, "worker_id": w.worker_id}
+
+    async def rpc_lease_worker(self, conn):
+        if self.idle_task:
+            w = self.idle_task.pop()
+        else:
+            w = await self._fresh_worker()
+        w.state = "task"
+        return {"address": w.address, "pid": w.pid, "worker_id": w.worker_id}
+
+    def rpc_release_worker(self, conn, worker_id):
+        w = self.workers.get(worker_id)
+        if w is not None and w.state == "task":
+            w.state = "idle"
+            self.idle_task.append(w)
+        return None
+
+    def rpc_kill_worker(self, conn, worker_id):
+        w = self.workers.get(worker_id)
+        if w is not None:
+            _signal(w.pid, signal.SIGKILL)
+        return None
+
+    def rpc_kill_actor(self, conn, actor_id):
+        for w in list(self.workers.values()):
+            if w.actor_id == actor_id:
+                _signal(w.pid, signal.SIGKILL)
+        return None
+
+    async def rpc_shutdown(self, conn):
+        self.loop.call_soon(lambda: self.loop.create_task(self.shutdown()))
+        return None
+
+    def rpc_info(self, conn):
+        return {"node_id": self.node_id, "workers": {
+            wid: {"pid": w.pid, "state": w.state, "actor_id": w.actor_id}
+            for wid, w in self.workers.items()}}
+
+    def on_push(self, conn, event, data):
+        pass
+
+    def on_closed(self, conn, exc):
+        w = conn.info.get("worker")
+        if w is not None and not w.exited and not self.stopping:
+            # A worker that closed its control connection is on its way out; make sure.
+            _signal(w.pid, signal.SIGKILL)
+
+    # -- logs --------------------------------------------------------------------------------
+    async def _tail_logs(self):
+        while not self.stopping:
+            self._drain_logs()
+            await asyncio.sleep(_LOG_POLL_S)
+
+    def _drain_logs(self):
+        records = []
+        for w in list(self.workers.values()):
+            records.extend(self._read_logs(w, push=False))
+        if records and self.head_conn is not None:
+            rpc.push(self.head_conn, "logs", {"node_id": self.node_id, "host": self.host, "records": records})
+
+    def _read_logs(self, w: WorkerProc, push: bool = True) -> list:
+        records = []
+        for suffix in (".out", ".err"):
+            path = w.log_prefix + suffix
+            try:
+                with open(path, "rb") as f:
+                    f.seek(w.offsets[suffix])
+                    data = f.read(1 << 20)
+            except OSError:
+                continue
+            if not data:
+                continue
+            w.offsets[suffix] += len(data)
+            data = w.partial[suffix] + data
+            lines = data.split(b"\n")
+            w.partial[suffix] = lines.pop()
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                if line.startswith(_MARKER):
+                    _, kind_name_job = line.split(":", 1)
+                    parts = kind_name_job.split(":")
+                    if len(parts) >= 3:
+                        w.name, w.job_id = parts[1], parts[2] or None
+                    continue
+                records.append((w.job_id, w.name, w.pid, suffix[1:], line))
+        if push and records and self.head_conn is not None and not self.head_conn.closed:
+            rpc.push(self.head_conn, "logs", {"node_id": self.node_id, "host": self.host, "records": records})
+        return records
+
+
+class _HeadLink:
+    """RPC target for requests the head sends to this node; delegates to the daemon."""
+
+    def __init__(self, node: NodeDaemon):
+        self.node = node
+
+    def __getattr__(self, name):
+        if name.startswith("rpc_"):
+            return getattr(self.node, name)
+        raise AttributeError(name)
+
+    def on_push(self, conn, event, data):
+        pass
+
+    def on_closed(self, conn, exc):
+        if not self.node.stopping:
+            log.warning("lost the head connection; stopping this node and its workers")
+            self.node.loop.create_task(self.node.shutdown())
+
+
+def _signal(pid, sig) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, node_id=None,
+             stdin_lifeline: bool = False, ready_out=None) -> None:
+    """Run a node daemon in this process until it is stopped."""
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    node = NodeDaemon(loop, head_address, token, host=host, num_cpus=num_cpus,
+                      resources=resources, node_id=node_id)
+
+    def stop(*_):
+        loop.create_task(node.shutdown())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    if stdin_lifeline:
+        _watch_stdin(loop, stop)
+    loop.run_until_complete(node.start())
+    if ready_out is not None:
+        ready_out.write("DDLF_READY " + json.dumps({"node_id": node.node_id, "address": node.address,
+                                                    "pid": os.getpid()}) + "\n")
+        ready_out.flush()
+        # Nobody reads our stdout after the ready line: send later output to stderr so a
+        # full pipe can never block this process.
+        os.dup2(2, 1)
+    loop.run_until_complete(node.stopped)
+    loop.run_until_complete(asyncio.sleep(0.05))
+
+
+def _watch_stdin(loop, stop) -> None:
+    """Embedded clusters: the parent driver holds our stdin; EOF means it is gone."""
+
+    def on_readable():
+        try:
+            data = os.read(0, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(0)
+            stop()
+
+    loop.add_reader(0, on_readable)
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    from .auth import read_token_file
+
+    p = argparse.ArgumentParser(prog="python -m ddlf_actors.runtime.node")
+    p.add_argument("--address", required=True, help="head host:port")
+    p.add_argument("--token")
+    p.add_argument("--token-file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--num-cpus", type=float)
+    p.add_argument("--resources", default="{}")
+    p.add_argument("--node-id")
+    p.add_argument("--stdin-lifeline", action="store_true")
+    a = p.parse_args(argv)
+    token = a.token or os.environ.get("DDLF_AUTH_TOKEN") or (
+        read_token_file(a.token_file) if a.token_file else None)
+    if not token:
+        p.error("no token: pass --token, --token-file or set DDLF_AUTH_TOKEN")
+    run_node(a.address, token, host=a.host, num_cpus=a.num_cpus, resources=json.loads(a.resources),
+             node_id=a.node_id, stdin_lifeline=a.stdin_lifeline, ready_out=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Message kinds and the fixed header that starts every frame (segment 0)."""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
+           "OBJ", "FREE", "FUNC", "header", "parse_header"]
+
+# kind (u8) | message id (u64)
+HEADER = struct.Struct("!BQ")
+
+REQUEST = 1      # control RPC: body = (method, args)
+REPLY_OK = 2     # body = result
+REPLY_ERR = 3    # body = exception
+PUSH = 4         # one-way event: body = (event, data)
+CALL = 5         # actor method call / task: body = (target, args, kwargs)
+RESULT_OK = 6    # segments 1.. = serialized return value
+RESULT_ERR = 7   # body = (exception or None, type name, traceback text, where)
+OBJ = 8          # an object shipped once per connection: seg1 = object id, seg2.. = value
+FREE = 9         # the owner dropped these objects: seg1 = concatenated 16-byte ids
+FUNC = 10        # a task function shipped once per connection: seg1 = function id, seg2.. = code
+
+_pack = HEADER.pack
+_unpack = HEADER.unpack
+
+
+def header(kind: int, msg_id: int = 0) -> bytes:
+    return _pack(kind, msg_id)
+
+
+def parse_header(seg) -> tuple[int, int]:
+    return _unpack(seg)

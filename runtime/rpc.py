@@ -1,0 +1,134 @@
+"""Request/reply and one-way messages over a :class:`Connection` (the control plane).
+
+``RpcHandler(target)`` answers ``REQUEST`` frames by calling ``target.rpc_<method>(conn,
+*args)`` (plain or ``async``) and routes ``PUSH`` frames to ``target.on_push(conn, event,
+data)``. :func:`call` sends a request and awaits its reply. The data plane (actor calls,
+task calls, objects) does not go through here: it has its own lean handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import traceback
+
+from . import protocol
+from .errors import ConnectionLostError, DDLFError
+from .serialization import dumps, loads
+
+__all__ = ["RpcHandler", "call", "push", "RemoteRpcError"]
+
+log = logging.getLogger("ddlf.rpc")
+_ids = itertools.count(1)
+
+
+class RemoteRpcError(DDLFError):
+    """A control-plane request failed on the peer; carries the peer's traceback text."""
+
+
+def _pending(conn) -> dict:
+    p = conn.info.get("rpc_pending")
+    if p is None:
+        p = conn.info["rpc_pending"] = {}
+    return p
+
+
+async def call(conn, method: str, *args, timeout: float | None = None):
+    """Send ``method(*args)`` to the peer and return its reply (re-raising its error)."""
+    msg_id = next(_ids)
+    fut = conn.loop.create_future()
+    _pending(conn)[msg_id] = fut
+    try:
+        conn.send_msg(protocol.REQUEST, msg_id, dumps((method, args)))
+    except ConnectionLostError:
+        _pending(conn).pop(msg_id, None)
+        raise
+    if timeout is None:
+        return await fut
+    try:
+        return await asyncio.wait_for(fut, timeout)
+    finally:
+        _pending(conn).pop(msg_id, None)
+
+
+def push(conn, event: str, data) -> None:
+    """Send a one-way event (no reply). Silently dropped if the connection is closed."""
+    if not conn.closed:
+        conn.send_msg(protocol.PUSH, 0, dumps((event, data)))
+
+
+class RpcHandler:
+    def __init__(self, target):
+        self.target = target
+
+    def frame_received(self, conn, segs):
+        kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.REQUEST:
+            method, args = loads(segs[1:])
+            fn = getattr(self.target, "rpc_" + method, None)
+            if fn is None:
+                self._reply_err(conn, msg_id, DDLFError(f"unknown request {method!r}"))
+                return
+            try:
+                result = fn(conn, *args)
+            except Exception as e:
+                self._reply_err(conn, msg_id, e)
+                return
+            if inspect.isawaitable(result):
+                task = conn.loop.create_task(result)
+                task.add_done_callback(lambda t: self._reply_task(conn, msg_id, t))
+            else:
+                self._reply_ok(conn, msg_id, result)
+        elif kind == protocol.REPLY_OK or kind == protocol.REPLY_ERR:
+            fut = _pending(conn).pop(msg_id, None)
+            if fut is None or fut.done():
+                return
+            try:
+                value = loads(segs[1:])
+            except Exception as e:
+                fut.set_exception(e)
+                return
+            if kind == protocol.REPLY_OK:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+        elif kind == protocol.PUSH:
+            event, data = loads(segs[1:])
+            self.target.on_push(conn, event, data)
+        else:
+            self.target.on_frame(conn, kind, msg_id, segs)
+
+    def _reply_task(self, conn, msg_id, task):
+        if task.cancelled():
+            self._reply_err(conn, msg_id, DDLFError("request cancelled"))
+        elif task.exception() is not None:
+            self._reply_err(conn, msg_id, task.exception())
+        else:
+            self._reply_ok(conn, msg_id, task.result())
+
+    def _reply_ok(self, conn, msg_id, value):
+        if not conn.closed:
+            conn.send_msg(protocol.REPLY_OK, msg_id, dumps(value))
+
+    def _reply_err(self, conn, msg_id, exc):
+        if conn.closed:
+            return
+        if not isinstance(exc, DDLFError):
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            exc = RemoteRpcError(f"{type(exc).__name__}: {exc}\n{tb}")
+        try:
+            payload = dumps(exc)
+        except Exception:
+            payload = dumps(RemoteRpcError(f"{type(exc).__name__}: {exc}"))
+        conn.send_msg(protocol.REPLY_ERR, msg_id, payload)
+
+    def connection_closed(self, conn, exc):
+        pending = conn.info.pop("rpc_pending", {})
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionLostError(f"connection to {conn.peer} closed"))
+        closed = getattr(self.target, "on_closed", None)
+        if closed is not None:
+            closed(conn, exc)

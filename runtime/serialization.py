@@ -1,0 +1,138 @@
+"""Turning Python objects into frame segments and back.
+
+``dumps`` returns ``[payload, *buffers]``: a pickle (protocol 5) plus the out-of-band
+buffers of large arrays, which travel as their own segments without being copied.
+Plain pickle is used when every value is a builtin scalar or a numeric array (it is
+several times faster); anything else goes through cloudpickle, which ships code
+defined in ``__main__`` or in notebooks by value.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+
+import cloudpickle
+
+from .errors import CodeShippingError, SerializationError
+
+__all__ = ["dumps", "loads", "find_unpicklable", "explain_import_error"]
+
+# Buffers smaller than this stay in-band: a separate segment costs more than a copy.
+_OOB_MIN = 64 * 1024
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
+# Small runtime types that plain pickle handles by reference (importable everywhere).
+PLAIN_TYPES: set = set()
+
+
+def _is_plain(obj, depth: int = 0) -> bool:
+    """True when ``obj`` pickles identically with plain pickle (no code, no __main__ classes)."""
+    t = type(obj)
+    if t in _SCALARS or t in PLAIN_TYPES:
+        return True
+    if depth > 2:
+        return False
+    if t is tuple or t is list:
+        return len(obj) <= 64 and all(_is_plain(x, depth + 1) for x in obj)
+    if t is dict:
+        return len(obj) <= 64 and all(
+            type(k) in _SCALARS and _is_plain(v, depth + 1) for k, v in obj.items()
+        )
+    np = sys.modules.get("numpy")
+    if np is not None and t is np.ndarray:
+        return obj.dtype.hasobject is False
+    return False
+
+
+def dumps(obj) -> list:
+    """Serialize ``obj`` to ``[payload, *out_of_band_buffers]``.
+
+    Raises :class:`SerializationError` naming the part of ``obj`` that cannot be pickled.
+    """
+    buffers: list = []
+
+    def keep(pb: pickle.PickleBuffer):
+        try:
+            raw = pb.raw()
+        except BufferError:  # not contiguous: let pickle copy it in-band
+            return True
+        if raw.nbytes < _OOB_MIN:
+            return True
+        buffers.append(raw)
+        return False
+
+    try:
+        if _is_plain(obj):
+            payload = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+        else:
+            f = io.BytesIO()
+            cloudpickle.Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+            payload = f.getbuffer()
+    except Exception as e:
+        raise SerializationError(describe_pickle_failure(obj, e)) from e
+    return [payload, *buffers]
+
+
+def loads(segments):
+    """Inverse of :func:`dumps`. Raises :class:`CodeShippingError` for a module missing here."""
+    try:
+        return pickle.loads(segments[0], buffers=segments[1:])
+    except ModuleNotFoundError as e:
+        raise CodeShippingError(explain_import_error(e)) from None
+
+
+def explain_import_error(e: ModuleNotFoundError) -> str:
+    mod = e.name or str(e)
+    return (
+        f"module {mod!r} could not be imported in this process (pid {_pid()}), so the code "
+        f"pickled by reference could not be loaded. Fix: install {mod!r} on every node "
+        "(or put it on a path listed in the driver's sys.path), or ship it by value from "
+        f"the driver with: import cloudpickle, {mod.split('.')[0]}; "
+        f"cloudpickle.register_pickle_by_value({mod.split('.')[0]})"
+    )
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _pickles(obj) -> bool:
+    try:
+        cloudpickle.dumps(obj, protocol=5)
+        return True
+    except Exception:
+        return False
+
+
+def find_unpicklable(obj, path: str = "value", depth: int = 0) -> tuple[str, object]:
+    """Walk into ``obj`` and return ``(path, part)`` for the innermost part that fails to pickle."""
+    if depth >= 4:
+        return path, obj
+    children: list = []
+    if isinstance(obj, (list, tuple)):
+        children = [(f"{path}[{i}]", x) for i, x in enumerate(obj)]
+    elif isinstance(obj, dict):
+        children = [(f"{path}[{k!r}]", v) for k, v in obj.items()]
+    else:
+        attrs = getattr(obj, "__dict__", None)
+        if isinstance(attrs, dict):
+            children = [(f"{path}.{k}", v) for k, v in attrs.items()]
+    for sub_path, child in children:
+        if not _pickles(child):
+            return find_unpicklable(child, sub_path, depth + 1)
+    return path, obj
+
+
+def describe_pickle_failure(obj, exc: BaseException) -> str:
+    path, part = find_unpicklable(obj)
+    shown = repr(part)
+    if len(shown) > 120:
+        shown = shown[:117] + "..."
+    return (
+        f"{path} cannot be pickled: {type(exc).__name__}: {exc}. The offending object is "
+        f"{shown} (type {type(part).__qualname__}). Pass something picklable instead, e.g. "
+        "create the resource inside the actor or task rather than passing it in."
+    )
