@@ -42,6 +42,7 @@ from ddlf_actors.api import (  # noqa: E402
     shutdown,
     wait,
 )
+from ddlf_actors.cluster import Cluster, WorkerProxy, read_config  # noqa: E402
 from ddlf_actors.remote_function import RemoteFunction  # noqa: E402
 from ddlf_actors.runtime import __version__  # noqa: E402
 from ddlf_actors.runtime.object_ref import ObjectRef  # noqa: E402
@@ -65,6 +66,9 @@ __all__ = [
     "ActorMethod",
     "RemoteFunction",
     "ClusterInfo",
+    "Cluster",
+    "WorkerProxy",
+    "read_config",
     "errors",
     "__version__",
 ]

@@ -6,7 +6,7 @@ import atexit
 import os
 import threading
 
-from ddlf_actors.runtime.auth import read_token_file
+from ddlf_actors.runtime.cli import find_token, head_record
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.local_cluster import LocalCluster
@@ -53,12 +53,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
             cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources)
             address, token = cluster.address, cluster.token
         else:
+            address, token = _resolve_address(address, token)
             if num_cpus is not None or resources:
                 raise ValueError("num_cpus and resources describe an embedded cluster; give them "
                                  "to `ddlf-node start` on each host instead")
-            token = token or os.environ.get("DDLF_AUTH_TOKEN") or _token_from_file(address)
-            if ":" not in address:
-                raise ValueError(f"address must be 'host:port', got {address!r}")
         core = Core(address, token, is_driver=True, cluster=cluster)
         try:
             core.connect()
@@ -71,12 +69,35 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         return ClusterInfo(address, token, cluster is not None)
 
 
-def _token_from_file(address: str) -> str | None:
-    from ddlf_actors.runtime.config import session_root
+def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
+    """Turn ``"auto"``, a cluster TOML file, or ``"host:port"`` into a head address + token."""
+    if address == "auto":
+        rec = head_record()
+        if rec is None:
+            raise DDLFError("address='auto' found no DDLF head started on this host; start one "
+                            "with `ddlf-node start --head`, or pass address='host:port'")
+        address = rec["address"]
+    elif address.endswith(".toml") and os.path.isfile(address):
+        from .cluster import read_config
 
-    port = address.rsplit(":", 1)[-1]
-    path = os.path.join(session_root(), f"head-{port}", "token")
-    return read_token_file(path) if os.path.exists(path) else None
+        hosts, ports = read_config(address)
+        address = _first_reachable([f"{h}:{p}" for h, p in zip(hosts, ports)])
+    if ":" not in address:
+        raise ValueError(f"address must be 'host:port', 'auto' or a cluster .toml file, got {address!r}")
+    return address, find_token(address, token)
+
+
+def _first_reachable(addresses: list[str]) -> str:
+    import socket
+
+    for addr in addresses:
+        host, port = addr.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            return addr
+        except OSError:
+            continue
+    raise DDLFError(f"none of the hosts in the cluster file answers: {addresses}")
 
 
 def shutdown() -> None:

@@ -134,6 +134,15 @@ class Core:
             self._print_logs(data)
         elif event == "nodes_changed":
             self.node_totals = data
+        elif event == "actor_lost":
+            client = self.actors.get(data["actor_id"])
+            if client is not None and client.conn is not None and client.epoch <= data["epoch"]:
+                client.conn.abort(ActorDiedError(data["why"]))
+        elif event == "node_dead":
+            for pool in self.pools.values():
+                for lease in list(pool.leases):
+                    if lease.node_id == data["node_id"] and lease.conn is not None:
+                        lease.conn.abort()
 
     def on_closed(self, conn, exc):
         if not (self.closed or self.closing):
@@ -659,9 +668,10 @@ class _ActorClient:
         if self.core.closed:
             return
         if inflight:
+            why = str(exc) if isinstance(exc, ActorDiedError) else (
+                "its connection closed (the process exited or was killed)")
             err = ActorDiedError(
-                f"actor {self.class_name} ({self.actor_id}) died while running this call: its "
-                "connection closed (the process exited or was killed)")
+                f"actor {self.class_name} ({self.actor_id}) died while running this call: {why}")
             for obj_id in inflight.values():
                 self.core._fail(obj_id, err)
         if self.state != "dead":
@@ -682,11 +692,12 @@ class _Task:
 
 
 class _Lease:
-    __slots__ = ("lease_id", "worker_id", "conn", "inflight", "idle_timer")
+    __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer")
 
-    def __init__(self, lease_id, worker_id, conn):
+    def __init__(self, lease_id, worker_id, node_id, conn):
         self.lease_id = lease_id
         self.worker_id = worker_id
+        self.node_id = node_id
         self.conn = conn
         self.inflight: dict[int, _Task] = {}
         self.idle_timer = None
@@ -764,7 +775,7 @@ class _TaskPool:
                 self.retry_after = time.monotonic() + 0.05
                 return
             host, port = reply["address"].rsplit(":", 1)
-            lease = _Lease(reply["lease_id"], reply["worker_id"], None)
+            lease = _Lease(reply["lease_id"], reply["worker_id"], reply.get("node_id"), None)
             handler = _LeaseHandler(self, lease)
             try:
                 lease.conn = await connect(host, int(port), self.core.token, handler)

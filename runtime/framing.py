@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 from . import config
 from .errors import FrameError
 
@@ -52,7 +54,8 @@ class FrameDecoder:
     Use :meth:`feed` with arbitrary chunks of bytes (tests, fuzzing), or the
     ``get_buffer``/``buffer_updated`` pair from an ``asyncio.BufferedProtocol`` so that
     large segments are received directly into their own buffer. Both return a list of
-    complete frames, each a list of segments (``bytearray``). Truncated input simply
+    complete frames, each a list of segments (``bytearray``, or a ``memoryview`` over an
+    uninitialised numpy buffer for large ones). Truncated input simply
     waits for more; malformed input raises :class:`FrameError`.
     """
 
@@ -77,14 +80,14 @@ class FrameDecoder:
         self._body_len = 0
         self._lengths: tuple | None = None
         self._segs: list = []
-        self._big: bytearray | None = None
+        self._big: memoryview | None = None
         self._big_fill = 0
         self._staging: memoryview | None = None
 
     # -- buffered-protocol interface -------------------------------------------------
     def get_buffer(self) -> memoryview:
         if self._big is not None:
-            return memoryview(self._big)[self._big_fill :]
+            return self._big[self._big_fill :]
         if self._staging is None:
             self._staging = memoryview(bytearray(_STAGING))
         return self._staging
@@ -164,7 +167,9 @@ class FrameDecoder:
                     off += size
                 elif size >= _LARGE:
                     # Receive the rest of this segment straight into its final buffer.
-                    big = bytearray(size)
+                    # np.empty, unlike bytearray(size), does not zero-fill: that would be
+                    # a whole extra pass over a 100 MB buffer that recv overwrites anyway.
+                    big = memoryview(np.empty(size, dtype=np.uint8))
                     big[:avail] = buf[off:end]
                     off = end
                     self._big = big

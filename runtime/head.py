@@ -93,6 +93,7 @@ class Head:
         self.actors: dict[str, ActorRecord] = {}
         self.names: dict[str, str] = {}
         self.drivers: dict[str, object] = {}       # job id -> connection
+        self.cores: set = set()                     # every driver and worker core
         self.leases: dict[str, tuple] = {}          # lease id -> (node, demand, worker_id, job)
         self.pending: list[tuple] = []              # (demand, future) waiting for resources
         self.server = None
@@ -134,6 +135,7 @@ class Head:
         # owner id: whose actors die with this connection.
         job_id = info.get("job_id") or uuid.uuid4().hex[:8]
         conn.info["owner_id"] = uuid.uuid4().hex[:8]
+        self.cores.add(conn)
         if info.get("is_driver", True):
             self.drivers[job_id] = conn
             conn.info["job_id"] = job_id
@@ -162,6 +164,7 @@ class Head:
             self.drivers.pop(job_id, None)
         owner_id = conn.info.get("owner_id")
         if owner_id is not None:
+            self.cores.discard(conn)
             self._owner_gone(owner_id)
 
     def _owner_gone(self, owner_id: str):
@@ -191,6 +194,7 @@ class Head:
         for lease_id, (n, *_rest) in list(self.leases.items()):
             if n is node:
                 self.leases.pop(lease_id, None)
+        self._push_all_cores("node_dead", {"node_id": node.node_id, "why": why})
         for actor_id in list(node.actors):
             a = self.actors.get(actor_id)
             if a is not None and a.state in (ALIVE, PENDING):
@@ -294,6 +298,9 @@ class Head:
 
     def _actor_lost(self, a: ActorRecord, why: str):
         """The actor's process is gone: restart it if allowed, else mark it dead."""
+        # Callers holding a connection to it may never see that connection close (a cut
+        # link sends no FIN): tell every core, so in-flight calls fail instead of hanging.
+        self._push_all_cores("actor_lost", {"actor_id": a.actor_id, "epoch": a.epoch, "why": why})
         if a.node is not None:
             a.node.actors.discard(a.actor_id)
             self._free(a.node, a.demand)
@@ -429,6 +436,10 @@ class Head:
                 list(self.drivers.values()) if job_id is None else [])
             for conn in targets:
                 rpc.push(conn, "logs", {"host": data["host"], "records": recs})
+
+    def _push_all_cores(self, event, data):
+        for conn in list(self.cores):
+            rpc.push(conn, event, data)
 
     def _push_all_drivers(self, event, data):
         for conn in list(self.drivers.values()):

@@ -36,10 +36,12 @@ def _child_env() -> dict:
     return env
 
 
-def _start(args: list, what: str) -> tuple[subprocess.Popen, dict]:
+def _start(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
+           new_session: bool = True) -> tuple[subprocess.Popen, dict]:
+    """Start ``python -m args`` and wait for its ``DDLF_READY {json}`` line."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env=_child_env(), start_new_session=True,
+        [sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+        env=_child_env(), start_new_session=new_session,
     )
     deadline = time.monotonic() + _START_TIMEOUT_S
     buf = b""
@@ -57,8 +59,9 @@ def _start(args: list, what: str) -> tuple[subprocess.Popen, dict]:
             break
     proc.kill()
     proc.wait()
+    where = "printed above" if stderr is None else "in its log file"
     raise DDLFError(f"the DDLF {what} failed to start (exit code {proc.returncode}); "
-                    "its error is printed above")
+                    f"its error is {where}: {buf.decode(errors='replace').strip()[-500:]}")
 
 
 class LocalCluster:

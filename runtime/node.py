@@ -251,7 +251,7 @@ class NodeDaemon:
         else:
             w = await self._fresh_worker()
         w.state = "task"
-        return {"address": w.address, "pid": w.pid, "worker_id": w.worker_id}
+        return {"address": w.address, "pid": w.pid, "worker_id": w.worker_id, "node_id": self.node_id}
 
     def rpc_release_worker(self, conn, worker_id):
         w = self.workers.get(worker_id)
@@ -376,7 +376,15 @@ def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, n
         loop.add_signal_handler(sig, stop)
     if stdin_lifeline:
         _watch_stdin(loop, stop)
-    loop.run_until_complete(node.start())
+    try:
+        loop.run_until_complete(node.start())
+    except (DDLFError, OSError) as e:
+        msg = str(e)
+        if isinstance(e, rpc.RemoteRpcError) or not msg:
+            msg = f"{type(e).__name__}: {e}"
+        print(f"ddlf node: could not join the head at {head_address}: {msg}", file=sys.stderr)
+        loop.run_until_complete(node.shutdown())
+        sys.exit(1)
     if ready_out is not None:
         ready_out.write("DDLF_READY " + json.dumps({"node_id": node.node_id, "address": node.address,
                                                     "pid": os.getpid()}) + "\n")

@@ -1,0 +1,299 @@
+"""``ddlf-node``: start a head or join a node on this host; stop them; show cluster status.
+
+    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--resources JSON] [--token T] [--block]
+    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--resources JSON] [--token T] [--block]
+    ddlf-node stop
+    ddlf-node status [--address A] [--token T]
+
+Every process started here is recorded (pid and command) under the per-user session
+folder, so ``stop`` ends exactly those processes and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from . import config
+from .auth import read_token_file
+from .errors import DDLFError
+from .local_cluster import _start
+
+__all__ = ["main", "head_record", "find_token"]
+
+
+def _procs_dir() -> str:
+    d = os.path.join(config.session_root(), "procs")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def _logs_dir() -> str:
+    d = os.path.join(config.session_root(), "logs")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def head_record() -> dict | None:
+    """What ``start --head`` recorded on this host (address, token file), if it is alive."""
+    path = os.path.join(config.session_root(), "head.json")
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return rec if _is_ours(rec.get("pid")) else None
+
+
+def find_token(address: str | None, explicit: str | None = None) -> str | None:
+    """The token from --token, DDLF_AUTH_TOKEN, or the head's token file on this host."""
+    if explicit:
+        return explicit
+    if os.environ.get("DDLF_AUTH_TOKEN"):
+        return os.environ["DDLF_AUTH_TOKEN"]
+    if address:
+        port = address.rsplit(":", 1)[-1]
+        path = os.path.join(config.session_root(), f"head-{port}", "token")
+        if os.path.exists(path):
+            return read_token_file(path)
+    rec = head_record()
+    if rec and (address is None or rec["address"] == address) and os.path.exists(rec["token_file"]):
+        return read_token_file(rec["token_file"])
+    return None
+
+
+def _is_ours(pid) -> bool:
+    """True if ``pid`` is alive and runs DDLF code (pids get reused: never trust a number alone)."""
+    if not pid:
+        return False
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+    return "ddlf_actors.runtime" in cmd
+
+
+def _record(proc: subprocess.Popen, role: str, info: dict) -> None:
+    rec = {"pid": proc.pid, "role": role, "started": time.time(), **info}
+    with open(os.path.join(_procs_dir(), f"{proc.pid}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+def _spawn(args: list, what: str, block: bool, log_name: str):
+    log = open(os.path.join(_logs_dir(), log_name), "ab")
+    try:
+        return _start(args, what, stdin=subprocess.DEVNULL, stderr=None if block else log,
+                      new_session=not block)
+    finally:
+        log.close()
+
+
+def cmd_start(a) -> int:
+    resources = a.resources or "{}"
+    try:
+        json.loads(resources)
+    except ValueError as e:
+        print(f"--resources must be JSON, e.g. '{{\"GPU\": 1}}': {e}", file=sys.stderr)
+        return 2
+    procs = []
+    try:
+        if a.head:
+            head_args = ["ddlf_actors.runtime.head", "--host", a.host, "--port", str(a.port)]
+            if a.token:
+                head_args += ["--token", a.token]
+            head, info = _spawn(head_args, "head", a.block, "head.log")
+            procs.append(head)
+            _record(head, "head", info)
+            address, token_file = info["address"], info["token_file"]
+            with open(os.path.join(config.session_root(), "head.json"), "w") as f:
+                json.dump({"address": address, "token_file": token_file, "pid": head.pid}, f)
+            node_auth = ["--token-file", token_file]
+        else:
+            if not a.address:
+                print("give --head to start a head, or --address HEAD_IP:PORT to join one",
+                      file=sys.stderr)
+                return 2
+            address, token_file = a.address, None
+            token = find_token(address, a.token)
+            if not token:
+                print(f"no token to join {address}: pass --token, or set DDLF_AUTH_TOKEN (the head "
+                      "printed where its token file is)", file=sys.stderr)
+                return 2
+            node_auth = []
+            os.environ["DDLF_AUTH_TOKEN"] = token  # passed to the child through its environment
+        node_args = ["ddlf_actors.runtime.node", "--address", address, "--host", a.host,
+                     "--resources", resources, *node_auth]
+        if a.num_cpus is not None:
+            node_args += ["--num-cpus", str(a.num_cpus)]
+        node, ninfo = _spawn(node_args, "node", a.block, f"node-{os.getpid()}.log")
+        procs.append(node)
+        _record(node, "node", ninfo)
+    except DDLFError as e:
+        for p in procs:
+            p.terminate()
+        print(f"ddlf-node: {e}", file=sys.stderr)
+        return 1
+    if a.head:
+        print(f"DDLF head started at {address}")
+        print(f"  token file: {token_file} (mode 0600)")
+        print("  join other hosts with:")
+        print(f"    ddlf-node start --address {address} --token $(cat {token_file})")
+        print("  connect a driver with:")
+        print(f"    ddlf.init(address=\"{address}\")   # on this host, or pass token=...")
+    else:
+        print(f"DDLF node {ninfo['node_id']} joined {address} (listening on {ninfo['address']})")
+    sys.stdout.flush()
+    if not a.block:
+        return 0
+    return _block(procs)
+
+
+def _block(procs) -> int:
+    """Foreground mode: Ctrl-C or SIGTERM stops our children (which stop their workers)."""
+    stopping = []
+
+    def stop(*_):
+        stopping.append(True)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while all(p.poll() is None for p in procs) and not stopping:
+        time.sleep(0.2)
+    stop()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        _forget(p.pid)
+    return 0
+
+
+def _forget(pid: int) -> None:
+    try:
+        os.unlink(os.path.join(_procs_dir(), f"{pid}.json"))
+    except OSError:
+        pass
+
+
+def cmd_stop(a) -> int:
+    recs = []
+    for path in glob.glob(os.path.join(_procs_dir(), "*.json")):
+        try:
+            with open(path) as f:
+                recs.append(json.load(f))
+        except (OSError, ValueError):
+            pass
+    # Nodes first, so their workers are stopped by their own daemon, then the head.
+    recs.sort(key=lambda r: r.get("role") == "head")
+    alive = []
+    for r in recs:
+        if _is_ours(r["pid"]):
+            os.kill(r["pid"], signal.SIGTERM)
+            alive.append(r)
+        else:
+            _forget(r["pid"])
+    deadline = time.time() + 15
+    for r in alive:
+        try:
+            psutil.Process(r["pid"]).wait(max(0.1, deadline - time.time()))
+        except psutil.TimeoutExpired:
+            os.kill(r["pid"], signal.SIGKILL)
+        except psutil.Error:
+            pass
+        _forget(r["pid"])
+    try:
+        os.unlink(os.path.join(config.session_root(), "head.json"))
+    except OSError:
+        pass
+    print(f"stopped {len(alive)} DDLF process(es)" if alive else "no DDLF processes to stop")
+    return 0
+
+
+def cmd_status(a) -> int:
+    from .core import Core
+
+    address = a.address
+    if address in (None, "auto"):
+        rec = head_record()
+        if rec is None:
+            print("no head started on this host; pass --address HEAD_IP:PORT", file=sys.stderr)
+            return 1
+        address = rec["address"]
+    token = find_token(address, a.token)
+    core = Core(address, token or "", is_driver=False)
+    try:
+        core.connect(timeout=10)
+        nodes = core.head_call("nodes")
+        actors = core.head_call("list_actors")
+    except Exception as e:
+        print(f"ddlf-node status: could not query {address}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        core.closing = True
+        core.close()
+    print(format_status(address, nodes, actors))
+    return 0
+
+
+def format_status(address: str, nodes: list, actors: list) -> str:
+    lines = [f"DDLF cluster at {address}", "", "Nodes:"]
+    rows = [("NODE ID", "ADDRESS", "ALIVE", "CPU used/total", "RESOURCES", "HEARTBEAT AGE")]
+    for n in nodes:
+        tot, av = n["resources"], n["available"]
+        extra = {k: v for k, v in tot.items() if k != "CPU" and not k.startswith("node:")}
+        cpu = f"{tot.get('CPU', 0) - av.get('CPU', 0):g}/{tot.get('CPU', 0):g}"
+        rows.append((n["node_id"], n["address"], "yes" if n["alive"] else "NO", cpu,
+                     json.dumps(extra) if extra else "-", f"{n['heartbeat_age_s']:.1f}s"))
+    lines += _table(rows)
+    lines += ["", "Actors:"]
+    rows = [("NAME", "CLASS", "NODE", "PID", "STATE")]
+    for ac in actors:
+        rows.append((ac.get("name") or "-", ac["class_name"], ac.get("node_id") or "-",
+                     str(ac.get("pid") or "-"), ac["state"]))
+    lines += _table(rows) if len(rows) > 1 else ["  (none)"]
+    return "\n".join(lines)
+
+
+def _table(rows) -> list:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="ddlf-node", description="Run DDLF on this host.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="start a head (--head) or join a node (--address)")
+    s.add_argument("--head", action="store_true", help="start the head plus a node on this host")
+    s.add_argument("--address", help="the head's HOST:PORT to join")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="IP to bind and advertise (default 127.0.0.1: loopback only)")
+    s.add_argument("--port", type=int, default=6380, help="head port (default 6380; 0 = any)")
+    s.add_argument("--num-cpus", type=float)
+    s.add_argument("--resources", help='custom resources as JSON, e.g. \'{"GPU": 1}\'')
+    s.add_argument("--token", help="cluster token (default: generated by the head)")
+    s.add_argument("--block", action="store_true", help="stay in the foreground")
+    sub.add_parser("stop", help="stop the DDLF processes this user started on this host")
+    st = sub.add_parser("status", help="print nodes and actors")
+    st.add_argument("--address", default="auto")
+    st.add_argument("--token")
+    a = p.parse_args(argv)
+    handler = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[a.cmd]
+    return handler(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
