@@ -6,11 +6,11 @@ import atexit
 import os
 import threading
 
-from ddlf_actors.runtime.cli import find_token, head_record
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
+from ddlf_actors.runtime.session import find_token, head_record
 
 from .actor import ActorClass, ActorHandle
 from .remote_function import RemoteFunction

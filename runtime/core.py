@@ -151,10 +151,16 @@ class Core:
     def _print_logs(self, data):
         if not self.is_driver:
             return
+        # Like Ray: name the node only when there is more than one to tell apart.
+        where = ""
+        if len(self.node_totals) > 1:
+            host = data.get("host", "")
+            where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
+            where += f", node={(data.get('node_id') or '')[:6]}"
         for _job, name, pid, stream, line in data["records"]:
             out = sys.stderr if stream == "err" else sys.stdout
             try:
-                print(f"({name} pid={pid}) {line}", file=out, flush=True)
+                print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
             except Exception:
                 pass
 

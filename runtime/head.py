@@ -435,7 +435,8 @@ class Head:
             targets = [self.drivers[job_id]] if job_id in self.drivers else (
                 list(self.drivers.values()) if job_id is None else [])
             for conn in targets:
-                rpc.push(conn, "logs", {"host": data["host"], "records": recs})
+                rpc.push(conn, "logs", {"host": data["host"], "node_id": data.get("node_id"),
+                                        "records": recs})
 
     def _push_all_cores(self, event, data):
         for conn in list(self.cores):

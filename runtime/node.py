@@ -142,7 +142,7 @@ class NodeDaemon:
         w.process = self._ctx.Process(
             target=worker_main, name=f"ddlf-worker-{wid}", daemon=False,
             args=(host, int(port), self.token, self.node_id, wid, self.head_address,
-                  self.host, w.log_prefix, env),
+                  self.host, w.log_prefix, env, os.getpid()),
         )
         self.workers[wid] = w
         self.loop.create_task(self._start_process(w))

@@ -25,8 +25,12 @@ import inspect
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+
+import psutil
 
 from . import context, protocol, rpc
 from .connection import connect, serve
@@ -308,9 +312,29 @@ def _redirect_output(log_prefix: str | None) -> None:
             pass
 
 
+def _watch_node(node_pid: int) -> None:
+    """Exit as soon as the node daemon is gone.
+
+    The control connection's close would tell the event loop too, but user code may
+    hold the loop for minutes (a sync method training a model): this thread cannot be
+    blocked that way. ``is_running`` also compares start times, so a reused pid does
+    not fool it.
+    """
+    try:
+        node = psutil.Process(node_pid)
+    except psutil.Error:
+        os._exit(1)
+    while True:
+        time.sleep(0.25)
+        if not node.is_running() or node.status() == psutil.STATUS_ZOMBIE:
+            os._exit(1)
+
+
 def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker_id: str,
-                head_address: str, listen_host: str, log_prefix: str | None, env: dict) -> None:
+                head_address: str, listen_host: str, log_prefix: str | None, env: dict,
+                node_pid: int) -> None:
     """Entry point of a worker process (started by the node daemon's forkserver)."""
+    threading.Thread(target=_watch_node, args=(node_pid,), name="ddlf-lifeline", daemon=True).start()
     os.environ.update(env)
     _redirect_output(log_prefix)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the driver's terminal is the driver's

@@ -1,0 +1,64 @@
+"""Records of what ``ddlf-node`` started on this host: head address, token files, pids."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psutil
+
+from . import config
+from .auth import read_token_file
+
+__all__ = ["head_record", "find_token"]
+
+
+def _procs_dir() -> str:
+    d = os.path.join(config.session_root(), "procs")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def _logs_dir() -> str:
+    d = os.path.join(config.session_root(), "logs")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+def head_record() -> dict | None:
+    """What ``start --head`` recorded on this host (address, token file), if it is alive."""
+    path = os.path.join(config.session_root(), "head.json")
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return rec if _is_ours(rec.get("pid")) else None
+
+
+def find_token(address: str | None, explicit: str | None = None) -> str | None:
+    """The token from --token, DDLF_AUTH_TOKEN, or the head's token file on this host."""
+    if explicit:
+        return explicit
+    if os.environ.get("DDLF_AUTH_TOKEN"):
+        return os.environ["DDLF_AUTH_TOKEN"]
+    if address:
+        port = address.rsplit(":", 1)[-1]
+        path = os.path.join(config.session_root(), f"head-{port}", "token")
+        if os.path.exists(path):
+            return read_token_file(path)
+    rec = head_record()
+    if rec and (address is None or rec["address"] == address) and os.path.exists(rec["token_file"]):
+        return read_token_file(rec["token_file"])
+    return None
+
+
+def _is_ours(pid) -> bool:
+    """True if ``pid`` is alive and runs DDLF code (pids get reused: never trust a number alone)."""
+    if not pid:
+        return False
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+    return "ddlf_actors.runtime" in cmd

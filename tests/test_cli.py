@@ -1,0 +1,157 @@
+"""The ``ddlf-node`` CLI: start (background and --block), join, status, stop."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import ddlf_actors as ddlf
+
+CLI = [sys.executable, "-m", "ddlf_actors.runtime.cli"]
+
+
+@pytest.fixture
+def session_dir(tmp_path, monkeypatch):
+    """A private session folder, so `stop` only sees processes this test started."""
+    d = tmp_path / "session"
+    monkeypatch.setenv("DDLF_TEMP_DIR", str(d))
+    monkeypatch.delenv("DDLF_AUTH_TOKEN", raising=False)
+    return d
+
+
+def _cli(*args, timeout=90, **kwargs):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def _recorded_tree(session) -> set[int]:
+    """Recorded pids plus all their descendants (workers, forkservers)."""
+    pids = set()
+    for path in glob.glob(str(session / "procs" / "*.json")):
+        with open(path) as f:
+            pid = json.load(f)["pid"]
+        pids.add(pid)
+        try:
+            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return pids
+
+
+def _all_gone(pids, timeout=15.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        for pid in list(alive):
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    alive.discard(pid)
+            except psutil.NoSuchProcess:
+                alive.discard(pid)
+        time.sleep(0.1)
+    return alive
+
+
+@ddlf.remote
+class Probe:
+    def pid(self):
+        return os.getpid()
+
+
+def test_start_join_status_auto_and_stop(session_dir, tmp_path):
+    started = _cli("start", "--head", "--port", "0", "--num-cpus", "1")
+    assert started.returncode == 0, started.stderr
+    assert "DDLF head started at 127.0.0.1:" in started.stdout
+    assert "ddlf-node start --address" in started.stdout and "ddlf.init(" in started.stdout
+    address = started.stdout.split("DDLF head started at ")[1].split()[0]
+    token_file = started.stdout.split("token file: ")[1].split()[0]
+    assert os.stat(token_file).st_mode & 0o777 == 0o600
+
+    # Same host: the joining node finds the token in the head's token file.
+    joined = _cli("start", "--address", address, "--num-cpus", "1", "--resources", '{"disk": 3}')
+    assert joined.returncode == 0, joined.stderr
+    assert "joined " + address in joined.stdout
+    try:
+        ddlf.init(address="auto")
+        try:
+            assert ddlf.cluster_resources() == {"CPU": 2.0, "disk": 3.0}
+            p = Probe.options(name="cli-probe").remote()
+            pid = ddlf.get(p.pid.remote(), timeout=20)
+            status = _cli("status")
+            assert status.returncode == 0, status.stderr
+            assert status.stdout.count("127.0.0.1:") >= 3  # head line + two nodes
+            assert "cli-probe" in status.stdout and str(pid) in status.stdout
+        finally:
+            ddlf.shutdown()
+
+        # The paper's read_config(): a TOML list of host:port.
+        toml = tmp_path / "cluster.toml"
+        toml.write_text(f'hosts = ["127.0.0.1:1", "{address}"]\n')
+        ddlf.init(address=str(toml))
+        try:
+            assert ddlf.cluster_resources()["CPU"] == 2.0
+        finally:
+            ddlf.shutdown()
+    finally:
+        tree = _recorded_tree(session_dir)
+        stopped = _cli("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 3 DDLF process(es)" in stopped.stdout  # head + two node daemons
+    assert len(tree) >= 3
+    assert not _all_gone(tree), "ddlf-node stop left processes behind"
+    assert not glob.glob(str(session_dir / "procs" / "*.json"))
+
+
+def test_block_mode_stops_everything_on_sigterm(session_dir):
+    proc = subprocess.Popen([*CLI, "start", "--head", "--port", "0", "--num-cpus", "1", "--block"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "DDLF head started" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        assert "DDLF head started" in line
+        tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        assert len(tree) >= 3  # head, node, and the node's workers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not _all_gone(tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_join_without_token_is_a_clear_error(session_dir):
+    out = _cli("start", "--address", "127.0.0.1:9")
+    assert out.returncode == 2
+    assert "no token" in out.stderr and "--token" in out.stderr
+
+
+def test_join_with_wrong_token_is_refused(session_dir):
+    started = _cli("start", "--head", "--port", "0", "--num-cpus", "1")
+    assert started.returncode == 0, started.stderr
+    address = started.stdout.split("DDLF head started at ")[1].split()[0]
+    try:
+        out = _cli("start", "--address", address, "--token", "wrong")
+        assert out.returncode == 1
+        assert "rejected our token" in out.stderr
+    finally:
+        tree = _recorded_tree(session_dir)
+        _cli("stop")
+    assert not _all_gone(tree)
+
+
+def test_init_auto_without_a_head_says_how_to_start_one(session_dir):
+    with pytest.raises(ddlf.errors.DDLFError, match="ddlf-node start --head"):
+        ddlf.init(address="auto")
+    assert not ddlf.is_initialized()
