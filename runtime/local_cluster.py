@@ -37,11 +37,15 @@ def _child_env() -> dict:
 
 
 def _start(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
-           new_session: bool = True) -> tuple[subprocess.Popen, dict]:
-    """Start ``python -m args`` and wait for its ``DDLF_READY {json}`` line."""
+           new_session: bool = True, prefix: list | None = None,
+           env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start ``python -m args`` and wait for its ``DDLF_READY {json}`` line.
+
+    ``prefix`` goes before the interpreter, e.g. ``["ip", "netns", "exec", "h1"]``.
+    """
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
-        env=_child_env(), start_new_session=new_session,
+        [*(prefix or []), sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE,
+        stderr=stderr, env={**_child_env(), **(env or {})}, start_new_session=new_session,
     )
     deadline = time.monotonic() + _START_TIMEOUT_S
     buf = b""

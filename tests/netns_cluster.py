@@ -1,0 +1,200 @@
+"""A DDLF cluster across Linux network namespaces: real hosts with distinct IPs on one box.
+
+    sudo python tests/netns_cluster.py          # run the scenario and print what happened
+
+Four namespaces hang off one bridge: h0 runs the head, h1 and h2 run nodes, h3 runs the
+driver. The driver places one actor on each node, then the link of one node is cut
+(``ip link set ... down``: no FIN, no RST, just silence) and the driver checks that the
+cluster notices the node is dead, fails the calls pending there, and keeps working.
+Needs root and iproute2; ``tests/test_netns.py`` runs it under pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+SUBNET = "10.213.0"
+
+
+def netns_unavailable() -> str | None:
+    """Why this machine cannot run the scenario, or None if it can."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2's `ip` command"
+    probe = f"ddlfprobe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"`ip netns add` failed here: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args, ns: str | None = None) -> None:
+    cmd = ["ip", "netns", "exec", ns, "ip", *args] if ns else ["ip", *args]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+class NetnsHosts:
+    """``n`` namespaces on a bridge, host i at ``SUBNET.(i+1)``."""
+
+    def __init__(self, n: int = 4):
+        tag = f"{os.getpid() % 100000}"
+        self.bridge = f"ddlfbr{tag}"
+        self.ns = [f"ddlf{tag}h{i}" for i in range(n)]
+        self.veth = [f"dv{tag}h{i}" for i in range(n)]
+        self.ips = [f"{SUBNET}.{i + 1}" for i in range(n)]
+        self.procs: list[subprocess.Popen] = []
+
+    def up(self) -> NetnsHosts:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("link", "set", self.bridge, "up")
+        for ns, veth, ip in zip(self.ns, self.veth, self.ips):
+            _ip("netns", "add", ns)
+            _ip("link", "add", veth, "type", "veth", "peer", "name", veth + "p")
+            _ip("link", "set", veth + "p", "netns", ns)
+            _ip("link", "set", veth, "master", self.bridge)
+            _ip("link", "set", veth, "up")
+            _ip("addr", "add", f"{ip}/24", "dev", veth + "p", ns=ns)
+            _ip("link", "set", veth + "p", "up", ns=ns)
+            _ip("link", "set", "lo", "up", ns=ns)
+        return self
+
+    def prefix(self, i: int) -> list:
+        return ["ip", "netns", "exec", self.ns[i]]
+
+    def cut(self, i: int) -> None:
+        """Take host i off the network without telling anyone (no FIN, no RST)."""
+        _ip("link", "set", self.veth[i], "down")
+
+    def down(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(Exception):
+                p.stdin.close()
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for ns in self.ns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+def run_scenario(dead_after_s: float = 3.0, verbose: bool = False) -> dict:
+    """Build the hosts, run the driver in h3, cut h2's link; return the driver's findings."""
+    from ddlf_actors.runtime.auth import generate_token
+    from ddlf_actors.runtime.local_cluster import _start
+
+    token = generate_token()
+    env = {"DDLF_NODE_DEAD_AFTER_S": str(dead_after_s), "DDLF_AUTH_TOKEN": token}
+    hosts = NetnsHosts(4).up()
+    try:
+        head, info = _start(["ddlf_actors.runtime.head", "--host", hosts.ips[0], "--port", "0",
+                             "--stdin-lifeline"], "head", prefix=hosts.prefix(0), env=env,
+                            new_session=False)
+        hosts.procs.append(head)
+        nodes = []
+        for i in (1, 2):
+            node, ninfo = _start(["ddlf_actors.runtime.node", "--address", info["address"],
+                                  "--host", hosts.ips[i], "--num-cpus", "1", "--stdin-lifeline"],
+                                 "node", prefix=hosts.prefix(i), env=env, new_session=False)
+            hosts.procs.append(node)
+            nodes.append(ninfo)
+        driver = subprocess.Popen(
+            [*hosts.prefix(3), sys.executable, os.path.abspath(__file__), "driver", info["address"]],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
+        hosts.procs.append(driver)
+        ready = _read_tagged(driver, "READY", 60)
+        if verbose:
+            print("driver sees:", json.dumps(ready, indent=1))
+        victim = nodes[1]["node_id"]
+        t_cut = time.monotonic()
+        hosts.cut(2)
+        driver.stdin.write(f"CUT {victim}\n")
+        driver.stdin.flush()
+        result = _read_tagged(driver, "RESULT", 90)
+        result["cut_to_result_s"] = round(time.monotonic() - t_cut, 2)
+        result["ready"] = ready
+        result["nodes"] = nodes
+        result["head"] = info["address"]
+        driver.stdin.close()
+        driver.wait(30)
+        return result
+    finally:
+        hosts.down()
+
+
+def _read_tagged(proc: subprocess.Popen, tag: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"driver exited before printing {tag} (code {proc.wait()})")
+        if line.startswith(tag + " "):
+            return json.loads(line[len(tag) + 1:])
+    raise TimeoutError(f"no {tag} line from the driver within {timeout} s")
+
+
+def driver(address: str) -> None:
+    """Runs inside h3: a driver on its own host, talking to the cluster over the bridge."""
+    import ddlf_actors as ddlf
+    from ddlf_actors.runtime import context
+
+    @ddlf.remote(num_cpus=1)
+    class Probe:
+        def where(self):
+            return {"node_id": context.current.node_id, "pid": os.getpid()}
+
+        def slow(self, s):
+            time.sleep(s)
+            return s
+
+    ddlf.init(address=address)
+    probes = [Probe.remote(), Probe.remote()]
+    placed = ddlf.get([p.where.remote() for p in probes], timeout=60)
+    print("READY " + json.dumps({"placed": placed, "nodes": [n["address"] for n in ddlf.nodes()]}),
+          flush=True)
+    victim = sys.stdin.readline().split()[1]
+    doomed = next(p for p, w in zip(probes, placed) if w["node_id"] == victim)
+    healthy = next(p for p, w in zip(probes, placed) if w["node_id"] != victim)
+    pending = doomed.slow.remote(120)
+    t0 = time.monotonic()
+    seen_dead_after = None
+    while time.monotonic() - t0 < 30:
+        alive = {n["node_id"]: n["alive"] for n in ddlf.nodes()}
+        if not alive.get(victim, True):
+            seen_dead_after = round(time.monotonic() - t0, 2)
+            break
+        time.sleep(0.1)
+    try:
+        ddlf.get(pending, timeout=30)
+        pending_outcome = "returned"
+    except ddlf.errors.ActorDiedError:
+        pending_outcome = "ActorDiedError"
+    except ddlf.errors.GetTimeoutError:
+        pending_outcome = "hung"
+    healthy_answer = ddlf.get(healthy.where.remote(), timeout=30)
+    print("RESULT " + json.dumps({
+        "victim": victim, "node_dead_after_s": seen_dead_after, "pending_call": pending_outcome,
+        "healthy_still_answers": healthy_answer["node_id"] != victim,
+        "cluster_cpus_after": ddlf.cluster_resources().get("CPU"),
+    }), flush=True)
+    ddlf.shutdown()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "driver":
+        driver(sys.argv[2])
+    else:
+        why = netns_unavailable()
+        if why:
+            sys.exit(f"cannot run: {why}")
+        print(json.dumps(run_scenario(verbose=True), indent=1))
