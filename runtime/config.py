@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD_AFTER_S", "session_root"]
+__all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD_AFTER_S",
+           "HANDSHAKE_TIMEOUT_S", "session_root"]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -30,6 +31,8 @@ MAX_FRAME_BYTES = _env_int("DDLF_MAX_FRAME_BYTES", 1 << 30)
 MAX_SEGMENTS = _env_int("DDLF_MAX_SEGMENTS", 4096)
 HEARTBEAT_INTERVAL_S = _env_float("DDLF_HEARTBEAT_INTERVAL_S", 1.0)
 NODE_DEAD_AFTER_S = _env_float("DDLF_NODE_DEAD_AFTER_S", 10.0)
+# A server drops a peer that has not finished the handshake by then.
+HANDSHAKE_TIMEOUT_S = _env_float("DDLF_HANDSHAKE_TIMEOUT_S", 5.0)
 
 
 def session_root() -> str:

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import socket
 
-from . import auth, protocol
+from . import auth, config, protocol
 from .errors import AuthenticationError, ConnectionLostError, FrameError
 from .framing import FrameDecoder, encode_frame
 
@@ -56,6 +56,12 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.close_exc: BaseException | None = None
         self.info: dict = {}  # free-form per-connection state owned by the handler
+        self._auth_timer: asyncio.TimerHandle | None = None
+
+    def _cancel_auth_timer(self):
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
 
     # -- asyncio protocol ----------------------------------------------------------------
     def connection_made(self, transport):
@@ -72,6 +78,16 @@ class Connection(asyncio.BufferedProtocol):
         if self.server:
             msg, self._server_nonce = auth.make_challenge()
             transport.write(msg)
+            # A peer that connects and then stays silent (or sends a few bytes) would
+            # otherwise hold a socket and its file descriptor forever.
+            self._auth_timer = self.loop.call_later(config.HANDSHAKE_TIMEOUT_S, self._auth_timed_out)
+
+    def _auth_timed_out(self):
+        if self.state not in (_OPEN, _CLOSED):
+            log.warning("dropping %s: no authentication within %.0f s", self.peer,
+                        config.HANDSHAKE_TIMEOUT_S)
+            self.abort(AuthenticationError(
+                f"handshake not completed within {config.HANDSHAKE_TIMEOUT_S:.0f} s"))
 
     def get_buffer(self, sizehint):
         if self.state == _OPEN:
@@ -140,6 +156,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _open(self, leftover: bytes):
         self.state = _OPEN
+        self._cancel_auth_timer()
         self._auth_buf = bytearray()
         if not self.ready.done():
             self.ready.set_result(self)
@@ -154,6 +171,7 @@ class Connection(asyncio.BufferedProtocol):
             self._deliver(frames)
 
     def connection_lost(self, exc):
+        self._cancel_auth_timer()
         was_open = self.state == _OPEN
         self.state = _CLOSED
         self.closed = True

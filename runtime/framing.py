@@ -117,8 +117,16 @@ class FrameDecoder:
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes received that do not yet form a complete frame."""
-        return len(self._buf) + (self._big_fill if self._big is not None else 0)
+        """Bytes received that do not yet form a complete frame, including the parts of
+        an unfinished frame (prefix, length table, whole segments) already parsed."""
+        n = len(self._buf)
+        if self._nseg:
+            n += PREFIX_SIZE
+            if self._lengths is not None:
+                n += 8 * self._nseg + sum(self._lengths[: len(self._segs)])
+        if self._big is not None:
+            n += self._big_fill
+        return n
 
     def _finish_big(self) -> None:
         self._segs.append(self._big)

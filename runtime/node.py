@@ -80,6 +80,7 @@ class NodeDaemon:
         self.server = None
         self.address = None
         self.stopping = False
+        self._starting: set = set()
         self.stopped = loop.create_future()
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(["ddlf_actors.runtime.worker", "numpy", "cloudpickle"])
@@ -105,9 +106,14 @@ class NodeDaemon:
         if self.stopping:
             return
         self.stopping = True
+        # Workers whose start() is still running in the executor have no pid yet; wait
+        # for those starts so they can be killed too instead of being waited on for 5 s.
+        starting = [t for t in self._starting if not t.done()]
+        if starting:
+            await asyncio.wait(starting, timeout=5)
         procs = [w for w in self.workers.values() if w.process is not None and not w.exited]
         for w in procs:
-            _signal(w.pid, signal.SIGKILL)
+            _signal(w.process.pid, signal.SIGKILL)
         for w in procs:
             try:
                 await self.loop.run_in_executor(None, w.process.join, 5)
@@ -145,7 +151,9 @@ class NodeDaemon:
                   self.host, w.log_prefix, env, os.getpid()),
         )
         self.workers[wid] = w
-        self.loop.create_task(self._start_process(w))
+        task = self.loop.create_task(self._start_process(w))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
         return w
 
     async def _start_process(self, w: WorkerProc):
