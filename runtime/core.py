@@ -383,6 +383,10 @@ class Core:
             "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
             "job_id": self.job_id,
         }
+        if wire["name"]:
+            # As in Ray, a name belongs to the actor once .remote() returns: reserve it
+            # now, so a duplicate fails here and get_actor(name) works right away.
+            self.head_call("reserve_name", wire["name"], actor_id, spec.class_name, spec.methods)
         client = _ActorClient(self, actor_id, spec.class_name)
         self.actors[actor_id] = client
         self._submit(client.create, wire, refs)

@@ -92,6 +92,8 @@ class Head:
         self.nodes: dict[str, NodeRecord] = {}
         self.actors: dict[str, ActorRecord] = {}
         self.names: dict[str, str] = {}
+        # Names claimed at .remote() time, before the create_actor request arrives.
+        self.reserved: dict[str, dict] = {}
         self.drivers: dict[str, object] = {}       # job id -> connection
         self.cores: set = set()                     # every driver and worker core
         self.leases: dict[str, tuple] = {}          # lease id -> (node, demand, worker_id, job)
@@ -169,6 +171,9 @@ class Head:
 
     def _owner_gone(self, owner_id: str):
         # Actors and leases die with the connection that owns them (unless detached).
+        for actor_id, r in list(self.reserved.items()):
+            if r["owner"] == owner_id:
+                self._unreserve(actor_id)
         for a in list(self.actors.values()):
             if a.owner == owner_id and not a.detached and a.state != DEAD:
                 self._kill(a, "its owner (the driver or worker that created it) disconnected")
@@ -236,17 +241,43 @@ class Head:
         self._retry_pending()
 
     # -- actors ------------------------------------------------------------------------------
+    def _name_taken(self, name: str, actor_id: str) -> bool:
+        existing = self.names.get(name)
+        if existing is None or existing == actor_id:
+            return False
+        if existing in self.reserved:
+            return True
+        a = self.actors.get(existing)
+        return a is not None and a.state != DEAD
+
+    def rpc_reserve_name(self, conn, name: str, actor_id: str, class_name: str, methods):
+        """Claim ``name`` for an actor whose create_actor request is about to follow."""
+        if self._name_taken(name, actor_id):
+            raise ValueError(f"an actor named {name!r} already exists; pick another name "
+                             "or use ddlf.get_actor(name) to reach it")
+        self.names[name] = actor_id
+        self.reserved[actor_id] = {"actor_id": actor_id, "class_name": class_name,
+                                   "methods": methods, "name": name,
+                                   "owner": conn.info.get("owner_id"), "created": asyncio.Event()}
+        return True
+
+    def _unreserve(self, actor_id: str) -> None:
+        r = self.reserved.pop(actor_id, None)
+        if r is not None:
+            if self.names.get(r["name"]) == actor_id and actor_id not in self.actors:
+                self.names.pop(r["name"], None)
+            r["created"].set()
+
     async def rpc_create_actor(self, conn, spec: dict):
         name = spec.get("name")
-        if name:
-            existing = self.names.get(name)
-            if existing and self.actors[existing].state != DEAD:
-                raise ValueError(f"an actor named {name!r} already exists; pick another name "
-                                 "or use ddlf.get_actor(name) to reach it")
+        if name and self._name_taken(name, spec["actor_id"]):
+            raise ValueError(f"an actor named {name!r} already exists; pick another name "
+                             "or use ddlf.get_actor(name) to reach it")
         a = ActorRecord(spec, conn.info.get("owner_id"))
         self.actors[a.actor_id] = a
         if name:
             self.names[name] = a.actor_id
+        self._unreserve(a.actor_id)
         await self._start_actor(a)
         return a.view()
 
@@ -335,6 +366,14 @@ class Head:
         deadline = time.monotonic() + _WAIT_ACTOR_MAX_S
         while True:
             a = self.actors.get(actor_id)
+            r = self.reserved.get(actor_id) if a is None else None
+            if r is not None:
+                # Named and reserved, but its creation request has not arrived yet.
+                try:
+                    await asyncio.wait_for(r["created"].wait(), max(0.0, deadline - time.monotonic()))
+                except asyncio.TimeoutError:
+                    return {"actor_id": actor_id, "state": PENDING, "epoch": 0, "address": None}
+                continue
             if a is None:
                 return {"actor_id": actor_id, "state": DEAD, "epoch": 0, "address": None,
                         "error": {"reason": "no such actor in this cluster (it may have been "
@@ -354,6 +393,9 @@ class Head:
         actor_id = self.names.get(name)
         if actor_id is None:
             return None
+        if actor_id in self.reserved:
+            r = self.reserved[actor_id]
+            return {"actor_id": actor_id, "class_name": r["class_name"], "methods": r["methods"]}
         return self.actors[actor_id].view()
 
     def rpc_kill_actor(self, conn, actor_id: str, no_restart: bool = True):

@@ -1,0 +1,1 @@
+"""Importable helpers shared by the behaviour tests (also importable on workers)."""

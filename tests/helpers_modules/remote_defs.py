@@ -1,0 +1,28 @@
+"""Remote classes and functions defined in an ordinary importable module.
+
+Workers import this module by reference (the driver ships its ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ddlf_actors as ddlf
+
+
+@ddlf.remote
+class Accumulator:
+    def __init__(self, start=0):
+        self.total = start
+
+    def add(self, x):
+        self.total += x
+        return self.total
+
+    def pid(self):
+        return os.getpid()
+
+
+@ddlf.remote
+def square(x):
+    return x * x
