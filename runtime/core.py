@@ -408,6 +408,20 @@ class Core:
 
     def kill_actor(self, actor_id: str, no_restart: bool = True) -> None:
         self.head_call("kill_actor", actor_id, no_restart)
+        if no_restart:
+            # The head kills the process asynchronously; without this, a call made right
+            # after kill() could still reach the old process over our open connection.
+            self._submit(self._killed_here, actor_id)
+
+    def _killed_here(self, actor_id: str) -> None:
+        client = self.actors.get(actor_id)
+        if client is None:
+            return
+        err = ActorDiedError(f"actor {client.class_name} ({actor_id}) is dead: "
+                             "it was killed with ddlf.kill()")
+        client._die_with(err)
+        if client.conn is not None:
+            client.conn.abort(err)
 
     # -- tasks -----------------------------------------------------------------------------
     def submit_task(self, fn_id: bytes, fn_segments: list, fn_name: str, args, kwargs,

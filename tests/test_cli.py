@@ -118,7 +118,12 @@ def test_block_mode_stops_everything_on_sigterm(session_dir):
         while "DDLF head started" not in line and time.monotonic() < deadline:
             line = proc.stdout.readline()
         assert "DDLF head started" in line
-        tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        # The node pre-starts its workers in the background after the banner: wait for them.
+        tree: set = set()
+        deadline = time.monotonic() + 30
+        while len(tree) < 3 and time.monotonic() < deadline:
+            tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+            time.sleep(0.1)
         assert len(tree) >= 3  # head, node, and the node's workers
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
