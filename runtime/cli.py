@@ -41,8 +41,12 @@ def _spawn(args: list, what: str, block: bool, log_name: str):
     log = open(path, "ab")
     start = log.tell()
     try:
-        return _start(args, what, stdin=subprocess.DEVNULL, stderr=None if block else log,
-                      new_session=not block)
+        if block:
+            # In the foreground the children hold a pipe from us: if this process dies
+            # by any signal, even SIGKILL, the pipe closes and they stop too.
+            return _start([*args, "--stdin-lifeline"], what, stdin=subprocess.PIPE,
+                          stderr=None, new_session=False)
+        return _start(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True)
     except DDLFError as e:
         log.flush()
         with open(path, "rb") as f:

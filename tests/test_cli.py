@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -129,6 +130,36 @@ def test_block_mode_stops_everything_on_sigterm(session_dir):
         assert proc.wait(30) == 0
         assert not _all_gone(tree)
     finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_block_mode_children_exit_when_the_cli_is_sigkilled(session_dir):
+    """SIGKILL cannot be caught: the head, node and workers must notice on their own."""
+    proc = subprocess.Popen([*CLI, "start", "--head", "--port", "0", "--num-cpus", "1", "--block"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tree: set = set()
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "DDLF head started" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        assert "DDLF head started" in line
+        deadline = time.monotonic() + 30
+        while len(tree) < 3 and time.monotonic() < deadline:
+            tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+            time.sleep(0.1)
+        assert len(tree) >= 3
+        proc.kill()
+        proc.wait(10)
+        assert not _all_gone(tree)
+    finally:
+        for pid in tree:  # only if the test failed: end what it started, by pid
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
