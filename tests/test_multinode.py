@@ -242,3 +242,32 @@ def test_status_prints_nodes_and_actors(multi):
         assert n["node_id"] in out.stdout
     row = next(ln for ln in out.stdout.splitlines() if "status-probe" in ln)
     assert "Where" in row and str(pid) in row and "ALIVE" in row
+
+
+def test_driver_sys_path_reaches_workers_on_every_node(multi, tmp_path):
+    """A module the nodes cannot know about (written after they started, in a folder only
+    the driver's sys.path names) unpickles on both nodes; missing entries are skipped."""
+    mod_dir = tmp_path / "driver_only"
+    mod_dir.mkdir()
+    (mod_dir / "driver_only_mod_7f3a.py").write_text(textwrap.dedent("""
+        import os
+        import ddlf_actors as ddlf
+
+        @ddlf.remote(num_cpus=0)
+        class Shipped:
+            def where(self):
+                return os.getpid(), __file__
+    """))
+    missing = str(tmp_path / "does-not-exist-anywhere")
+    sys.path[:0] = [str(mod_dir), missing]
+    try:
+        import driver_only_mod_7f3a as mod
+
+        hs = [mod.Shipped.options(node_id=n["node_id"]).remote() for n in multi.nodes]
+        out = ddlf.get([h.where.remote() for h in hs], timeout=30)
+        assert len({pid for pid, _ in out}) == len(multi.nodes)
+        assert all(path.startswith(str(mod_dir)) for _, path in out)
+    finally:
+        sys.path.remove(str(mod_dir))
+        sys.path.remove(missing)
+        sys.modules.pop("driver_only_mod_7f3a", None)
