@@ -546,14 +546,21 @@ class _ActorClient:
                     e = self.core.objects[r.id]
                     if e.state != OK:
                         self._die_with(self._dep_error(e))
+                        self._release_name(wire)
                         return
                     objects[r.id] = e.segments
                 wire["objects"] = objects
             view = await rpc.call(self.core.head, "create_actor", wire)
         except Exception as e:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
+            self._release_name(wire)
             return
         await self._apply(view)
+
+    def _release_name(self, wire: dict) -> None:
+        """Give back a name reserved at .remote() for an actor that was never created."""
+        if wire.get("name") and self.core.head is not None and not self.core.head.closed:
+            rpc.push(self.core.head, "release_name", {"actor_id": self.actor_id})
 
     async def _await_refs(self, refs):
         for r in refs:

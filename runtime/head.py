@@ -156,6 +156,11 @@ class Head:
             self._worker_died(conn.info.get("node"), data)
         elif event == "logs":
             self._route_logs(data)
+        elif event == "release_name":
+            r = self.reserved.get(data["actor_id"])
+            # Only the connection that reserved a name may give it back.
+            if r is not None and r["owner"] == conn.info.get("owner_id"):
+                self._unreserve(data["actor_id"])
 
     def on_closed(self, conn, exc):
         node = conn.info.get("node")

@@ -346,3 +346,25 @@ def test_available_resources_come_back_after_tasks(cluster):
 def test_more_default_actors_than_cpus_all_run(cluster):
     actors = [Counter.remote() for _ in range(4)]  # more actors than CPUs
     assert ddlf.get([a.incr.remote() for a in actors], timeout=30) == [1, 1, 1, 1]
+
+
+def test_name_is_released_when_creation_fails_before_reaching_the_head(cluster):
+    @ddlf.remote
+    def fail():
+        raise ValueError("no")
+
+    bad = Counter.options(name="released").remote(fail.remote())  # its argument fails
+    with pytest.raises(ddlf.errors.DDLFError):
+        ddlf.get(bad.read.remote(), timeout=20)
+
+    def lookup_fails():
+        try:
+            ddlf.get_actor("released")
+        except ValueError:
+            return True
+        return False
+
+    assert wait_for(lookup_fails, timeout=10)
+    good = Counter.options(name="released").remote(3)
+    assert ddlf.get(ddlf.get_actor("released").read.remote(), timeout=20) == 3
+    assert ddlf.get_actor("released") == good
