@@ -411,17 +411,14 @@ class Core:
         if no_restart:
             # The head kills the process asynchronously; without this, a call made right
             # after kill() could still reach the old process over our open connection.
+            # Looked up on the I/O thread, after calls submitted before kill() have been
+            # routed (which may create the client).
             self._submit(self._killed_here, actor_id)
 
     def _killed_here(self, actor_id: str) -> None:
         client = self.actors.get(actor_id)
-        if client is None:
-            return
-        err = ActorDiedError(f"actor {client.class_name} ({actor_id}) is dead: "
-                             "it was killed with ddlf.kill()")
-        client._die_with(err)
-        if client.conn is not None:
-            client.conn.abort(err)
+        if client is not None:
+            client.killed()
 
     # -- tasks -----------------------------------------------------------------------------
     def submit_task(self, fn_id: bytes, fn_segments: list, fn_name: str, args, kwargs,
@@ -639,6 +636,14 @@ class _ActorClient:
         self.dead_error = exc
         while self.queue:
             self.core._fail(self.queue.popleft().obj_id, exc)
+
+    def killed(self) -> None:
+        """ddlf.kill() from this process: fail queued, in-flight and later calls now."""
+        err = ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: "
+                             "it was killed with ddlf.kill()")
+        self._die_with(err)
+        if self.conn is not None:
+            self.conn.abort(err)
 
     def close(self):
         if self.conn is not None:

@@ -246,23 +246,20 @@ class Head:
         self._retry_pending()
 
     # -- actors ------------------------------------------------------------------------------
-    def _name_taken(self, name: str, actor_id: str) -> bool:
+    def _claim_name(self, name: str, actor_id: str) -> None:
+        """Give ``name`` to ``actor_id``, or raise if a live or reserved actor holds it."""
         existing = self.names.get(name)
-        if existing is None or existing == actor_id:
-            return False
-        if existing in self.reserved:
-            return True
-        a = self.actors.get(existing)
-        return a is not None and a.state != DEAD
+        if existing is not None and existing != actor_id:
+            a = self.actors.get(existing)
+            if existing in self.reserved or (a is not None and a.state != DEAD):
+                raise ValueError(f"an actor named {name!r} already exists; pick another name "
+                                 "or use ddlf.get_actor(name) to reach it")
+        self.names[name] = actor_id
 
     def rpc_reserve_name(self, conn, name: str, actor_id: str, class_name: str, methods):
         """Claim ``name`` for an actor whose create_actor request is about to follow."""
-        if self._name_taken(name, actor_id):
-            raise ValueError(f"an actor named {name!r} already exists; pick another name "
-                             "or use ddlf.get_actor(name) to reach it")
-        self.names[name] = actor_id
-        self.reserved[actor_id] = {"actor_id": actor_id, "class_name": class_name,
-                                   "methods": methods, "name": name,
+        self._claim_name(name, actor_id)
+        self.reserved[actor_id] = {"class_name": class_name, "methods": methods, "name": name,
                                    "owner": conn.info.get("owner_id"), "created": asyncio.Event()}
         return True
 
@@ -275,13 +272,10 @@ class Head:
 
     async def rpc_create_actor(self, conn, spec: dict):
         name = spec.get("name")
-        if name and self._name_taken(name, spec["actor_id"]):
-            raise ValueError(f"an actor named {name!r} already exists; pick another name "
-                             "or use ddlf.get_actor(name) to reach it")
+        if name:
+            self._claim_name(name, spec["actor_id"])
         a = ActorRecord(spec, conn.info.get("owner_id"))
         self.actors[a.actor_id] = a
-        if name:
-            self.names[name] = a.actor_id
         self._unreserve(a.actor_id)
         await self._start_actor(a)
         return a.view()

@@ -8,25 +8,10 @@ import threading
 import time
 
 import pytest
+from helpers_modules.remote_defs import Counter
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError
-
-
-@ddlf.remote
-class Counter:
-    def __init__(self, start=0):
-        self.n = start
-
-    def incr(self, by=1):
-        self.n += by
-        return self.n
-
-    def read(self):
-        return self.n
-
-    def pid(self):
-        return os.getpid()
 
 
 @ddlf.remote

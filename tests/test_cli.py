@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from helpers_modules.util import wait_gone
 
 import ddlf_actors as ddlf
 
@@ -46,18 +47,34 @@ def _recorded_tree(session) -> set[int]:
     return pids
 
 
-def _all_gone(pids, timeout=15.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        for pid in list(alive):
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    alive.discard(pid)
-            except psutil.NoSuchProcess:
-                alive.discard(pid)
-        time.sleep(0.1)
-    return alive
+def _start_blocking_head():
+    """``ddlf-node start --head --block``; returns the CLI process and its process tree
+    (head, node and the node's workers) once all of them are up."""
+    proc = subprocess.Popen([*CLI, "start", "--head", "--port", "0", "--num-cpus", "1", "--block"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = ""
+    deadline = time.monotonic() + 60
+    while "DDLF head started" not in line and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+    tree: set = set()
+    if "DDLF head started" in line:
+        # The node pre-starts its workers in the background after the banner: wait for them.
+        deadline = time.monotonic() + 30
+        while len(tree) < 3 and time.monotonic() < deadline:
+            tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+            time.sleep(0.1)
+    return proc, line, tree
+
+
+def _end(proc, tree=()):
+    for pid in tree:  # only if the test failed: end what it started, by pid
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 @ddlf.remote
@@ -106,65 +123,33 @@ def test_start_join_status_auto_and_stop(session_dir, tmp_path):
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped 3 DDLF process(es)" in stopped.stdout  # head + two node daemons
     assert len(tree) >= 3
-    assert not _all_gone(tree), "ddlf-node stop left processes behind"
+    assert not wait_gone(tree), "ddlf-node stop left processes behind"
     assert not glob.glob(str(session_dir / "procs" / "*.json"))
 
 
 def test_block_mode_stops_everything_on_sigterm(session_dir):
-    proc = subprocess.Popen([*CLI, "start", "--head", "--port", "0", "--num-cpus", "1", "--block"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, line, tree = _start_blocking_head()
     try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "DDLF head started" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
         assert "DDLF head started" in line
-        # The node pre-starts its workers in the background after the banner: wait for them.
-        tree: set = set()
-        deadline = time.monotonic() + 30
-        while len(tree) < 3 and time.monotonic() < deadline:
-            tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
-            time.sleep(0.1)
         assert len(tree) >= 3  # head, node, and the node's workers
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        assert not _all_gone(tree)
+        assert not wait_gone(tree)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        _end(proc)
 
 
 def test_block_mode_children_exit_when_the_cli_is_sigkilled(session_dir):
     """SIGKILL cannot be caught: the head, node and workers must notice on their own."""
-    proc = subprocess.Popen([*CLI, "start", "--head", "--port", "0", "--num-cpus", "1", "--block"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    tree: set = set()
+    proc, line, tree = _start_blocking_head()
     try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "DDLF head started" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
         assert "DDLF head started" in line
-        deadline = time.monotonic() + 30
-        while len(tree) < 3 and time.monotonic() < deadline:
-            tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
-            time.sleep(0.1)
         assert len(tree) >= 3
         proc.kill()
         proc.wait(10)
-        assert not _all_gone(tree)
+        assert not wait_gone(tree)
     finally:
-        for pid in tree:  # only if the test failed: end what it started, by pid
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        _end(proc, tree)
 
 
 def test_join_without_token_is_a_clear_error(session_dir):
@@ -184,7 +169,7 @@ def test_join_with_wrong_token_is_refused(session_dir):
     finally:
         tree = _recorded_tree(session_dir)
         _cli("stop")
-    assert not _all_gone(tree)
+    assert not wait_gone(tree)
 
 
 def test_init_auto_without_a_head_says_how_to_start_one(session_dir):

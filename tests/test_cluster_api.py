@@ -10,27 +10,11 @@ import textwrap
 import time
 
 import pytest
-from helpers_modules.remote_defs import Accumulator, square
+from helpers_modules.remote_defs import Accumulator, Counter, square
 from helpers_modules.util import wait_for
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError, DDLFError
-
-
-@ddlf.remote
-class Counter:
-    def __init__(self, start=0):
-        self.n = start
-
-    def incr(self, by=1):
-        self.n += by
-        return self.n
-
-    def read(self):
-        return self.n
-
-    def pid(self):
-        return os.getpid()
 
 
 @ddlf.remote(num_cpus=1)
@@ -54,6 +38,14 @@ def add(a, b):
 @ddlf.remote(num_cpus=2, max_retries=0)
 def two_cpu_task(x):
     return x + 1
+
+
+def _name_is_free(name) -> bool:
+    try:
+        ddlf.get_actor(name)
+    except ValueError:
+        return True
+    return False
 
 
 def _cpu(d):
@@ -284,17 +276,25 @@ def test_name_is_free_again_after_kill(cluster):
     with pytest.raises(ActorDiedError):
         ddlf.get(a.read.remote(), timeout=20)
 
-    def lookup_fails():
-        try:
-            ddlf.get_actor("reusable")
-        except ValueError:
-            return True
-        return False
-
-    assert wait_for(lookup_fails, timeout=10)
+    assert wait_for(lambda: _name_is_free("reusable"), timeout=10)
     b = Counter.options(name="reusable").remote(2)
     assert ddlf.get(ddlf.get_actor("reusable").read.remote(), timeout=20) == 2
     assert ddlf.get_actor("reusable") == b
+
+
+def test_name_is_released_when_creation_fails_before_reaching_the_head(cluster):
+    @ddlf.remote
+    def fail():
+        raise ValueError("no")
+
+    bad = Counter.options(name="released").remote(fail.remote())  # its argument fails
+    with pytest.raises(ddlf.errors.DDLFError):
+        ddlf.get(bad.read.remote(), timeout=20)
+
+    assert wait_for(lambda: _name_is_free("released"), timeout=10)
+    good = Counter.options(name="released").remote(3)
+    assert ddlf.get(ddlf.get_actor("released").read.remote(), timeout=20) == 3
+    assert ddlf.get_actor("released") == good
 
 
 # -- cluster views ----------------------------------------------------------------------------------
@@ -346,25 +346,3 @@ def test_available_resources_come_back_after_tasks(cluster):
 def test_more_default_actors_than_cpus_all_run(cluster):
     actors = [Counter.remote() for _ in range(4)]  # more actors than CPUs
     assert ddlf.get([a.incr.remote() for a in actors], timeout=30) == [1, 1, 1, 1]
-
-
-def test_name_is_released_when_creation_fails_before_reaching_the_head(cluster):
-    @ddlf.remote
-    def fail():
-        raise ValueError("no")
-
-    bad = Counter.options(name="released").remote(fail.remote())  # its argument fails
-    with pytest.raises(ddlf.errors.DDLFError):
-        ddlf.get(bad.read.remote(), timeout=20)
-
-    def lookup_fails():
-        try:
-            ddlf.get_actor("released")
-        except ValueError:
-            return True
-        return False
-
-    assert wait_for(lookup_fails, timeout=10)
-    good = Counter.options(name="released").remote(3)
-    assert ddlf.get(ddlf.get_actor("released").read.remote(), timeout=20) == 3
-    assert ddlf.get_actor("released") == good

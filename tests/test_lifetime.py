@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
+from helpers_modules.util import wait_gone
 
 DRIVER = textwrap.dedent("""
     import os, sys, time, psutil
@@ -30,20 +30,6 @@ DRIVER = textwrap.dedent("""
         time.sleep(600)
     # "exit": leave without ddlf.shutdown(); atexit must stop the cluster.
 """)
-
-
-def _gone(pids, timeout=20.0) -> set:
-    deadline = time.monotonic() + timeout
-    alive = set(pids)
-    while alive and time.monotonic() < deadline:
-        for pid in list(alive):
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    alive.discard(pid)
-            except psutil.NoSuchProcess:
-                alive.discard(pid)
-        time.sleep(0.1)
-    return alive
 
 
 def _run(mode):
@@ -71,7 +57,7 @@ def test_interpreter_exit_without_shutdown_stops_the_cluster(no_leaks):
     try:
         assert len(kids) >= 3, kids  # head, node, the actor's worker (and forkserver)
         assert proc.wait(30) == 0
-        assert not _gone(kids)
+        assert not wait_gone(kids, timeout=20.0)
     finally:
         _cleanup(proc, kids)
 
@@ -82,6 +68,6 @@ def test_sigkilled_driver_takes_its_embedded_cluster_down(no_leaks):
         assert len(kids) >= 3, kids
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        assert not _gone(kids)
+        assert not wait_gone(kids, timeout=20.0)
     finally:
         _cleanup(proc, kids)

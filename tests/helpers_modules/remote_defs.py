@@ -24,5 +24,21 @@ class Accumulator:
 
 
 @ddlf.remote
+class Counter:
+    def __init__(self, start=0):
+        self.n = start
+
+    def incr(self, by=1):
+        self.n += by
+        return self.n
+
+    def read(self):
+        return self.n
+
+    def pid(self):
+        return os.getpid()
+
+
+@ddlf.remote
 def square(x):
     return x * x
