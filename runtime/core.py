@@ -764,19 +764,33 @@ class _TaskPool:
         self.pump()
 
     def pump(self) -> None:
+        """Send queued tasks to leases.
+
+        An idle lease takes a task at once. A busy lease takes more (pipelined, up to
+        ``_TASK_DEPTH``) only once the head has said that no CPU is free: otherwise a
+        fast task could queue behind a slow one while another CPU sits idle.
+        """
         queue = self.queue
         while queue:
             best = None
             for lease in self.leases:
                 if best is None or len(lease.inflight) < len(best.inflight):
                     best = lease
-            if best is None or len(best.inflight) >= _TASK_DEPTH:
+            if best is None:
                 break
-            if best.inflight and len(queue) > 0:
-                self._maybe_request()
+            if best.inflight:
+                if not self._saturated():
+                    self._maybe_request()
+                    break
+                if len(best.inflight) >= _TASK_DEPTH:
+                    break
             self._send(best, queue.popleft())
-        if queue and (not self.leases or all(lease.inflight for lease in self.leases)):
+        if queue and not self.leases:
             self._maybe_request()
+
+    def _saturated(self) -> bool:
+        """True while the head's last answer was "no free worker" (re-asked after a pause)."""
+        return time.monotonic() < self.retry_after
 
     def _send(self, lease: _Lease, task: _Task) -> None:
         conn = lease.conn
@@ -797,8 +811,6 @@ class _TaskPool:
 
     def _maybe_request(self) -> None:
         if self.requesting or self.core.closed:
-            return
-        if self.leases and time.monotonic() < self.retry_after:
             return
         self.requesting = True
         self.core.loop.create_task(self._request(wait=not self.leases))
@@ -823,6 +835,9 @@ class _TaskPool:
             while self.queue:
                 self.core._fail(self.queue.popleft().obj_id, e)
         except Exception as e:
+            # With leases in hand, treat a failed request like "nothing free" so that
+            # pump() pipelines instead of asking again at once.
+            self.retry_after = time.monotonic() + 0.05
             if not self.leases:
                 err = e if isinstance(e, DDLFError) else DDLFError(f"could not lease a worker: {e}")
                 while self.queue:

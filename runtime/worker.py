@@ -5,11 +5,15 @@ imported this module, numpy and cloudpickle), so creating an actor only costs ha
 its class to an idle worker. Callers connect to the worker directly; the data path
 never relays through the node or the head.
 
-Execution model:
+Execution model (as in Ray's core worker):
 
-* Sync methods run inline on the event loop thread, in the order frames arrive on
-  each connection, so calls from one caller run in submission order. With
-  ``max_concurrency > 1`` they run on a thread pool of that size instead.
+* The event loop thread only does I/O: it authenticates callers, parses frames,
+  resolves arguments and sends replies. It never runs user code that may block.
+* Sync methods, sync tasks and the actor's ``__init__`` run on an execution thread
+  (:class:`Executor`), in the order their frames arrived, so calls from one caller run
+  in submission order. A minute-long ``train`` call therefore leaves the worker
+  answering pings, accepting new callers and flushing replies. With
+  ``max_concurrency > 1`` there are that many execution threads, and calls may overlap.
 * ``async def`` methods run as tasks on the loop, at most ``max_concurrency`` at once.
 * Objects (``OBJ`` frames) and task code (``FUNC`` frames) arrive once per connection
   and are cached until the owner frees them or the connection closes.
@@ -21,14 +25,15 @@ dies (even by SIGKILL) leaves no orphaned workers behind.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
@@ -109,6 +114,57 @@ def _error_segments(exc: BaseException, where: str) -> list:
         return dumps((None, type(exc).__name__, tb, where))
 
 
+class Executor:
+    """Threads that run user code, in arrival order, off the event loop.
+
+    ``submit(job)`` queues a job; a job runs on an execution thread and returns a
+    callable (its *completion*, e.g. "send this reply") that then runs on the loop.
+    Completions are handed back in batches: the loop is woken once per burst, not once
+    per job, which keeps pipelined calls fast.
+    """
+
+    def __init__(self, loop, threads: int = 1, name: str = "ddlf-exec"):
+        self._loop = loop
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: collections.deque = collections.deque()
+        self._wake_pending = False
+        for i in range(threads):
+            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, job) -> None:
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        jobs, done = self._jobs, self._done
+        while True:
+            job = jobs.get()
+            try:
+                completion = job()
+            except BaseException:  # jobs report their own errors; this is a bug guard
+                traceback.print_exc()
+                continue
+            if completion is None:
+                continue
+            done.append(completion)
+            # Same wake-once pattern as the client core: the loop clears the flag before
+            # draining, so a completion appended after the drain schedules a new one.
+            if not self._wake_pending:
+                self._wake_pending = True
+                try:
+                    self._loop.call_soon_threadsafe(self._drain)
+                except RuntimeError:  # the loop is closed: the process is exiting
+                    return
+
+    def _drain(self) -> None:
+        self._wake_pending = False
+        done = self._done
+        while done:
+            try:
+                done.popleft()()
+            except Exception:
+                traceback.print_exc()
+
+
 class Worker:
     """State of one worker process; also the RPC target for its node daemon."""
 
@@ -120,18 +176,27 @@ class Worker:
         self.objects = ObjectCache()
         self.functions: dict[bytes, list] = {}   # function id -> segments, then loaded fn
         self.loaded: dict[bytes, object] = {}
+        self.is_actor = False
         self.instance = None
         self.actor_name = ""
         self.methods: dict[str, tuple] = {}
         self.semaphore: asyncio.Semaphore | None = None
-        self.threads: ThreadPoolExecutor | None = None
+        # Task workers get one execution thread; an actor's count is set by its
+        # max_concurrency when it starts (threads are cheap until they run).
+        self.executor: Executor | None = None
         self.node_conn = None
         self.server = None
         context.current = context.WorkerContext(head_address, token, node_id, worker_id)
 
+    def _exec(self) -> Executor:
+        if self.executor is None:
+            self.executor = Executor(self.loop, 1)
+        return self.executor
+
     # -- control plane (from the node daemon) ------------------------------------------------
-    def rpc_start_actor(self, conn, spec: dict):
-        """Become the actor described by ``spec``; return ``None`` or raise its init error."""
+    async def rpc_start_actor(self, conn, spec: dict):
+        """Become the actor described by ``spec``; return ``{"ok": ...}`` with its init error."""
+        self.is_actor = True
         apply_sys_path(spec.get("sys_path", ()), spec.get("cwd"))
         ctx = context.current
         ctx.actor_id = spec["actor_id"]
@@ -140,22 +205,28 @@ class Worker:
         _log_marker(f"actor:{self.actor_name}:{ctx.job_id or ''}")
         for obj_id, segs in spec.get("objects", {}).items():
             self.objects.add(obj_id, segs)
-        try:
-            cls = loads(spec["class_segments"])
-            args, kwargs = loads(spec["args_segments"])
-            args, kwargs = _resolve(args, kwargs, self.objects)
-        except BaseException as e:
-            where = f"loading {self.actor_name} (pid {_pid})"
-            return {"ok": False, "error": [bytes(s) for s in _error_segments(e, where)]}
         max_conc = int(spec.get("max_concurrency") or 1)
         self.semaphore = asyncio.Semaphore(max_conc)
-        if max_conc > 1:
-            self.threads = ThreadPoolExecutor(max_conc, thread_name_prefix="ddlf-actor")
-        try:
-            self.instance = cls(*args, **kwargs)
-        except BaseException as e:
-            return {"ok": False, "error": [bytes(s) for s in _error_segments(e, f"{self.actor_name}.__init__ (pid {_pid})")]}
-        return {"ok": True}
+        self.executor = Executor(self.loop, max_conc, name="ddlf-actor")
+        done = self.loop.create_future()
+
+        def construct():
+            # Unpickling the class may import heavy modules and __init__ may build a
+            # model: both run here, so the loop keeps answering the node meanwhile.
+            where = f"loading {self.actor_name} (pid {_pid})"
+            try:
+                cls = loads(spec["class_segments"])
+                args, kwargs = loads(spec["args_segments"])
+                args, kwargs = _resolve(args, kwargs, self.objects)
+                where = f"{self.actor_name}.__init__ (pid {_pid})"
+                self.instance = cls(*args, **kwargs)
+                reply = {"ok": True}
+            except BaseException as e:
+                reply = {"ok": False, "error": [bytes(s) for s in _error_segments(e, where)]}
+            return lambda: done.done() or done.set_result(reply)
+
+        self.executor.submit(construct)
+        return await done
 
     def rpc_ping(self, conn):
         return _pid
@@ -171,7 +242,7 @@ class Worker:
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
         if kind == protocol.CALL:
-            if self.instance is not None:
+            if self.is_actor:
                 self._actor_call(conn, msg_id, segs)
             else:
                 self._task_call(conn, msg_id, segs)
@@ -199,6 +270,27 @@ class Worker:
         for obj_id in conn.info.get("objects", ()):
             self.objects.drop(obj_id)
 
+    def _outcome(self, fn, args, kwargs, where: str):
+        """Run ``fn`` and serialize what it returns or raises: (frame kind, segments).
+
+        Runs on an execution thread, so a large result is pickled off the loop too.
+        """
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:
+            return protocol.RESULT_ERR, _error_segments(e, where)
+        try:
+            return protocol.RESULT_OK, dumps(result)
+        except SerializationError as e:
+            return protocol.RESULT_ERR, _error_segments(e, where)
+
+    def _run_job(self, conn, msg_id, fn, args, kwargs, where: str):
+        """An executor job: run the call, then send its outcome from the loop."""
+        def job():
+            kind, segs = self._outcome(fn, args, kwargs, where)
+            return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
+        return job
+
     def _reply(self, conn, msg_id, value):
         if conn.closed:
             return
@@ -214,9 +306,13 @@ class Worker:
             conn.send_msg(protocol.RESULT_ERR, msg_id, _error_segments(exc, where))
 
     def _actor_call(self, conn, msg_id, segs):
+        # Arguments are resolved here, on the loop, in frame order: a FREE frame that
+        # follows this call on the connection must not drop an object it still needs.
         try:
             name, args, kwargs = loads(segs[1:])
             args, kwargs = _resolve(args, kwargs, self.objects)
+            if self.instance is None:
+                raise RuntimeError(f"actor {self.actor_name} is not constructed")
             entry = self.methods.get(name)
             if entry is None:
                 fn = getattr(self.instance, name)
@@ -227,16 +323,9 @@ class Worker:
             return
         if is_async:
             self.loop.create_task(self._run_async(conn, msg_id, fn, args, kwargs, name))
-        elif self.threads is not None:
-            fut = self.loop.run_in_executor(self.threads, lambda: fn(*args, **kwargs))
-            fut.add_done_callback(lambda f: self._finish_future(conn, msg_id, f, name))
         else:
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as e:
-                self._reply_error(conn, msg_id, e, f"{self.actor_name}.{name} (pid {_pid})")
-                return
-            self._reply(conn, msg_id, result)
+            self.executor.submit(self._run_job(
+                conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})"))
 
     async def _run_async(self, conn, msg_id, fn, args, kwargs, name):
         async with self.semaphore:
@@ -255,13 +344,6 @@ class Worker:
             return
         self._reply(conn, msg_id, result)
 
-    def _finish_future(self, conn, msg_id, fut, name):
-        exc = fut.exception()
-        if exc is not None:
-            self._reply_error(conn, msg_id, exc, f"{self.actor_name}.{name} (pid {_pid})")
-        else:
-            self._reply(conn, msg_id, fut.result())
-
     def _task_call(self, conn, msg_id, segs):
         fn_name = "task"
         try:
@@ -273,16 +355,22 @@ class Worker:
                     raise RuntimeError(f"task code {fn_id.hex()} was never shipped to this worker")
                 fn = self.loaded[fn_id] = loads(code)
             args, kwargs = _resolve(args, kwargs, self.objects)
-            context.current.job_id = job_id
-            _log_marker(f"task:{fn_name}:{job_id or ''}")
-            result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                self.loop.create_task(self._finish_async_task(conn, msg_id, result, fn_name))
-                return
         except BaseException as e:
             self._reply_error(conn, msg_id, e, f"task {fn_name} (pid {_pid})")
             return
-        self._reply(conn, msg_id, result)
+        where = f"task {fn_name} (pid {_pid})"
+        if inspect.iscoroutinefunction(fn):
+            context.current.job_id = job_id
+            self.loop.create_task(
+                self._finish_async_task(conn, msg_id, fn(*args, **kwargs), fn_name))
+            return
+
+        def run(*a, **kw):
+            context.current.job_id = job_id
+            _log_marker(f"task:{fn_name}:{job_id or ''}")
+            return fn(*a, **kw)
+
+        self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where))
 
 
 def _log_marker(text: str) -> None:
