@@ -1,0 +1,41 @@
+"""Datasets for DDLF training: MNIST, Fashion-MNIST and CIFAR-10 as normalised numpy arrays.
+
+    from ddlf_actors.apps import datasets
+    (x, y), (x_test, y_test) = datasets.load("fashion-mnist")
+
+- ``load`` finds a copy on this node (``$DDLF_DATA_DIR``, the cache, a system copy)
+  or downloads one; ``fetch`` only downloads.
+- ``load_shared`` gives the same arrays as read-only memory maps of a node-local cache,
+  so every trainer process on a host shares one copy.
+- ``partitioned`` / ``write_partitions``: a dataset pre-split into per-trainer files.
+- ``read_idx`` / ``write_idx`` and ``read_cifar10``: the on-disk formats.
+
+numpy and the standard library only (no TensorFlow), so importing this is cheap and
+safe in a forked process.
+"""
+
+from .cache import load_shared
+from .cifar import read_cifar10
+from .download import fetch
+from .errors import DatasetFormatError, DatasetNotFoundError
+from .idx import read_idx, write_idx
+from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
+from .registry import load, names, normalise_images, register
+
+__all__ = [
+    "load",
+    "load_shared",
+    "fetch",
+    "register",
+    "names",
+    "normalise_images",
+    "read_idx",
+    "write_idx",
+    "read_cifar10",
+    "partitioned",
+    "write_partitions",
+    "PartitionedDataset",
+    "Partition",
+    "DatasetNotFoundError",
+    "DatasetFormatError",
+]

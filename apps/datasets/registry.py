@@ -1,0 +1,162 @@
+"""Named datasets and where ``load`` looks for them, in order.
+
+For a built-in name (``fashion-mnist``, ``mnist``, ``cifar10``) ``load`` tries:
+
+1. the ``data_dir`` argument, else ``$DDLF_DATA_DIR``: first ``<dir>/<name>``, then the
+   files directly in ``<dir>`` (unless ``<dir>`` is named for another built-in
+   dataset). A person's own copy wins over anything automatic;
+2. the cache ``<cache>/<name>`` (``$DDLF_CACHE_DIR`` or ``~/.cache/ddlf``);
+3. a system-wide copy (``SYSTEM_DIRS``: Debian's ``dataset-fashion-mnist``);
+4. ``fetch`` into the cache (official URLs, then for Fashion-MNIST the Debian package).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .download import _fetch
+from .paths import cache_root, data_dir_from_env
+from .sources import BUILTIN, FORMAT_VERSION, not_found_error
+
+__all__ = ["load", "register", "names", "normalise_images", "SYSTEM_DIRS"]
+
+# Step 3 of the lookup. Tests point this at a temporary directory.
+SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # it becomes a directory name
+
+
+@dataclass(frozen=True)
+class _Registered:
+    loader: Callable
+    version: str
+
+
+_REGISTERED: dict = {}
+
+
+def names() -> list:
+    """All dataset names ``load`` accepts, sorted: the built-ins plus registered ones."""
+    return sorted(set(BUILTIN) | set(_REGISTERED))
+
+
+def register(name: str, loader: Callable, *, version: str | None = None,
+             overwrite: bool = False) -> None:
+    """Make ``load(name)`` call ``loader()`` (``loader(data_dir=...)`` if a data_dir is given).
+
+    ``loader`` must return ``((x, y), (x_test, y_test))``; ``load`` passes it through as
+    is. ``version`` goes into ``load_shared``'s cache key: change it when the data
+    changes. By default it is a hash of the pickled loader. Registration is
+    per process (do it at import time of your module so remote workers have it too).
+
+    Raises ``ValueError`` for a name that is taken (built-ins always; registered ones
+    unless ``overwrite``) or unusable as a directory name, ``TypeError`` if ``loader``
+    is not callable.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"dataset name {name!r} must be letters, digits, '.', '_', '-'")
+    if not callable(loader):
+        raise TypeError(f"loader for {name!r} must be callable, got {type(loader).__name__}")
+    if name in BUILTIN or (name in _REGISTERED and not overwrite):
+        raise ValueError(f"dataset {name!r} is already registered"
+                         + ("" if name in BUILTIN else "; pass overwrite=True to replace it"))
+    _REGISTERED[name] = _Registered(loader, version or "h" + callable_digest(loader)[:16])
+
+
+def load(name: str, data_dir: str | None = None, *, download: bool = True):
+    """Load dataset ``name`` as ``((x, y), (x_test, y_test))``.
+
+    For the built-ins: ``x`` float32 NHWC normalised as in the DDLF paper
+    (``x / 255 - 0.5``, so in [-0.5, 0.5]), (N, 28, 28, 1) for MNIST / Fashion-MNIST
+    and (N, 32, 32, 3) for CIFAR-10; ``y`` int64 of shape (N,) with classes 0..9.
+    See the module docstring for where it looks; ``download=False`` skips step 4.
+
+    Raises ``ValueError`` for an unknown name (the message lists the known ones),
+    ``DatasetNotFoundError`` (a ``FileNotFoundError``) listing every place tried and how
+    to get the files, ``DatasetFormatError`` if a copy exists but is corrupt (we stop
+    rather than silently use another copy).
+    """
+    if name in _REGISTERED:
+        loader = _REGISTERED[name].loader
+        return loader() if data_dir is None else loader(data_dir=data_dir)
+    source = BUILTIN.get(name)
+    if source is None:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
+    tried = []
+    if data_dir is None and data_dir_from_env() is None:
+        tried.append("$DDLF_DATA_DIR: not set")
+    for directory, label in _places(name, data_dir):
+        if not os.path.isdir(directory):
+            tried.append(f"{directory} ({label}): no such directory")
+            continue
+        other = os.path.basename(directory)
+        if other != name and other in BUILTIN:
+            # e.g. $DDLF_DATA_DIR=.../fashion-mnist while loading "mnist": same file
+            # names, different data, so never take one for the other.
+            tried.append(f"{directory} ({label}): skipped, it is named for {other!r}")
+            continue
+        found, why = source.probe(directory)
+        if found is not None:
+            return _normalised(source.read(found))
+        tried.append(f"{directory} ({label}): {why}")
+    if not download:
+        tried.append("download: skipped (download=False)")
+        raise not_found_error(name, tried)
+    path, fetch_tried = _fetch(name)
+    tried += fetch_tried
+    if path is None:
+        raise not_found_error(name, tried)
+    return _normalised(source.read(source.probe(path)[0]))
+
+
+def normalise_images(images: np.ndarray) -> np.ndarray:
+    """uint8 pixels -> float32 ``x / 255 - 0.5`` (the DDLF paper's scaling), a new array."""
+    out = np.asarray(images).astype(np.float32)
+    out /= np.float32(255)  # in place: the float copy of CIFAR's train set is 600 MB
+    out -= np.float32(0.5)
+    return out
+
+
+def callable_digest(fn: Callable) -> str:
+    """sha256 hex of ``cloudpickle.dumps(fn)``: equal in every process for the same function."""
+    import cloudpickle  # a dependency of ddlf_actors; imported here to keep import light
+
+    return hashlib.sha256(cloudpickle.dumps(fn)).hexdigest()
+
+
+def cache_key(name: str) -> str:
+    """The ``load_shared`` cache key of a named dataset. Raises ``ValueError`` if unknown."""
+    if name in _REGISTERED:
+        return f"{name}-{_REGISTERED[name].version}"
+    if name in BUILTIN:
+        return f"{name}-{FORMAT_VERSION}"
+    raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
+
+
+def _places(name: str, data_dir: str | None):
+    """(directory, label) pairs for lookup steps 1-3, in order."""
+    if data_dir is not None:
+        base, label = os.path.abspath(os.path.expanduser(data_dir)), "data_dir argument"
+    else:
+        base, label = data_dir_from_env(), "$DDLF_DATA_DIR"
+    if base:
+        # The subfolder first: it is unambiguous, while files directly in the folder
+        # could be any MNIST-format dataset (fashion-mnist and mnist share file names).
+        yield os.path.join(base, name), label
+        yield base, label
+    yield os.path.join(cache_root(), name), "cache"
+    system = SYSTEM_DIRS.get(name)
+    if system:
+        package = BUILTIN[name].apt_package if name in BUILTIN else None
+        yield system, f"system copy, Debian package {package}" if package else "system copy"
+
+
+def _normalised(raw):
+    (x, y), (x_test, y_test) = raw
+    return (normalise_images(x), y), (normalise_images(x_test), y_test)
