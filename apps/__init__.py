@@ -1,3 +1,37 @@
-"""Training on DDLF actors (TrainerActor, sync and async schemes). Arrives with the training issue."""
+"""Training on DDLF actors: the paper's App API, TrainerActor and both schemes.
 
-__all__: list = []
+    import ddlf_actors as ddlf
+    from ddlf_actors.apps import datasets, models, train_sync
+
+    ddlf.init()
+    result = train_sync(models.paper_cnn, "fashion-mnist", workers=2, master_epochs=2)
+    print(result.history[-1]["test_accuracy"])
+
+TensorFlow is imported only inside trainers and when a result's model is built, never
+when this package is imported.
+"""
+
+from . import datasets, models
+from .app import App
+from .callbacks import Callback, CsvLogger, EarlyStopping, History, ProgressBar
+from .config import TrainConfig
+from .result import TrainResult
+from .schemes import TrainerStartError, train_async, train_sync
+from .trainer import TrainerActor
+
+__all__ = [
+    "App",
+    "TrainerActor",
+    "datasets",
+    "models",
+    "train_sync",
+    "train_async",
+    "TrainConfig",
+    "TrainResult",
+    "TrainerStartError",
+    "Callback",
+    "History",
+    "ProgressBar",
+    "EarlyStopping",
+    "CsvLogger",
+]

@@ -1,0 +1,111 @@
+"""Hooks the training loop calls, as in Keras: history, progress bar, early stop, CSV.
+
+The schemes only call hooks; everything that watches a run is a callback. A callback
+sets ``run.stop = True`` to end training after the current row.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+
+__all__ = ["Callback", "History", "ProgressBar", "EarlyStopping", "CsvLogger"]
+
+
+class Callback:
+    def on_train_begin(self, run) -> None:
+        """``run`` has ``.config``, ``.scheme``, ``.total_rows`` and a writable ``.stop``."""
+
+    def on_row(self, row: dict, run) -> None:
+        """A history row is complete (its evaluation included)."""
+
+    def on_train_end(self, result) -> None:
+        pass
+
+
+class History(Callback):
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def on_row(self, row, run):
+        self.rows.append(row)
+
+
+class ProgressBar(Callback):
+    """A tqdm bar on stderr: round, epoch, test accuracy and samples per second."""
+
+    def __init__(self, file=None):
+        self.file = file or sys.stderr
+        self.bar = None
+
+    def on_train_begin(self, run):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=run.total_rows, file=self.file, unit="round",
+                        desc=f"ddlf {run.scheme}", dynamic_ncols=True, leave=True)
+
+    def on_row(self, row, run):
+        if self.bar is None:
+            return
+        acc = row.get("test_accuracy")
+        rate = row.get("samples_per_s")
+        self.bar.set_postfix_str(
+            f"round {row['round']} epoch {row['epoch']:g} "
+            f"acc {'-' if acc is None else f'{acc:.4f}'} "
+            f"{'-' if not rate else f'{rate:,.0f}'} samples/s", refresh=False)
+        self.bar.update(1)
+
+    def on_train_end(self, result):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class EarlyStopping(Callback):
+    """Stop at ``target_accuracy``, or after ``patience`` rows without a new best test loss."""
+
+    def __init__(self, target_accuracy=None, patience=None):
+        self.target_accuracy = target_accuracy
+        self.patience = patience
+        self.best = math.inf
+        self.waited = 0
+        self.reason = None
+
+    def on_row(self, row, run):
+        acc, loss = row.get("test_accuracy"), row.get("test_loss")
+        if acc is None:
+            return
+        if self.target_accuracy is not None and acc >= self.target_accuracy:
+            self.reason = f"test accuracy {acc:.4f} reached the target {self.target_accuracy}"
+            run.stop = True
+        if self.patience is not None:
+            if loss < self.best:
+                self.best, self.waited = loss, 0
+            else:
+                self.waited += 1
+                if self.waited >= self.patience:
+                    self.reason = f"no better test loss in {self.patience} evaluations"
+                    run.stop = True
+
+
+class CsvLogger(Callback):
+    """Write each row to ``path`` as it completes (so a crashed run keeps its history)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._file = None
+        self._writer = None
+
+    def on_row(self, row, run):
+        if self._writer is None:
+            self._file = open(self.path, "w", newline="")
+            self._writer = csv.DictWriter(self._file, fieldnames=list(row))
+            self._writer.writeheader()
+        self._writer.writerow({k: row.get(k) for k in self._writer.fieldnames})
+        self._file.flush()
+
+    def on_train_end(self, result):
+        if self._file is not None:
+            self._file.close()
+            self._file = None

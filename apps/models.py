@@ -1,0 +1,33 @@
+"""Models for the training schemes. TensorFlow is imported only when a model is built.
+
+Importing this module costs nothing: a node's forkserver may import ``ddlf_actors.apps``
+without starting TensorFlow's threads (TF is not fork-safe once they run).
+"""
+
+from __future__ import annotations
+
+__all__ = ["paper_cnn"]
+
+
+def paper_cnn(input_shape=(28, 28, 1), num_classes: int = 10, learning_rate: float = 0.01):
+    """The DDLF paper's CNN (its Example 3.7), compiled with SGD.
+
+    Conv2D(32, 3x3, relu) → MaxPool(2x2) → Conv2D(64, 3x3, relu) → Flatten →
+    Dense(64, relu) → Dense(num_classes, softmax); sparse categorical cross-entropy.
+    At 28x28x1 it has 515,146 parameters.
+    """
+    import keras
+    from keras import layers
+
+    model = keras.Sequential([
+        keras.Input(shape=tuple(input_shape)),
+        layers.Conv2D(32, (3, 3), activation="relu"),
+        layers.MaxPooling2D((2, 2)),
+        layers.Conv2D(64, (3, 3), activation="relu"),
+        layers.Flatten(),
+        layers.Dense(64, activation="relu"),
+        layers.Dense(num_classes, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model

@@ -1,0 +1,72 @@
+"""A run's history as files: CSV, JSON, a PNG like the paper's Figure 4.1, a text table."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+__all__ = ["write_history", "plot_history", "format_table", "epoch_rows"]
+
+
+def write_history(history: list, out_dir: str) -> tuple[str, str]:
+    """Write ``history.csv`` and ``history.json`` into ``out_dir``; return both paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, "history.csv")
+    json_path = os.path.join(out_dir, "history.json")
+    fields = list(history[0]) if history else []
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in history:
+            writer.writerow(row)
+    with open(json_path, "w") as f:
+        json.dump(history, f, indent=1)
+    return csv_path, json_path
+
+
+def plot_history(history: list, path: str, title: str = "DDLF training") -> str:
+    """Accuracy and loss against epochs and against time (2 x 2 panels) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on cluster machines
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in history if r.get("test_accuracy") is not None]
+    epochs = [r["epoch"] for r in rows]
+    times = [r["time_s"] for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for col, (xs, xlabel) in enumerate(((epochs, "epoch"), (times, "time (s)"))):
+        axes[0][col].plot(xs, [r["test_accuracy"] for r in rows], marker="o", label="test")
+        axes[0][col].set_ylabel("accuracy")
+        axes[1][col].plot(xs, [r["test_loss"] for r in rows], marker="o", label="test")
+        axes[1][col].plot(xs, [r["train_loss"] for r in rows], marker="x", label="train")
+        axes[1][col].set_ylabel("loss")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xlabel(xlabel)
+            ax.grid(alpha=0.3)
+            ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def epoch_rows(history: list) -> list:
+    """The last row of each whole epoch (sync runs have several rows per epoch)."""
+    out = {}
+    for row in history:
+        out[int(-(-row["epoch"] // 1))] = row
+    return [out[k] for k in sorted(out)]
+
+
+def format_table(history: list) -> str:
+    """A text table: epoch, time, test accuracy and loss, train loss."""
+    lines = [f"{'epoch':>5}  {'time (s)':>9}  {'test acc':>8}  {'test loss':>9}  {'train loss':>10}"]
+    for row in epoch_rows(history):
+        acc, tl = row.get("test_accuracy"), row.get("test_loss")
+        lines.append(f"{row['epoch']:>5g}  {row['time_s']:>9.1f}  "
+                     f"{'-' if acc is None else f'{acc:.4f}':>8}  "
+                     f"{'-' if tl is None else f'{tl:.4f}':>9}  {row['train_loss']:>10.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,39 @@
+"""What a training run returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+__all__ = ["TrainResult"]
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """``history``: one dict per row (a round for ``train_sync``, an epoch for
+    ``train_async``); ``weights``: the final weights (a list of numpy arrays);
+    ``model``: a model holding them, built on first access by the trainer class's
+    ``local_model`` (for Keras, ``model_fn()`` in this process)."""
+
+    scheme: str
+    history: list
+    weights: list
+    config: Any
+    model_fn: Callable | None = None
+    trainer_cls: Any = None
+    # Asynchronous runs: one record per applied update (trainer, versions, staleness).
+    updates: list = dataclasses.field(default_factory=list)
+    stopped_early: str | None = None
+    startup_s: float = 0.0
+    _model: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self.trainer_cls.local_model(self.model_fn, self.weights)
+        return self._model
+
+    @property
+    def final(self) -> dict:
+        """The last history row."""
+        return self.history[-1] if self.history else {}

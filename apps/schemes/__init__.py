@@ -1,0 +1,8 @@
+"""The training schemes: synchronous (Algorithm 6) and asynchronous (Algorithm 3, SSP)."""
+
+from .asynchronous import AsyncScheme, train_async
+from .base import Scheme, TrainerStartError
+from .sync import SyncScheme, train_sync
+
+__all__ = ["train_sync", "train_async", "Scheme", "SyncScheme", "AsyncScheme",
+           "TrainerStartError"]

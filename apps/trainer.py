@@ -1,0 +1,169 @@
+"""``TrainerActor``: the paper's worker with training state.
+
+A trainer is a long-lived actor. It builds its model and maps its dataset once, in
+``__init__``; after that, each call only carries weights (one shared ``put`` per round)
+and a partition of *indices* into the trainer's own copy of the data (the paper's
+Algorithm 6: the master shuffles and partitions indices, never the data).
+
+The schemes need only lists of numpy arrays and the methods below. To train with
+another framework, subclass and override the hooks (``configure_threads``,
+``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``) and pass
+``trainer_cls=`` to ``train_sync``/``train_async``.
+
+It subclasses the Cluster API's worker, so ``run_method``, ``add_method`` and
+``run_code`` work on trainers too: the App API has one set of workers, not two.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ddlf_actors.cluster import ClusterWorker
+
+from . import datasets
+
+__all__ = ["TrainerActor", "shard_range"]
+
+
+def shard_range(n: int, shard: int, num_shards: int) -> tuple[int, int]:
+    """The [start, stop) rows of shard ``shard`` when ``n`` rows are split ``num_shards`` ways."""
+    return n * shard // num_shards, n * (shard + 1) // num_shards
+
+
+class TrainerActor(ClusterWorker):
+    """Holds a model built by ``model_fn()`` and a dataset loaded once.
+
+    ``dataset`` is a registered name (``"fashion-mnist"``), a callable returning
+    ``((x, y), (x_test, y_test))``, or a :func:`datasets.partitioned` directory, of
+    which trainer ``index`` loads only partition ``index``. Trainers on one node share
+    one read-only copy of the arrays (a memory-mapped cache file).
+    """
+
+    def __init__(self, model_fn, dataset, index: int = 0, num_cpus: float = 1):
+        super().__init__(index)
+        self.num_cpus = num_cpus
+        self.partitioned = isinstance(dataset, datasets.PartitionedDataset)
+        # Data first: a missing dataset fails before TensorFlow's slow start-up.
+        (self.x, self.y), (self.x_test, self.y_test) = self.load_data(dataset, index)
+        # Before anything can build a TF op: thread pools are fixed at first use.
+        self.configure_threads(max(1, int(num_cpus or 1)))
+        self.model = self.build_model(model_fn)
+        self._last_call_end: float | None = None
+
+    # -- hooks: override these for another framework ----------------------------------------
+    def configure_threads(self, n: int) -> None:
+        """Give TensorFlow ``n`` intra-op threads and 1 inter-op thread (before TF starts)."""
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(n)
+        os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tensorflow as tf
+
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(n)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError:  # TF already ran an op in this process: keep its pools
+            pass
+
+    def load_data(self, dataset, index: int):
+        """Return ``((x, y), (x_test, y_test))``, shared read-only with this node's trainers."""
+        if isinstance(dataset, datasets.PartitionedDataset):
+            if index >= dataset.num_partitions:
+                raise ValueError(f"trainer {index} has no partition: {dataset!r} holds "
+                                 f"{dataset.num_partitions}; use at most that many workers")
+            return datasets.load_shared(dataset.partition(index))
+        return datasets.load_shared(dataset)
+
+    def build_model(self, model_fn):
+        return model_fn()
+
+    def get_weights(self) -> list:
+        """The current weights, as a list of numpy arrays."""
+        return [np.asarray(w) for w in self.model.get_weights()]
+
+    def set_weights(self, weights) -> None:
+        self.model.set_weights(weights)
+
+    def fit(self, x, y, epochs: int, batch_size: int) -> float:
+        """Train in place on ``x, y``; return the mean training loss of the last epoch."""
+        # shuffle=False: the driver already shuffled the indices (Algorithm 6).
+        hist = self.model.fit(x, y, epochs=epochs, batch_size=batch_size, shuffle=False,
+                              verbose=0)
+        return float(hist.history["loss"][-1])
+
+    def evaluate_arrays(self, x, y, batch_size: int = 512) -> tuple[float, float]:
+        """Return ``(loss, accuracy)`` of the current model on ``x, y``."""
+        out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+        acc = out.get("accuracy", out.get("sparse_categorical_accuracy"))
+        if acc is None:  # the model was compiled without an accuracy metric
+            pred = self.model.predict(x, batch_size=batch_size, verbose=0)
+            acc = float(np.mean(np.argmax(pred, axis=-1) == np.asarray(y)))
+        return float(out["loss"]), float(acc)
+
+    # -- the remote API ----------------------------------------------------------------------
+    def describe(self) -> dict:
+        """Sizes the driver needs to partition indices and shard the test set."""
+        return {"index": self._ddlf_index, "pid": os.getpid(), "num_train": int(len(self.x)),
+                "partitioned": self.partitioned,
+                "num_test": 0 if self.x_test is None else int(len(self.x_test)),
+                "weights_bytes": int(sum(w.nbytes for w in self.get_weights()))}
+
+    def train(self, weights, indices, epochs: int, batch_size: int):
+        """Train from ``weights`` (None: the current ones) on rows ``indices`` of this
+        trainer's data. Return ``(delta, stats)``: delta is old − new weights; stats holds
+        ``compute_s``, ``idle_s`` (since this trainer's previous call ended), ``samples``
+        and ``loss``."""
+        start = time.perf_counter()
+        idle = 0.0 if self._last_call_end is None else start - self._last_call_end
+        if weights is not None:
+            self.set_weights(weights)
+        old = self.get_weights()
+        idx = np.asarray(indices)
+        # Sorted gathers from a memory map read pages in order; the order of samples
+        # inside the partition is restored by the permutation, so SGD sees it shuffled.
+        x, y = self.x[idx], self.y[idx]
+        loss = self.fit(x, y, int(epochs), int(batch_size))
+        new = self.get_weights()
+        delta = [o - n for o, n in zip(old, new)]
+        end = time.perf_counter()
+        self._last_call_end = end
+        return delta, {"compute_s": end - start, "idle_s": idle, "samples": int(len(idx)),
+                       "loss": loss, "index": self._ddlf_index}
+
+    def evaluate(self, weights=None, shard=None):
+        """``(loss, accuracy)`` of ``weights`` (None: the current ones) on the test set,
+        or on its ``shard = (k, K)`` part. The current weights are left unchanged."""
+        start = time.perf_counter()
+        current = None
+        if weights is not None:
+            current = self.get_weights()
+            self.set_weights(weights)
+        x, y = self.x_test, self.y_test
+        if x is None:
+            raise ValueError("this trainer's dataset has no test set to evaluate on")
+        if shard is not None:
+            lo, hi = shard_range(len(x), *shard)
+            x, y = x[lo:hi], y[lo:hi]
+        try:
+            result = self.evaluate_arrays(x, y) if len(x) else (0.0, 0.0)
+        finally:
+            if current is not None:
+                self.set_weights(current)
+        if self._last_call_end is not None:
+            # Evaluation is work, not waiting: keep it out of the next call's idle time.
+            self._last_call_end += time.perf_counter() - start
+        return result
+
+    def weights(self) -> list:
+        """The current weights (the paper's ``get_weights``)."""
+        return self.get_weights()
+
+    @classmethod
+    def local_model(cls, model_fn, weights):
+        """A model in the calling process holding ``weights`` (what ``result.model`` is)."""
+        model = model_fn()
+        model.set_weights(weights)
+        return model

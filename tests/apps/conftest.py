@@ -1,0 +1,28 @@
+"""Fixtures for the training tests: a private dataset cache and one cluster per module."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers_modules.clusters import start_cluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Trainers cache datasets here, not in ~/.cache (workers inherit the environment)."""
+    path = str(tmp_path_factory.mktemp("ddlf-cache"))
+    old = os.environ.get("DDLF_CACHE_DIR")
+    os.environ["DDLF_CACHE_DIR"] = path
+    yield path
+    if old is None:
+        os.environ.pop("DDLF_CACHE_DIR", None)
+    else:
+        os.environ["DDLF_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def train_cluster(private_cache):
+    """An embedded 2-CPU cluster shared by a module's training tests."""
+    with start_cluster(num_cpus=2) as info:
+        yield info

@@ -1,0 +1,163 @@
+"""A TrainerActor for another "framework": softmax regression in numpy.
+
+Tests train with it in seconds, without TensorFlow. It overrides only the hooks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ddlf_actors.apps import TrainerActor
+
+
+class SoftmaxModel:
+    def __init__(self, num_features: int, num_classes: int, lr: float = 0.5, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.w = [rng.normal(0, 0.01, (num_features, num_classes)).astype(np.float32),
+                  np.zeros(num_classes, np.float32)]
+        self.lr = lr
+
+    def probs(self, x):
+        z = x.reshape(len(x), -1) @ self.w[0] + self.w[1]
+        z -= z.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def loss(self, x, y):
+        p = self.probs(x)
+        return float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-9)))
+
+    def step(self, x, y):
+        p = self.probs(x)
+        p[np.arange(len(y)), y] -= 1.0
+        p /= len(y)
+        xf = x.reshape(len(x), -1)
+        self.w[0] -= self.lr * (xf.T @ p)
+        self.w[1] -= self.lr * p.sum(axis=0)
+
+    def get_weights(self):
+        return [a.copy() for a in self.w]
+
+    def set_weights(self, weights):
+        self.w = [np.array(a, dtype=np.float32, copy=True) for a in weights]
+
+
+def softmax_model_fn(num_features: int = 64, num_classes: int = 4):
+    return lambda: SoftmaxModel(num_features, num_classes)
+
+
+class NumpyTrainer(TrainerActor):
+    def configure_threads(self, n):
+        pass
+
+    def get_weights(self):
+        return self.model.get_weights()
+
+    def set_weights(self, weights):
+        self.model.set_weights(weights)
+
+    def fit(self, x, y, epochs, batch_size):
+        x = np.asarray(x, np.float32)
+        y = np.asarray(y)
+        losses = []
+        for _ in range(epochs):
+            losses = []
+            for i in range(0, len(x), batch_size):
+                xb, yb = x[i:i + batch_size], y[i:i + batch_size]
+                losses.append(self.model.loss(xb, yb) * len(xb))
+                self.model.step(xb, yb)
+        return float(sum(losses) / max(1, len(x)))
+
+    def evaluate_arrays(self, x, y, batch_size=512):
+        x = np.asarray(x, np.float32)
+        y = np.asarray(y)
+        p = self.model.probs(x)
+        return (float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-9))),
+                float(np.mean(p.argmax(axis=1) == y)))
+
+    @classmethod
+    def local_model(cls, model_fn, weights):
+        model = model_fn()
+        model.set_weights(weights)
+        return model
+
+
+def blobs(n_train: int = 400, n_test: int = 200, num_classes: int = 4, side: int = 8,
+          seed: int = 1):
+    """A learnable task in NHWC image form: each class is a noisy fixed prototype."""
+    rng = np.random.default_rng(seed)
+    protos = rng.normal(0, 1, (num_classes, side, side, 1)).astype(np.float32)
+
+    def make(n):
+        y = rng.integers(0, num_classes, n)
+        x = protos[y] + rng.normal(0, 1.5, (n, side, side, 1)).astype(np.float32)
+        return x.astype(np.float32), y.astype(np.int64)
+
+    return make(n_train), make(n_test)
+
+
+def blobs_dataset():
+    return blobs()
+
+
+def hard_blobs_dataset():
+    """Noisier blobs: accuracy starts near chance (0.25) and rises over a few epochs."""
+    rng = np.random.default_rng(7)
+    protos = rng.normal(0, 1, (4, 8, 8, 1)).astype(np.float32)
+
+    def make(n):
+        y = rng.integers(0, 4, n)
+        x = protos[y] + rng.normal(0, 4.0, (n, 8, 8, 1)).astype(np.float32)
+        return x.astype(np.float32), y.astype(np.int64)
+
+    return make(600), make(400)
+
+
+class ConstantDeltaTrainer(NumpyTrainer):
+    """Returns delta = 1 for every weight: the driver's arithmetic becomes checkable."""
+
+    def fit(self, x, y, epochs, batch_size):
+        import time
+
+        time.sleep(0.01 * (1 + self._ddlf_index))  # uneven speeds: staleness happens
+        self.model.set_weights([w - 1.0 for w in self.model.get_weights()])
+        return 0.0
+
+
+class SlowFirstTrainer(NumpyTrainer):
+    """Trainer 0 is 8x slower than the others, so trainers drift apart without SSP."""
+
+    def fit(self, x, y, epochs, batch_size):
+        import time
+
+        time.sleep(0.08 if self._ddlf_index == 0 else 0.01)
+        return super().fit(x, y, epochs, batch_size)
+
+
+def failing_model_fn():
+    raise ZeroDivisionError("model_fn failed on purpose")
+
+
+BIG_ROWS = 30000  # 30000 x 32 x 32 x 1 float32 = 123 MB
+
+
+def big_dataset():
+    """A dataset large enough that a private copy per trainer shows in its USS."""
+    x = np.full((BIG_ROWS, 32, 32, 1), 0.25, np.float32)
+    y = (np.arange(BIG_ROWS) % 4).astype(np.int64)
+    return (x, y), (x[:100].copy(), y[:100].copy())
+
+
+def touch_all_pages(self):
+    """Read every byte of the trainer's ``x`` (run on a trainer with run_method); return
+    the sum and how much that reading grew this process's USS and RSS."""
+    import os
+
+    import psutil
+
+    proc = psutil.Process(os.getpid())
+    before = proc.memory_full_info()
+    total = float(self.x.sum(dtype=np.float64))  # reads every page, no temporary copy
+    after = proc.memory_full_info()
+    return {"sum": total, "uss_growth": after.uss - before.uss,
+            "rss_growth": after.rss - before.rss, "uss": after.uss, "pid": os.getpid()}
