@@ -81,14 +81,7 @@ def _dataset_arg(args):
         raise SystemExit(f"ddlf-train: unknown dataset {args.dataset!r}: use one of "
                          f"{', '.join(sorted(datasets.names()))}, or a directory of partition "
                          "files")
-    try:  # find it on this machine first; fetch it (URL, then apt) only if missing
-        datasets.load(args.dataset, data_dir=args.data_dir, download=False)
-    except datasets.DatasetNotFoundError:
-        if args.data_dir:
-            raise
-        print(f"ddlf-train: {args.dataset} is not on this machine; fetching it ...",
-              file=sys.stderr)
-        datasets.fetch(args.dataset)
+    datasets.ensure(args.dataset, args.data_dir)  # find it here, else fetch it
     if args.data_dir is None and not args.limit:
         return args.dataset, args.dataset
     return NamedDataset(args.dataset, args.data_dir, args.limit), args.dataset

@@ -16,7 +16,7 @@ safe in a forked process.
 
 from .cache import load_shared
 from .cifar import read_cifar10
-from .download import fetch
+from .download import ensure, fetch
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
@@ -26,6 +26,7 @@ __all__ = [
     "load",
     "load_shared",
     "fetch",
+    "ensure",
     "register",
     "names",
     "normalise_images",

@@ -12,12 +12,13 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.request
 
 from .atomic import atomic_write
 from .cifar import extract_cifar10
-from .errors import DatasetFormatError
+from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx
 from .paths import cache_root
 from .sources import BUILTIN, CifarSource, IdxSource, not_found_error
@@ -169,3 +170,21 @@ def _short(error: BaseException) -> str:
     reason = getattr(error, "reason", None)
     text = f"{type(error).__name__}: {reason if reason is not None else error}"
     return " ".join(text.split())[:300]
+
+
+def ensure(name: str, data_dir: str | None = None) -> None:
+    """Make sure dataset ``name`` is on this machine before trainers look for it.
+
+    Looks it up without downloading (``load``'s order); if it is missing, ``fetch``es it
+    into the cache (URLs, then for Fashion-MNIST the Debian package). Raises
+    ``DatasetNotFoundError`` as ``load`` does when ``data_dir`` is given and lacks it.
+    """
+    from .registry import load
+
+    try:
+        load(name, data_dir=data_dir, download=False)
+    except DatasetNotFoundError:
+        if data_dir:
+            raise
+        print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
+        fetch(name)

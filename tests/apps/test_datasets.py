@@ -741,3 +741,24 @@ def test_warnings_are_not_raised_on_the_happy_path(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         datasets.load_shared("mnist", data_dir=str(tmp_path / "d"))
+
+
+def test_ensure_fetches_only_what_is_missing(tmp_path, monkeypatch):
+    make_mnist(tmp_path / "deb", n_train=6)
+    calls = []
+
+    def apt(dest):
+        calls.append("apt")
+        for f in FMNIST_FILES:
+            shutil.copyfile(tmp_path / "deb" / (f + ".gz"), os.path.join(dest, f + ".gz"))
+
+    monkeypatch.setattr(download, "_apt_fetch_fashion_mnist", apt)
+    datasets.ensure("fashion-mnist")          # missing: URL fails, apt fills the cache
+    assert calls == ["apt"]
+    datasets.ensure("fashion-mnist")          # present: nothing fetched again
+    assert calls == ["apt"]
+    # An explicit folder that lacks the files is an error, not a reason to download.
+    monkeypatch.setenv("DDLF_CACHE_DIR", str(tmp_path / "other-cache"))
+    with pytest.raises(datasets.DatasetNotFoundError):
+        datasets.ensure("fashion-mnist", data_dir=str(tmp_path / "empty"))
+    assert calls == ["apt"]
