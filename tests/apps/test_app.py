@@ -12,6 +12,13 @@ pytest.importorskip("keras")
 from helpers_modules.keras_defs import BlobsApp  # noqa: E402
 
 
+def _tf_threads(self):
+    import tensorflow as tf
+
+    return (tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads())
+
+
 def test_app_end_to_end(train_cluster, tmp_path):
     async def main():
         app = BlobsApp(workers=2, progress=False)
@@ -29,6 +36,8 @@ def test_app_end_to_end(train_cluster, tmp_path):
         sizes = await app.cluster.run_method(lambda self: len(self.x))
         assert sizes == [600, 600]
         pids = await app.cluster.run_method(lambda self: os.getpid())
+        threads = await app.cluster.run_method(_tf_threads)
+        assert threads == [(1, 1), (1, 1)]  # intra-op = the trainer's num_cpus, inter-op = 1
         result2 = await app.train_async(master_epochs=1, worker_epochs=1, batch_size=16)
         assert result2.history[-1]["test_accuracy"] is not None
         assert await app.cluster.run_method(lambda self: os.getpid()) == pids  # same workers
