@@ -29,13 +29,13 @@ from .errors import (
     ActorDiedError,
     DDLFError,
     GetTimeoutError,
-    TaskError,
     UnschedulableError,
     WorkerCrashedError,
 )
 from .eventloop import LoopThread
 from .object_ref import ForeignObjectRef, ObjectRef
 from .refs import ArgRef
+from .remote_error import decode_error
 from .serialization import dumps, loads, snapshot
 
 __all__ = ["Core", "get_core", "set_core", "ActorSpec"]
@@ -286,8 +286,7 @@ class Core:
                 e.has_value = True
             return e.value
         if state == ERR:
-            cause, type_name, tb, where = loads(e.segments)
-            raise TaskError(cause, tb, where, type_name).as_instanceof_cause()
+            raise decode_error(e.segments)
         raise e.value
 
     # -- get / wait / await ----------------------------------------------------------------
@@ -622,8 +621,7 @@ class _ActorClient:
         cause = None
         if err.get("creation_error"):
             try:
-                c, type_name, tb, where = loads(err["creation_error"])
-                cause = TaskError(c, tb, where, type_name).as_instanceof_cause()
+                cause = decode_error(err["creation_error"])
                 reason = f"{reason}:\n{cause}"
             except Exception as e:
                 reason = f"{reason} (its error could not be loaded here: {e})"

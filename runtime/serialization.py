@@ -148,8 +148,12 @@ def find_unpicklable(obj, path: str = "value", depth: int = 0) -> tuple[str, obj
 
 
 def describe_pickle_failure(obj, exc: BaseException) -> str:
-    path, part = find_unpicklable(obj)
-    shown = repr(part)
+    try:
+        path, part = find_unpicklable(obj)
+        shown = repr(part)
+    except Exception:  # a value too deep to walk or repr (RecursionError): say less
+        path, part = "value", obj
+        shown = f"<{type(obj).__qualname__} object>"
     if len(shown) > 120:
         shown = shown[:117] + "..."
     return (

@@ -42,6 +42,7 @@ from .connection import connect, serve
 from .errors import SerializationError
 from .eventloop import new_event_loop
 from .refs import ArgRef
+from .remote_error import encode_error
 from .serialization import dumps, loads
 
 __all__ = ["worker_main", "apply_sys_path"]
@@ -107,11 +108,7 @@ def _resolve(args, kwargs, cache: ObjectCache):
 
 
 def _error_segments(exc: BaseException, where: str) -> list:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    try:
-        return dumps((exc, type(exc).__name__, tb, where))
-    except Exception:  # the exception itself cannot be pickled: keep its text
-        return dumps((None, type(exc).__name__, tb, where))
+    return encode_error(exc, where)
 
 
 class Executor:
@@ -283,6 +280,10 @@ class Worker:
             return protocol.RESULT_OK, dumps(result)
         except SerializationError as e:
             return protocol.RESULT_ERR, _error_segments(e, where)
+        except BaseException as e:  # whatever pickling raised, the caller gets a reply
+            err = SerializationError(f"the return value of {where} could not be pickled: "
+                                     f"{type(e).__name__}: {e}")
+            return protocol.RESULT_ERR, _error_segments(err, where)
 
     def _run_job(self, conn, msg_id, fn, args, kwargs, where: str):
         """An executor job: run the call, then send its outcome from the loop."""
