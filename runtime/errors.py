@@ -108,6 +108,10 @@ class TaskError(DDLFError):
         cause = self.cause
         if cause is None or isinstance(cause, TaskError):
             return self
+        if not isinstance(cause, Exception):
+            # SystemExit, KeyboardInterrupt, GeneratorExit: a caller that does not catch
+            # them would stop (a remote sys.exit(1) would end the driver with status 0).
+            return self
         cls = _dual_class(type(cause))
         if cls is None:
             return self

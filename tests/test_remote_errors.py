@@ -59,3 +59,18 @@ def test_a_value_too_deep_to_pickle_is_an_error_and_the_actor_lives_on(cluster):
 def test_a_task_returning_a_value_too_deep_to_pickle(cluster):
     with pytest.raises(SerializationError):
         ddlf.get(deep_task.remote(), timeout=30)
+
+
+@ddlf.remote
+def exits():
+    import sys
+
+    sys.exit(3)
+
+
+def test_a_remote_sys_exit_is_a_plain_task_error(cluster):
+    with pytest.raises(TaskError) as info:
+        ddlf.get(exits.remote(), timeout=30)
+    assert not isinstance(info.value, SystemExit)  # would end the driver, status 0
+    assert isinstance(info.value, Exception)
+    assert "SystemExit" in str(info.value)
