@@ -20,10 +20,11 @@ from .download import ensure, fetch
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
-from .registry import load, names, normalise_images, register
+from .registry import load, locate, names, normalise_images, register
 
 __all__ = [
     "load",
+    "locate",
     "load_shared",
     "fetch",
     "ensure",

@@ -24,7 +24,7 @@ from .download import _fetch
 from .paths import cache_root, data_dir_from_env
 from .sources import BUILTIN, FORMAT_VERSION, not_found_error
 
-__all__ = ["load", "register", "names", "normalise_images", "SYSTEM_DIRS"]
+__all__ = ["load", "locate", "register", "names", "normalise_images", "SYSTEM_DIRS"]
 
 # Step 3 of the lookup. Tests point this at a temporary directory.
 SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -113,6 +113,26 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
     if path is None:
         raise not_found_error(name, tried)
     return _normalised(source.read(source.probe(path)[0]))
+
+
+def locate(name: str, data_dir: str | None = None) -> str | None:
+    """The directory ``load(name, data_dir, download=False)`` would read, or None.
+
+    Useful to hand trainers an explicit ``data_dir`` when their environment (another
+    ``DDLF_CACHE_DIR`` or ``HOME``) differs from the driver's.
+    """
+    source = BUILTIN.get(name)
+    if source is None:
+        raise ValueError(f"locate() knows the built-in datasets only ({', '.join(BUILTIN)}), "
+                         f"not {name!r}")
+    for directory, _label in _places(name, data_dir):
+        other = os.path.basename(directory)
+        if not os.path.isdir(directory) or (other != name and other in BUILTIN):
+            continue
+        found, _why = source.probe(directory)
+        if found is not None:
+            return found
+    return None
 
 
 def normalise_images(images: np.ndarray) -> np.ndarray:

@@ -762,3 +762,14 @@ def test_ensure_fetches_only_what_is_missing(tmp_path, monkeypatch):
     with pytest.raises(datasets.DatasetNotFoundError):
         datasets.ensure("fashion-mnist", data_dir=str(tmp_path / "empty"))
     assert calls == ["apt"]
+
+
+def test_locate_names_the_directory_load_would_read(tmp_path, monkeypatch):
+    assert datasets.locate("fashion-mnist") is None
+    make_mnist(tmp_path / "cache" / "fashion-mnist")
+    assert datasets.locate("fashion-mnist") == str(tmp_path / "cache" / "fashion-mnist")
+    make_mnist(tmp_path / "mine")
+    assert datasets.locate("fashion-mnist", data_dir=str(tmp_path / "mine")) == str(
+        tmp_path / "mine")
+    with pytest.raises(ValueError):
+        datasets.locate("no-such-set")

@@ -32,9 +32,9 @@ class BlobsApp(App):
                                        layers.Dense(4, activation="softmax")])
 
 
-def fashion_mnist_2000():
+def fashion_mnist_2000(data_dir):
     """The first 2,000 training and 1,000 test images of the real Fashion-MNIST."""
     from ddlf_actors.apps import datasets
 
-    (x, y), (xt, yt) = datasets.load("fashion-mnist", download=False)
+    (x, y), (xt, yt) = datasets.load("fashion-mnist", data_dir=data_dir, download=False)
     return (x[:2000], y[:2000]), (xt[:1000], yt[:1000])
