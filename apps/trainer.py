@@ -52,6 +52,7 @@ class TrainerActor(ClusterWorker):
         self.configure_threads(max(1, int(num_cpus or 1)))
         self.model = self.build_model(model_fn)
         self._last_call_end: float | None = None
+        self._eval_s = 0.0  # evaluation time since the last train call, reported by train
 
     # -- hooks: override these for another framework ----------------------------------------
     def configure_threads(self, n: int) -> None:
@@ -130,8 +131,9 @@ class TrainerActor(ClusterWorker):
         delta = [o - n for o, n in zip(old, new)]
         end = time.perf_counter()
         self._last_call_end = end
-        return delta, {"compute_s": end - start, "idle_s": idle, "samples": int(len(idx)),
-                       "loss": loss, "index": self._ddlf_index}
+        eval_s, self._eval_s = self._eval_s, 0.0
+        return delta, {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
+                       "samples": int(len(idx)), "loss": loss, "index": self._ddlf_index}
 
     def evaluate(self, weights=None, shard=None):
         """``(loss, accuracy)`` of ``weights`` (None: the current ones) on the test set,
@@ -152,9 +154,11 @@ class TrainerActor(ClusterWorker):
         finally:
             if current is not None:
                 self.set_weights(current)
+        spent = time.perf_counter() - start
+        self._eval_s += spent
         if self._last_call_end is not None:
             # Evaluation is work, not waiting: keep it out of the next call's idle time.
-            self._last_call_end += time.perf_counter() - start
+            self._last_call_end += spent
         return result
 
     def weights(self) -> list:

@@ -200,14 +200,20 @@ class Scheme:
         samples = sum(s["samples"] for s in stats)
         loss = (sum(s["loss"] * s["samples"] for s in stats) / samples) if samples else None
         per_trainer: dict = {}
+        busy: dict = {}
         for s in stats:
             per_trainer[s["index"]] = per_trainer.get(s["index"], 0.0) + s["compute_s"]
+            busy[s["index"]] = busy.get(s["index"], 0.0) + s["compute_s"] + s.get("eval_s", 0.0)
         row = {
             "round": round_no, "epoch": epoch, "time_s": time.perf_counter() - self.t0,
             "test_accuracy": None, "test_loss": None, "train_loss": loss,
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
             "compute_s": max(per_trainer.values()) if per_trainer else 0.0,
-            "idle_s": sum(s["idle_s"] for s in stats), "wall_s": wall_s, "samples": samples,
+            "idle_s": sum(s["idle_s"] for s in stats),
+            "eval_s": max((s.get("eval_s", 0.0) for s in stats), default=0.0),
+            # What the framework adds: round time beyond the busiest trainer's work.
+            "overhead_s": wall_s - max(busy.values(), default=0.0),
+            "wall_s": wall_s, "samples": samples,
             "samples_per_s": samples / wall_s if wall_s > 0 else None, "updates": len(stats),
         }
         self.bytes_sent = self.bytes_received = 0

@@ -19,7 +19,7 @@ from ddlf_actors.apps import TrainerStartError, datasets, train_async, train_syn
 from ddlf_actors.apps.callbacks import Callback
 
 ROW_KEYS = {"round", "epoch", "time_s", "test_accuracy", "test_loss", "train_loss",
-            "bytes_sent", "bytes_received", "compute_s", "idle_s"}
+            "bytes_sent", "bytes_received", "compute_s", "idle_s", "eval_s", "overhead_s"}
 MODEL = softmax_model_fn(64, 4)
 
 
@@ -42,6 +42,9 @@ def test_training_learns(train_cluster, scheme):
     assert h[-1]["test_accuracy"] > 0.5                                  # chance is 0.25
     assert [r["epoch"] for r in h] == [1, 2, 3, 4]
     assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in h)
+    # Evaluation ran on the trainers, inside the following rounds' calls.
+    assert sum(r["eval_s"] for r in h) > 0
+    assert all(r["overhead_s"] <= r["wall_s"] for r in h)
     # result.model holds the final weights, built by the trainer class on the driver
     for a, b in zip(result.model.get_weights(), result.weights):
         np.testing.assert_array_equal(a, b)
