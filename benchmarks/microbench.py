@@ -256,6 +256,32 @@ def wl_create_actors(fw, defs, cfg):
             "actor creation rate": (N_CREATE / best, "actors/s")}
 
 
+def _spin(n: int) -> int:
+    """Pure-Python CPU work (holds the GIL: only more processes can run it in parallel)."""
+    acc = 0
+    for i in range(n):
+        acc += i * i % 7
+    return acc
+
+
+def wl_cpu_tasks(fw, defs, cfg):
+    # Calibrate one unit of work to ~0.25 s here, then run 4 units per CPU as tasks:
+    # perfect spreading over the N CPUs takes 4 units' time.
+    n = 200_000
+    t0 = time.perf_counter()
+    _spin(n)
+    n = int(n * 0.25 / (time.perf_counter() - t0))
+    spin = fw.remote(_spin)
+    fw.get([spin.remote(1000) for _ in range(NCPU)])  # warm the workers
+    unit_t0 = time.perf_counter()
+    _spin(n)
+    unit = time.perf_counter() - unit_t0
+    t0 = time.perf_counter()
+    fw.get([spin.remote(n) for _ in range(4 * NCPU)])
+    elapsed = time.perf_counter() - t0
+    return {f"{4 * NCPU} CPU-bound tasks on {NCPU} CPUs": (elapsed / (4 * unit), "x ideal")}
+
+
 # (function, rows it reports) -- the rows are listed so a failure can fill each with "error"
 WORKLOADS = [
     (wl_actor_sync, [("1:1 actor calls sync", "calls/s")]),
@@ -263,6 +289,7 @@ WORKLOADS = [
     (wl_nn_async, [(f"n:n actor calls async (n={NCPU})", "calls/s")]),
     (wl_task_sync, [("tasks sync", "tasks/s")]),
     (wl_task_async, [("tasks async", "tasks/s")]),
+    (wl_cpu_tasks, [(f"{4 * NCPU} CPU-bound tasks on {NCPU} CPUs", "x ideal")]),
     (wl_put_get, [("100 MB put+get in driver", "GB/s")]),
     (wl_put_to_actor, [("100 MB driver put -> actor arg", "GB/s")]),
     (wl_actor_to_driver, [("100 MB actor return -> driver get", "GB/s")]),
@@ -422,7 +449,8 @@ def print_table(rows: list, machine: dict, ray_note: str) -> None:
         print(f"{r['workload']:<{w_name}} | {cell(r['ddlf'], r['ddlf_error'], r['unit']):>{w_val}}"
               f" | {cell(r['ray'], r['ray_error'], r['unit']):>{w_val}} | {ratio:>8}")
     print("-" * len(head))
-    print("DDLF/Ray > 1 means DDLF is faster, except in rows measured in s (lower is better).")
+    print("DDLF/Ray > 1 means DDLF is faster, except in rows measured in s or x ideal (lower is "
+          "better; x ideal is elapsed / (work / CPUs), 1.0 being perfect spreading).")
     errs = [(fw, r["workload"], r[key]) for r in rows
             for fw, key in (("DDLF", "ddlf_error"), ("Ray", "ray_error")) if r[key]]
     if errs:
