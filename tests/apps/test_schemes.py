@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from helpers_modules.numpy_trainer import (
     ConstantDeltaTrainer,
+    DiesInRoundTwo,
     NumpyTrainer,
     SlowFirstTrainer,
     blobs,
@@ -184,3 +185,13 @@ def test_bad_config_values():
                 dict(staleness_bound=-1), dict(target_accuracy=2), dict(patience=0)):
         with pytest.raises(ValueError):
             train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, **bad)
+
+
+@pytest.mark.parametrize("scheme", [train_sync, train_async])
+def test_a_trainer_that_dies_mid_run_fails_the_run_at_once(train_cluster, scheme):
+    with pytest.raises(ddlf.errors.ActorDiedError, match="DiesInRoundTwo"):
+        scheme(MODEL, hard_blobs_dataset, workers=2, master_epochs=4,
+               trainer_cls=DiesInRoundTwo, progress=False)
+    # Its CPUs came back: the next run places and trains.
+    assert len(train_sync(MODEL, hard_blobs_dataset, workers=2, trainer_cls=NumpyTrainer,
+                          progress=False).history) == 1

@@ -161,3 +161,15 @@ def touch_all_pages(self):
     after = proc.memory_full_info()
     return {"sum": total, "uss_growth": after.uss - before.uss,
             "rss_growth": after.rss - before.rss, "uss": after.uss, "pid": os.getpid()}
+
+
+class DiesInRoundTwo(NumpyTrainer):
+    """Trainer 1's process exits hard in its second train call."""
+
+    def fit(self, x, y, epochs, batch_size):
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._ddlf_index == 1 and self._calls == 2:
+            import os
+
+            os._exit(1)
+        return super().fit(x, y, epochs, batch_size)
