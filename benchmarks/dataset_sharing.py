@@ -62,8 +62,12 @@ def main(argv=None) -> None:
     try:
         cls = ddlf.remote(num_cpus=1)(MemoryProbe)
         trainers = [cls.remote(_model, args.dataset, j) for j in range(args.workers)]
+        # A mapped page counts as one trainer's own until the other has read it too:
+        # read everything everywhere first, then measure.
+        ddlf.get([t.memory.remote() for t in trainers])
         shared = ddlf.get([t.memory.remote() for t in trainers])
-        private = ddlf.get([t.memory.remote(True) for t in trainers])
+        ddlf.get([t.memory.remote(True) for t in trainers])
+        private = ddlf.get([t.memory.remote() for t in trainers])
     finally:
         ddlf.shutdown()
     print(f"{args.dataset}: {data_mb:.0f} MB of float32 arrays, {args.workers} trainers on "
