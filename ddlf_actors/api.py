@@ -6,6 +6,7 @@ import atexit
 import os
 import threading
 
+from ddlf_actors.runtime import config
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.local_cluster import LocalCluster
@@ -48,6 +49,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         if get_core(auto=False) is not None:
             raise DDLFError("ddlf.init() was already called in this process; call "
                             "ddlf.shutdown() first to start or join another cluster")
+        # A driver holds a connection per actor it calls: do not stop at a soft limit of 1024.
+        config.raise_open_file_limit()
         cluster = None
         if address is None:
             cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources)

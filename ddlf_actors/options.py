@@ -31,6 +31,10 @@ def validate(options: dict, allowed: set, what: str) -> dict:
     mc = options.get("max_concurrency")
     if mc is not None and (not isinstance(mc, int) or mc < 1):
         raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")
+    name = options.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        # "" would be accepted and then be unreachable: get_actor("") finds nothing.
+        raise ValueError(f"name must be a non-empty string (or None for no name), got {name!r}")
     lt = options.get("lifetime")
     if lt not in (None, "detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lt!r}")

@@ -1,9 +1,14 @@
 """``ddlf-node``: start a head or join a node on this host; stop them; show cluster status.
 
-    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--resources JSON] [--token T] [--block]
-    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--resources JSON] [--token T] [--block]
+    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--resources JSON] [--token-file F] [--block]
+    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--resources JSON] [--token-file F] [--block]
     ddlf-node stop
-    ddlf-node status [--address A] [--token T]
+    ddlf-node status [--address A] [--token-file F]
+
+The token comes from ``--token-file``, the ``DDLF_AUTH_TOKEN`` environment variable, or
+(on the head's host) the head's own token file. It reaches the head and node processes
+through their environment, never their command line: ``/proc/<pid>/cmdline`` is
+readable by every local user. ``--token`` still works but warns for that reason.
 
 Every process started here is recorded (pid and command) under the per-user session
 folder, so ``stop`` ends exactly those processes and nothing else.
@@ -23,6 +28,7 @@ import time
 import psutil
 
 from . import config
+from .auth import read_token_file
 from .errors import DDLFError
 from .local_cluster import _start
 from .session import _is_ours, _logs_dir, _procs_dir, find_token, head_record
@@ -36,7 +42,7 @@ def _record(proc: subprocess.Popen, role: str, info: dict) -> None:
         json.dump(rec, f)
 
 
-def _spawn(args: list, what: str, block: bool, log_name: str):
+def _spawn(args: list, what: str, block: bool, log_name: str, env: dict | None = None):
     path = os.path.join(_logs_dir(), log_name)
     log = open(path, "ab")
     start = log.tell()
@@ -45,8 +51,8 @@ def _spawn(args: list, what: str, block: bool, log_name: str):
             # In the foreground the children hold a pipe from us: if this process dies
             # by any signal, even SIGKILL, the pipe closes and they stop too.
             return _start([*args, "--stdin-lifeline"], what, stdin=subprocess.PIPE,
-                          stderr=None, new_session=False)
-        return _start(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True)
+                          stderr=None, new_session=False, env=env)
+        return _start(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True, env=env)
     except DDLFError as e:
         log.flush()
         with open(path, "rb") as f:
@@ -57,6 +63,21 @@ def _spawn(args: list, what: str, block: bool, log_name: str):
         log.close()
 
 
+def _explicit_token(a) -> str | None:
+    """The token given on our own command line (--token-file, or the deprecated --token)."""
+    if getattr(a, "token", None):
+        print("ddlf-node: warning: --token is visible to every local user in the process "
+              "list; use --token-file FILE or the DDLF_AUTH_TOKEN environment variable",
+              file=sys.stderr)
+        return a.token
+    if getattr(a, "token_file", None):
+        token = read_token_file(a.token_file)
+        if not token:
+            raise DDLFError(f"the token file {a.token_file} is empty")
+        return token
+    return None
+
+
 def cmd_start(a) -> int:
     resources = a.resources or "{}"
     try:
@@ -64,13 +85,18 @@ def cmd_start(a) -> int:
     except ValueError as e:
         print(f"--resources must be JSON, e.g. '{{\"GPU\": 1}}': {e}", file=sys.stderr)
         return 2
+    try:
+        explicit = _explicit_token(a)
+    except (OSError, DDLFError) as e:
+        print(f"ddlf-node: cannot read the token: {e}", file=sys.stderr)
+        return 2
     procs = []
     try:
         if a.head:
             head_args = ["ddlf_actors.runtime.head", "--host", a.host, "--port", str(a.port)]
-            if a.token:
-                head_args += ["--token", a.token]
-            head, info = _spawn(head_args, "head", a.block, "head.log")
+            # Through the environment: a command line is world-readable in /proc.
+            head_env = {"DDLF_AUTH_TOKEN": explicit} if explicit else None
+            head, info = _spawn(head_args, "head", a.block, "head.log", env=head_env)
             procs.append(head)
             _record(head, "head", info)
             address, token_file = info["address"], info["token_file"]
@@ -83,18 +109,19 @@ def cmd_start(a) -> int:
                       file=sys.stderr)
                 return 2
             address, token_file = a.address, None
-            token = find_token(address, a.token)
+            token = find_token(address, explicit)
             if not token:
-                print(f"no token to join {address}: pass --token, or set DDLF_AUTH_TOKEN (the head "
-                      "printed where its token file is)", file=sys.stderr)
+                print(f"no token to join {address}: pass --token-file FILE (a copy of the head's "
+                      "token file, which the head printed), or set DDLF_AUTH_TOKEN",
+                      file=sys.stderr)
                 return 2
             node_auth = []
-            os.environ["DDLF_AUTH_TOKEN"] = token  # passed to the child through its environment
         node_args = ["ddlf_actors.runtime.node", "--address", address, "--host", a.host,
                      "--resources", resources, *node_auth]
         if a.num_cpus is not None:
             node_args += ["--num-cpus", str(a.num_cpus)]
-        node, ninfo = _spawn(node_args, "node", a.block, f"node-{os.getpid()}.log")
+        node_env = None if a.head else {"DDLF_AUTH_TOKEN": token}
+        node, ninfo = _spawn(node_args, "node", a.block, f"node-{os.getpid()}.log", env=node_env)
         procs.append(node)
         _record(node, "node", ninfo)
     except DDLFError as e:
@@ -105,8 +132,8 @@ def cmd_start(a) -> int:
     if a.head:
         print(f"DDLF head started at {address}")
         print(f"  token file: {token_file} (mode 0600)")
-        print("  join other hosts with:")
-        print(f"    ddlf-node start --address {address} --token $(cat {token_file})")
+        print("  join other hosts with (copy the token file there first, e.g. with scp):")
+        print(f"    ddlf-node start --address {address} --token-file {token_file}")
         print("  connect a driver with:")
         print(f"    ddlf.init(address=\"{address}\")   # on this host, or pass token=...")
     else:
@@ -193,7 +220,11 @@ def cmd_status(a) -> int:
             print("no head started on this host; pass --address HEAD_IP:PORT", file=sys.stderr)
             return 1
         address = rec["address"]
-    token = find_token(address, a.token)
+    try:
+        token = find_token(address, _explicit_token(a))
+    except (OSError, DDLFError) as e:
+        print(f"ddlf-node: cannot read the token: {e}", file=sys.stderr)
+        return 2
     core = Core(address, token or "", is_driver=False)
     try:
         core.connect(timeout=10)
@@ -244,15 +275,23 @@ def main(argv=None) -> int:
     s.add_argument("--port", type=int, default=6380, help="head port (default 6380; 0 = any)")
     s.add_argument("--num-cpus", type=float)
     s.add_argument("--resources", help='custom resources as JSON, e.g. \'{"GPU": 1}\'')
-    s.add_argument("--token", help="cluster token (default: generated by the head)")
+    s.add_argument("--token-file", help="file holding the cluster token (default: "
+                   "DDLF_AUTH_TOKEN, else the head generates one / the head's file on this host)")
+    s.add_argument("--token", help="deprecated: visible to every local user in the process "
+                   "list; use --token-file or DDLF_AUTH_TOKEN")
     s.add_argument("--block", action="store_true", help="stay in the foreground")
     sub.add_parser("stop", help="stop the DDLF processes this user started on this host")
     st = sub.add_parser("status", help="print nodes and actors")
     st.add_argument("--address", default="auto")
-    st.add_argument("--token")
+    st.add_argument("--token-file", help="file holding the cluster token")
+    st.add_argument("--token", help="deprecated: visible in the process list")
     a = p.parse_args(argv)
     handler = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[a.cmd]
-    return handler(a)
+    try:
+        return handler(a)
+    except DDLFError as e:  # e.g. a session folder that belongs to someone else
+        print(f"ddlf-node: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import stat
+
+from .errors import DDLFError
 
 __all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD_AFTER_S",
-           "HANDSHAKE_TIMEOUT_S", "session_root"]
+           "NODE_DEAD_AFTER_MISSED", "NODE_REJOIN_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S",
+           "REJECT_LOG_INTERVAL_S", "session_root", "raise_open_file_limit"]
+
+log = logging.getLogger("ddlf.config")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -31,14 +39,85 @@ MAX_FRAME_BYTES = _env_int("DDLF_MAX_FRAME_BYTES", 1 << 30)
 MAX_SEGMENTS = _env_int("DDLF_MAX_SEGMENTS", 4096)
 HEARTBEAT_INTERVAL_S = _env_float("DDLF_HEARTBEAT_INTERVAL_S", 1.0)
 NODE_DEAD_AFTER_S = _env_float("DDLF_NODE_DEAD_AFTER_S", 10.0)
+# The head judges a node by *missed heartbeat intervals*, counted on its own clock ticks,
+# not by wall seconds since the last beat: a head whose loop was starved (CPU overload, a
+# stop signal, a suspended laptop) then wakes up to one missed interval, not to "silent
+# for 30 s" for every node at once. A node that dies closes its connection and is noticed
+# at once; heartbeats only have to catch hangs and cut links, so they can be patient.
+NODE_DEAD_AFTER_MISSED = max(1, math.ceil(NODE_DEAD_AFTER_S / HEARTBEAT_INTERVAL_S - 1e-9))
+# A node that lost its head connection keeps trying to register again for this long
+# (a head that refuses connections outright is taken to be gone much sooner).
+NODE_REJOIN_TIMEOUT_S = _env_float("DDLF_NODE_REJOIN_TIMEOUT_S", 60.0)
 # A server drops a peer that has not finished the handshake by then.
 HANDSHAKE_TIMEOUT_S = _env_float("DDLF_HANDSHAKE_TIMEOUT_S", 5.0)
+# Rejected connections are logged once per source, then summed up once per interval.
+REJECT_LOG_INTERVAL_S = _env_float("DDLF_REJECT_LOG_INTERVAL_S", 10.0)
 
 
 def session_root() -> str:
-    """Per-user folder for token files and session records (mode 0700)."""
+    """Per-user folder for token files and session records, created with mode 0700.
+
+    Raises ``DDLFError`` if the folder exists but belongs to another user or is writable
+    by group or others (as OpenSSH refuses such a ``~/.ssh``): whoever can write there
+    could plant a ``head.json`` that ``ddlf.init(address="auto")`` would trust.
+    """
     root = os.environ.get("DDLF_TEMP_DIR") or os.path.join(
         os.environ.get("TMPDIR", "/tmp"), f"ddlf-{os.getuid()}"
     )
     os.makedirs(root, mode=0o700, exist_ok=True)
+    check_private_dir(root)
     return root
+
+
+def check_private_dir(path: str) -> None:
+    """Raise ``DDLFError`` unless ``path`` is a folder owned by us that only we can write."""
+    uid = os.getuid()
+    try:
+        link = os.lstat(path)
+        st = os.stat(path)
+    except OSError as e:
+        raise DDLFError(f"cannot use the DDLF session folder {path}: {e}") from None
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (uid, 0):
+        raise DDLFError(
+            f"refusing the DDLF session folder {path}: it is a symlink owned by uid "
+            f"{link.st_uid}, not by you (uid {uid}). Someone else may have created it: remove "
+            "it, or set DDLF_TEMP_DIR to a private folder.")
+    if not stat.S_ISDIR(st.st_mode):
+        raise DDLFError(f"refusing the DDLF session folder {path}: it is not a directory")
+    if st.st_uid != uid:
+        raise DDLFError(
+            f"refusing the DDLF session folder {path}: it is owned by uid {st.st_uid}, not by "
+            f"you (uid {uid}). Someone else may have created it to plant session records: "
+            "remove it, or set DDLF_TEMP_DIR to a private folder.")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise DDLFError(
+            f"refusing the DDLF session folder {path}: it is writable by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}). Make it private with `chmod 700 {path}`, "
+            "or set DDLF_TEMP_DIR to a private folder.")
+
+
+def raise_open_file_limit() -> None:
+    """Raise the soft limit on open files to the hard limit (as Ray does at start-up).
+
+    A node holds about two descriptors per live worker and a driver one per actor it
+    talks to: the common soft limit of 1024 would cap a node at a few hundred actors.
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard
+        if hard == resource.RLIM_INFINITY:
+            target = 1 << 20  # macOS refuses "infinity"; a large finite limit works
+        if soft == resource.RLIM_INFINITY or soft >= target:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            if hard != resource.RLIM_INFINITY or soft >= 10240:
+                raise
+            resource.setrlimit(resource.RLIMIT_NOFILE, (10240, hard))  # macOS's OPEN_MAX
+    except (ValueError, OSError) as e:
+        log.debug("could not raise the open-file limit: %s", e)

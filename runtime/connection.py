@@ -15,14 +15,86 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 
 from . import auth, config, protocol
 from .errors import AuthenticationError, ConnectionLostError, FrameError
 from .framing import FrameDecoder, encode_frame
 
-__all__ = ["Connection", "connect", "serve"]
+__all__ = ["Connection", "connect", "serve", "RejectionLog"]
 
 log = logging.getLogger("ddlf.connection")
+
+
+class _Window:
+    __slots__ = ("end", "count", "timer")
+
+    def __init__(self, end: float):
+        self.end = end
+        self.count = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class RejectionLog:
+    """Logs rejected connections without letting a flood of them flood the log.
+
+    The first rejection from a source address is logged in full. Later ones within
+    ``config.REJECT_LOG_INTERVAL_S`` are only counted, and one line per interval sums
+    them up ("N more connections from X rejected in the last 10 s"), as sshd and nginx
+    do. A source that goes quiet for an interval is forgotten, so its next rejection is
+    logged in full again.
+    """
+
+    MAX_SOURCES = 1024   # beyond this many noisy sources, the rest share one entry
+    OTHERS = "other addresses"
+
+    def __init__(self, logger: logging.Logger):
+        self._log = logger
+        self._sources: dict[str, _Window] = {}
+
+    def rejected(self, peer, msg: str, *args) -> None:
+        host = peer[0] if isinstance(peer, tuple) and peer else str(peer)
+        now = time.monotonic()
+        win = self._sources.get(host)
+        if win is not None and now >= win.end:
+            # Normally the window's timer has summed it up already; not if its event loop
+            # stopped running (a driver that shut down and started again).
+            self._close(host, win, now)
+            win = self._sources.get(host)
+        if win is None and len(self._sources) >= self.MAX_SOURCES:
+            host = self.OTHERS
+            win = self._sources.get(host)
+        if win is None:
+            self._log.warning(msg, *args)
+            self._open(host, now)
+        else:
+            win.count += 1
+
+    def _open(self, host: str, now: float) -> None:
+        interval = config.REJECT_LOG_INTERVAL_S
+        win = self._sources[host] = _Window(now + interval)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        win.timer = loop.call_later(interval, self._due, host, win)
+
+    def _due(self, host: str, win: _Window) -> None:
+        if self._sources.get(host) is win:
+            self._close(host, win, time.monotonic())
+
+    def _close(self, host: str, win: _Window, now: float) -> None:
+        del self._sources[host]
+        if win.timer is not None:
+            win.timer.cancel()
+        if win.count:
+            self._log.warning("%d more connection(s) from %s rejected in the last %g s",
+                              win.count, host, config.REJECT_LOG_INTERVAL_S)
+            # A flood that goes on gets one summary line per interval, no more.
+            self._open(host, now)
+
+
+_rejections = RejectionLog(log)
 
 _AUTH_CLIENT_CHALLENGE = 1
 _AUTH_CLIENT_REPLY = 2
@@ -84,8 +156,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _auth_timed_out(self):
         if self.state not in (_OPEN, _CLOSED):
-            log.warning("dropping %s: no authentication within %.0f s", self.peer,
-                        config.HANDSHAKE_TIMEOUT_S)
+            _rejections.rejected(self.peer, "dropping %s: no authentication within %.0f s",
+                                 self.peer, config.HANDSHAKE_TIMEOUT_S)
             self.abort(AuthenticationError(
                 f"handshake not completed within {config.HANDSHAKE_TIMEOUT_S:.0f} s"))
 
@@ -146,7 +218,8 @@ class Connection(asyncio.BufferedProtocol):
                 ok, reply = auth.check_answer(self.token, self._server_nonce, response)
                 self.transport.write(reply)
                 if not ok:
-                    log.warning("rejected a connection from %s: wrong or missing token", self.peer)
+                    _rejections.rejected(self.peer, "rejected a connection from %s: wrong or "
+                                         "missing token", self.peer)
                     self.state = _CLOSED
                     self.transport.close()  # flushes the "refused" reply first
                     return
@@ -159,7 +232,9 @@ class Connection(asyncio.BufferedProtocol):
         self._cancel_auth_timer()
         self._auth_buf = bytearray()
         if not self.ready.done():
-            self.ready.set_result(self)
+            # Not set_result(self): a future holding its connection is a reference cycle,
+            # which keeps a closed connection's 256 KiB receive buffer until a full GC.
+            self.ready.set_result(None)
         if self.on_open is not None:
             self.on_open(self)
         if leftover:

@@ -20,15 +20,23 @@ import uuid
 from . import __version__, config, rpc, scheduling
 from .auth import generate_token, write_token_file
 from .connection import serve
-from .errors import UnschedulableError, VersionMismatchError
+from .errors import DDLFError, UnschedulableError, VersionMismatchError
 from .eventloop import new_event_loop
 
-__all__ = ["Head", "main"]
+__all__ = ["Head", "ActorNameTakenError", "main"]
 
 log = logging.getLogger("ddlf.head")
 
 PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
 _WAIT_ACTOR_MAX_S = 30.0
+
+
+class ActorNameTakenError(DDLFError, ValueError):
+    """A live (or just reserved) actor already has this name.
+
+    Also a ``ValueError``, as the README promises: it crosses the wire as itself because
+    it is a ``DDLFError`` (other exceptions arrive wrapped in ``RemoteRpcError``).
+    """
 
 
 class NodeRecord:
@@ -40,9 +48,14 @@ class NodeRecord:
         self.pid = info.get("pid")
         self.conn = conn
         self.alive = True
-        self.last_heartbeat = time.monotonic()
+        self.last_heartbeat = time.monotonic()   # last time anything arrived from it
+        self.missed = 0                          # head ticks since then
         self.actors: set[str] = set()
         self.stats: dict = {}
+
+    def heard(self) -> None:
+        self.last_heartbeat = time.monotonic()
+        self.missed = 0
 
     def public(self) -> dict:
         return {"node_id": self.node_id, "address": self.address, "alive": self.alive,
@@ -101,7 +114,7 @@ class Head:
         self.server = None
         self.stopping = False
         self.stopped = loop.create_future()
-        self.handler = rpc.RpcHandler(self)
+        self.handler = _HeadRpcHandler(self)
 
     async def start(self):
         self.server = await serve(self.host, self.port, self.token, self.handler)
@@ -150,7 +163,7 @@ class Head:
         if event == "heartbeat":
             n = self.nodes.get(data["node_id"])
             if n is not None:
-                n.last_heartbeat = time.monotonic()
+                n.heard()
                 n.stats = data
         elif event == "worker_died":
             self._worker_died(conn.info.get("node"), data)
@@ -187,12 +200,23 @@ class Head:
                 self._release_lease(lease_id)
 
     async def _watch_nodes(self):
+        """Count, per node, the heartbeat intervals in which nothing arrived from it.
+
+        Misses are counted on this loop's own ticks rather than as seconds since the last
+        beat: if the head itself was starved of CPU or stopped, its first tick afterwards
+        counts one miss (possibly before it has read the beats waiting in its sockets),
+        not "silent for the whole stall" for every node at once.
+        """
+        limit = config.NODE_DEAD_AFTER_MISSED
         while True:
-            await asyncio.sleep(min(1.0, config.NODE_DEAD_AFTER_S / 4))
-            now = time.monotonic()
+            await asyncio.sleep(config.HEARTBEAT_INTERVAL_S)
             for n in list(self.nodes.values()):
-                if n.alive and now - n.last_heartbeat > config.NODE_DEAD_AFTER_S:
-                    self._node_dead(n, f"no heartbeat for {config.NODE_DEAD_AFTER_S:.0f} s")
+                if not n.alive:
+                    continue
+                n.missed += 1
+                if n.missed > limit:
+                    self._node_dead(n, f"nothing heard from it for {limit} heartbeat intervals "
+                                       f"of {config.HEARTBEAT_INTERVAL_S:g} s")
 
     def _node_dead(self, node: NodeRecord, why: str):
         if not node.alive:
@@ -215,17 +239,33 @@ class Head:
     def _alive_nodes(self):
         return [n for n in self.nodes.values() if n.alive]
 
+    def _unschedulable(self, demand: dict, what: str, nodes, pin: str | None = None):
+        """The error for a demand that no (live, or pinned) node can ever meet."""
+        if pin and not nodes:
+            n = self.nodes.get(pin)
+            state = "is dead" if n is not None else "is not in this cluster"
+            return UnschedulableError(
+                f"{what} is pinned to node {pin}, which {state}. Pin it to a live node "
+                "(see ddlf.nodes()) or drop node_id=.")
+        if not nodes:
+            dead = sum(1 for n in self.nodes.values() if not n.alive)
+            return UnschedulableError(
+                f"{what} cannot be placed: the cluster has no live nodes ({dead} dead). "
+                "Start or restart a node (`ddlf-node start --address ...`), or, for an "
+                "embedded cluster, ddlf.shutdown() and ddlf.init() again.")
+        have = [n.total for n in nodes]
+        return UnschedulableError(
+            f"{what} asks for {demand}, more than any node has (nodes: {have}). "
+            "Lower its num_cpus/resources, or add a node that has them.")
+
     async def _place(self, demand: dict, what: str, pin: str | None = None) -> NodeRecord:
         """Reserve ``demand`` on a node; wait while it fits the cluster but not its free space."""
         while True:
             nodes = self._alive_nodes()
             if pin:
                 nodes = [n for n in nodes if n.node_id == pin]
-            if not scheduling.feasible_anywhere(demand, [n.total for n in nodes]):
-                have = [n.total for n in nodes]
-                raise UnschedulableError(
-                    f"{what} asks for {demand}, more than any node has (nodes: {have}). "
-                    "Lower its num_cpus/resources, or add a node that has them.")
+            if not nodes or not scheduling.feasible_anywhere(demand, [n.total for n in nodes]):
+                raise self._unschedulable(demand, what, nodes, pin)
             node = scheduling.choose_node(demand, nodes, load_key=lambda n: len(n.actors))
             if node is not None:
                 scheduling.subtract(node.available, demand)
@@ -252,8 +292,9 @@ class Head:
         if existing is not None and existing != actor_id:
             a = self.actors.get(existing)
             if existing in self.reserved or (a is not None and a.state != DEAD):
-                raise ValueError(f"an actor named {name!r} already exists; pick another name "
-                                 "or use ddlf.get_actor(name) to reach it")
+                raise ActorNameTakenError(
+                    f"an actor named {name!r} already exists; pick another name or use "
+                    "ddlf.get_actor(name) to reach it")
         self.names[name] = actor_id
 
     def rpc_reserve_name(self, conn, name: str, actor_id: str, class_name: str, methods):
@@ -425,12 +466,11 @@ class Head:
     async def rpc_lease_worker(self, conn, demand: dict, wait: bool):
         owner_id = conn.info.get("owner_id")
         if not wait:
-            node = scheduling.choose_node(demand, self._alive_nodes())
+            nodes = self._alive_nodes()
+            node = scheduling.choose_node(demand, nodes)
             if node is None:
-                if not scheduling.feasible_anywhere(demand, [n.total for n in self._alive_nodes()]):
-                    raise UnschedulableError(
-                        f"task asks for {demand}, more than any node has "
-                        f"(nodes: {[n.total for n in self._alive_nodes()]})")
+                if not nodes or not scheduling.feasible_anywhere(demand, [n.total for n in nodes]):
+                    raise self._unschedulable(demand, "task", nodes)
                 return None
             scheduling.subtract(node.available, demand)
         else:
@@ -505,6 +545,19 @@ class Head:
             self.stopped.set_result(None)
 
 
+class _HeadRpcHandler(rpc.RpcHandler):
+    """The head's RPC handler: any frame from a node counts as a sign of life.
+
+    A node busy sending logs or replies is not silent, even if its heartbeat is late.
+    """
+
+    def frame_received(self, conn, segs):
+        node = conn.info.get("node")
+        if node is not None:
+            node.heard()
+        super().frame_received(conn, segs)
+
+
 def _sum(dicts) -> dict:
     out: dict = {}
     for d in dicts:
@@ -517,6 +570,7 @@ def _sum(dicts) -> dict:
 
 def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = False,
              ready_out=None) -> None:
+    config.raise_open_file_limit()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     token = token or os.environ.get("DDLF_AUTH_TOKEN") or generate_token()
@@ -557,9 +611,13 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m ddlf_actors.runtime.head")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--token")
+    p.add_argument("--token", help="deprecated: visible in the process list; set "
+                                    "DDLF_AUTH_TOKEN in the environment instead")
     p.add_argument("--stdin-lifeline", action="store_true")
     a = p.parse_args(argv)
+    if a.token:
+        print("ddlf head: warning: --token is visible to every local user in the process "
+              "list; pass the token in DDLF_AUTH_TOKEN instead", file=sys.stderr)
     run_head(host=a.host, port=a.port, token=a.token, stdin_lifeline=a.stdin_lifeline,
              ready_out=sys.stdout)
 

@@ -73,9 +73,9 @@ class LocalCluster:
                  resources: dict | None = None):
         self.procs: list[subprocess.Popen] = []
         head_args = ["ddlf_actors.runtime.head", "--port", "0", "--stdin-lifeline"]
-        if token:
-            head_args += ["--token", token]
-        head, info = _start(head_args, "head")
+        # The token goes through the environment, never the command line: every local
+        # user can read /proc/<pid>/cmdline. The node reads the head's 0600 token file.
+        head, info = _start(head_args, "head", env={"DDLF_AUTH_TOKEN": token} if token else None)
         self.procs.append(head)
         self.address = info["address"]
         self.token = token or read_token_file(info["token_file"])

@@ -6,8 +6,13 @@ an actor costs handing its class to an idle worker rather than starting Python.
 
 The daemon registers with the head, heartbeats to it, answers its requests
 (``start_actor``, ``lease_worker``, ``kill_actor`` ...), reports worker deaths, and
-forwards worker output line by line. It exits, killing its workers, when the head
-connection closes or (embedded clusters) when its parent driver goes away.
+forwards worker output line by line. It exits, killing its workers, when it is told to,
+when the head is gone, or (embedded clusters) when its parent driver goes away.
+
+If the head connection closes while the head is still there (the head declared this
+node dead after missed heartbeats, e.g. it was stopped or starved of CPU), the daemon
+kills its workers, whose actors the head already counts as dead, and registers again
+as a new node, so a cluster does not silently lose its only node.
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
+import time
 import uuid
 
 import psutil
 
 from . import __version__, config, rpc
 from .connection import connect, serve
-from .errors import DDLFError
+from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
 
 __all__ = ["NodeDaemon", "main"]
@@ -35,6 +42,7 @@ log = logging.getLogger("ddlf.node")
 _PRESTART = 2          # idle fresh workers kept ready for actor creation
 _LOG_POLL_S = 0.05
 _MARKER = "\x00ddlf:"
+_REJOIN_REFUSED_TRIES = 3   # "connection refused" this many times: the head is gone
 
 
 class WorkerProc:
@@ -91,29 +99,75 @@ class NodeDaemon:
         self.server = await serve(self.host, 0, self.token, rpc.RpcHandler(self))
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.host}:{port}"
-        hhost, hport = self.head_address.rsplit(":", 1)
-        self.head_conn = await connect(hhost, int(hport), self.token, rpc.RpcHandler(_HeadLink(self)))
-        await rpc.call(self.head_conn, "register_node", {
-            "node_id": self.node_id, "address": self.address, "resources": self.resources,
-            "pid": os.getpid(), "version": __version__,
-            "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-        })
+        await self._register()
         self.loop.create_task(self._heartbeat())
         self.loop.create_task(self._tail_logs())
         self._refill()
 
-    async def shutdown(self) -> None:
-        if self.stopping:
+    async def _register(self) -> None:
+        hhost, hport = self.head_address.rsplit(":", 1)
+        conn = await connect(hhost, int(hport), self.token, rpc.RpcHandler(_HeadLink(self)))
+        try:
+            await rpc.call(conn, "register_node", {
+                "node_id": self.node_id, "address": self.address, "resources": self.resources,
+                "pid": os.getpid(), "version": __version__,
+                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+            }, timeout=30)
+        except BaseException:
+            conn.close()
+            raise
+        self.head_conn = conn
+
+    async def _head_lost(self) -> None:
+        """The head connection closed: register again as a new node, or stop if the head is gone.
+
+        Our workers' actors are already dead as far as the head is concerned (it pushed
+        that to every caller), so they are killed rather than left running unseen.
+        """
+        old_id = self.node_id
+        self.node_id = uuid.uuid4().hex[:12]   # workers started from now on belong to it
+        await self._kill_workers()
+        deadline = time.monotonic() + config.NODE_REJOIN_TIMEOUT_S
+        refused, delay, why = 0, 0.1, ""
+        while not self.stopping:
+            try:
+                await self._register()
+            except (OSError, asyncio.TimeoutError, ConnectionLostError) as e:
+                why = f"{type(e).__name__}: {e}"
+                refused = refused + 1 if isinstance(e, ConnectionRefusedError) else 0
+                if refused >= _REJOIN_REFUSED_TRIES or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+                continue
+            except DDLFError as e:
+                why = str(e)   # a head with another token or version, or one that refuses us
+                break
+            log.warning("registered with the head again as node %s (was %s)", self.node_id, old_id)
+            self._refill()
             return
-        self.stopping = True
+        if not self.stopping:
+            log.warning("the head at %s is gone (%s); stopping this node", self.head_address, why)
+            await self.shutdown()
+
+    async def _kill_workers(self) -> None:
         # Workers whose start() is still running in the executor have no pid yet; wait
         # for those starts so they can be killed too instead of being waited on for 5 s.
         starting = [t for t in self._starting if not t.done()]
         if starting:
             await asyncio.wait(starting, timeout=5)
+        self.idle_fresh.clear()
+        self.idle_task.clear()
+        for w in list(self.workers.values()):
+            if not w.exited:
+                _signal(w.pid, signal.SIGKILL)
+
+    async def shutdown(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        await self._kill_workers()
         procs = [w for w in self.workers.values() if w.process is not None and not w.exited]
-        for w in procs:
-            _signal(w.process.pid, signal.SIGKILL)
         for w in procs:
             try:
                 await self.loop.run_in_executor(None, w.process.join, 5)
@@ -130,10 +184,14 @@ class NodeDaemon:
     async def _heartbeat(self):
         proc = psutil.Process()
         while not self.stopping:
-            rpc.push(self.head_conn, "heartbeat", {
-                "node_id": self.node_id, "cpu_percent": psutil.cpu_percent(None),
-                "mem_available": psutil.virtual_memory().available, "rss": proc.memory_info().rss,
-            })
+            beat = {"node_id": self.node_id}
+            try:
+                beat.update(cpu_percent=psutil.cpu_percent(None),
+                            mem_available=psutil.virtual_memory().available,
+                            rss=proc.memory_info().rss)
+            except (OSError, psutil.Error):
+                pass  # e.g. out of descriptors: the beat itself matters more than its stats
+            rpc.push(self.head_conn, "heartbeat", beat)
             await asyncio.sleep(config.HEARTBEAT_INTERVAL_S)
 
     # -- workers -----------------------------------------------------------------------------
@@ -165,6 +223,7 @@ class NodeDaemon:
                 w.ready.set_exception(DDLFError(f"could not start a worker process: {e}"))
             return
         w.pid = w.process.pid
+        _drop_parent_pipe(w.process)
         self.loop.add_reader(w.process.sentinel, self._on_exit, w)
 
     def rpc_worker_ready(self, conn, worker_id, pid, port):
@@ -177,7 +236,7 @@ class NodeDaemon:
         w.address = f"{self.host}:{port}"
         conn.info["worker"] = w
         if not w.ready.done():
-            w.ready.set_result(w)
+            w.ready.set_result(None)
         return None
 
     def _on_exit(self, w: WorkerProc):
@@ -199,12 +258,33 @@ class NodeDaemon:
         if not w.ready.done():
             w.ready.set_exception(DDLFError(f"worker process exited during start-up (exit code {code})"))
         self._read_logs(w)
+        # While stopping, shutdown() may be joining this process from another thread.
+        self._release(w, close_process=not self.stopping)
         if not self.stopping and self.head_conn is not None:
             rpc.push(self.head_conn, "worker_died", {
                 "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": prev,
                 "pid": w.pid,
             })
             self._refill()
+
+    @staticmethod
+    def _release(w: WorkerProc, close_process: bool = True) -> None:
+        """Free what an exited worker holds: its process handle's pipe and its connection.
+
+        Left to the garbage collector, they would linger: the worker and its control
+        connection refer to each other (``w.conn``, ``conn.info["worker"]``), and only a
+        full collection frees such cycles, which a quiet daemon seldom runs. Each one held
+        two pipe descriptors and the connection's 256 KiB receive buffer.
+        """
+        conn, w.conn = w.conn, None
+        if conn is not None:
+            conn.info.pop("worker", None)
+            conn.close()
+        if close_process:
+            try:
+                w.process.close()
+            except ValueError:  # still running: cannot happen once its sentinel fired
+                pass
 
     def _refill(self):
         if self.stopping or self._refilling:
@@ -251,6 +331,11 @@ class NodeDaemon:
             w.actor_id = None  # a failed __init__ is reported here, not as a crash
             _signal(w.pid, signal.SIGKILL)
             return {"ok": False, "error": reply["error"], "pid": w.pid}
+        if conn.closed:
+            # The head dropped us meanwhile: it will never know this actor. Do not leave
+            # it running unseen.
+            _signal(w.pid, signal.SIGKILL)
+            raise DDLFError("the head connection closed while the actor was starting")
         return {"ok": True, "address": w.address, "pid": w.pid, "worker_id": w.worker_id}
 
     async def rpc_lease_worker(self, conn):
@@ -259,6 +344,9 @@ class NodeDaemon:
         else:
             w = await self._fresh_worker()
         w.state = "task"
+        if conn.closed:  # the head that asked for it is gone: nobody would release it
+            _signal(w.pid, signal.SIGKILL)
+            raise DDLFError("the head connection closed while leasing a worker")
         return {"address": w.address, "pid": w.pid, "worker_id": w.worker_id, "node_id": self.node_id}
 
     def rpc_release_worker(self, conn, worker_id):
@@ -293,7 +381,7 @@ class NodeDaemon:
         pass
 
     def on_closed(self, conn, exc):
-        w = conn.info.get("worker")
+        w = conn.info.pop("worker", None)
         if w is not None and not w.exited and not self.stopping:
             # A worker that closed its control connection is on its way out; make sure.
             _signal(w.pid, signal.SIGKILL)
@@ -356,9 +444,37 @@ class _HeadLink:
         pass
 
     def on_closed(self, conn, exc):
-        if not self.node.stopping:
-            log.warning("lost the head connection; stopping this node and its workers")
-            self.node.loop.create_task(self.node.shutdown())
+        node = self.node
+        if not node.stopping and conn is node.head_conn:
+            log.warning("lost the head connection (%s); killing this node's workers and "
+                        "registering again", exc or "closed by the head")
+            node.loop.create_task(node._head_lost())
+
+
+def _drop_parent_pipe(process) -> None:
+    """Close the spare pipe end multiprocessing keeps for each forkserver child.
+
+    ``popen_forkserver`` holds a duplicate of the data pipe's write end for the child's
+    whole life, only so that ``multiprocessing.parent_process().is_alive()`` works in the
+    child. Workers watch the node by pid and by their control connection instead, so it
+    is one descriptor per worker the node does not need (with it, a node held three per
+    actor and hit a soft limit of 1024 at about 330 actors). If this Python's internals
+    differ, the pipe is simply left open.
+    """
+    popen = getattr(process, "_popen", None)
+    fin = getattr(popen, "finalizer", None)
+    args = getattr(fin, "_args", None)
+    sentinel = getattr(popen, "sentinel", None)
+    if not (isinstance(args, tuple) and len(args) == 2 and args[1] == sentinel
+            and isinstance(args[0], int)):
+        return
+    fin.cancel()
+    popen.finalizer = multiprocessing.util.Finalize(
+        popen, multiprocessing.util.close_fds, (sentinel,))
+    try:
+        os.close(args[0])
+    except OSError:
+        pass
 
 
 def _signal(pid, sig) -> None:
@@ -372,6 +488,7 @@ def _signal(pid, sig) -> None:
 def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, node_id=None,
              stdin_lifeline: bool = False, ready_out=None) -> None:
     """Run a node daemon in this process until it is stopped."""
+    config.raise_open_file_limit()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     node = NodeDaemon(loop, head_address, token, host=host, num_cpus=num_cpus,
@@ -426,7 +543,8 @@ def main(argv=None) -> None:
 
     p = argparse.ArgumentParser(prog="python -m ddlf_actors.runtime.node")
     p.add_argument("--address", required=True, help="head host:port")
-    p.add_argument("--token")
+    p.add_argument("--token", help="deprecated: visible in the process list; set "
+                                    "DDLF_AUTH_TOKEN in the environment or use --token-file")
     p.add_argument("--token-file")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--num-cpus", type=float)
@@ -434,6 +552,9 @@ def main(argv=None) -> None:
     p.add_argument("--node-id")
     p.add_argument("--stdin-lifeline", action="store_true")
     a = p.parse_args(argv)
+    if a.token:
+        print("ddlf node: warning: --token is visible to every local user in the process list; "
+              "pass the token in DDLF_AUTH_TOKEN or with --token-file instead", file=sys.stderr)
     token = a.token or os.environ.get("DDLF_AUTH_TOKEN") or (
         read_token_file(a.token_file) if a.token_file else None)
     if not token:
