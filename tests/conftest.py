@@ -23,3 +23,12 @@ def cluster(request):
 def no_leaks():
     with no_leaked_processes():
         yield
+
+
+@pytest.fixture
+def session_dir(tmp_path, monkeypatch):
+    """A private session folder, so `stop` only sees processes this test started."""
+    d = tmp_path / "session"
+    monkeypatch.setenv("DDLF_TEMP_DIR", str(d))
+    monkeypatch.delenv("DDLF_AUTH_TOKEN", raising=False)
+    return d

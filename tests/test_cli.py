@@ -20,15 +20,6 @@ import ddlf_actors as ddlf
 CLI = [sys.executable, "-m", "ddlf_actors.runtime.cli"]
 
 
-@pytest.fixture
-def session_dir(tmp_path, monkeypatch):
-    """A private session folder, so `stop` only sees processes this test started."""
-    d = tmp_path / "session"
-    monkeypatch.setenv("DDLF_TEMP_DIR", str(d))
-    monkeypatch.delenv("DDLF_AUTH_TOKEN", raising=False)
-    return d
-
-
 def _cli(*args, timeout=90, **kwargs):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
 

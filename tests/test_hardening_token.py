@@ -47,15 +47,6 @@ def test_embedded_cluster_keeps_the_token_off_command_lines(explicit):
         assert _cmdlines_with(info.token) == []
 
 
-@pytest.fixture
-def session_dir(tmp_path, monkeypatch):
-    """A private session folder, so `stop` only sees processes this test started."""
-    d = tmp_path / "session"
-    monkeypatch.setenv("DDLF_TEMP_DIR", str(d))
-    monkeypatch.delenv("DDLF_AUTH_TOKEN", raising=False)
-    return d
-
-
 def _cli(*args, env=None, timeout=90):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})

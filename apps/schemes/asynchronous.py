@@ -17,8 +17,7 @@ import numpy as np
 
 import ddlf_actors as ddlf
 
-from ..config import TrainConfig
-from .base import Scheme, partition_indices
+from .base import Scheme, config_from_call, partition_indices
 
 __all__ = ["AsyncScheme", "train_async"]
 
@@ -168,12 +167,5 @@ def train_async(model_fn, dataset, *, workers: int = 2, master_epochs: int = 1,
     records, per applied update, the trainer, the versions, its staleness and how far
     ahead of the slowest trainer it started (``lead``).
     """
-    config = TrainConfig(workers=len(trainers) if trainers else workers,
-                         master_epochs=master_epochs, worker_epochs=worker_epochs,
-                         batch_size=batch_size, rounds_per_epoch=rounds_per_epoch,
-                         staleness_bound=staleness_bound, staleness_scaling=staleness_scaling,
-                         target_accuracy=target_accuracy, patience=patience,
-                         trainer_cls=trainer_cls, num_cpus=num_cpus, progress=progress,
-                         seed=seed, callbacks=list(callbacks),
-                         trainer_options=dict(trainer_options or {}))
+    config = config_from_call(locals())
     return AsyncScheme(model_fn, dataset, config, trainers).run(initial_weights)

@@ -27,7 +27,8 @@ from ..config import TrainConfig
 from ..result import TrainResult
 from ..trainer import TrainerActor, shard_range
 
-__all__ = ["Scheme", "TrainerStartError", "check_dataset", "start_trainers", "describe_trainers"]
+__all__ = ["Scheme", "TrainerStartError", "check_dataset", "start_trainers", "describe_trainers",
+           "config_from_call"]
 
 
 class TrainerStartError(DDLFError):
@@ -46,6 +47,17 @@ def check_dataset(dataset) -> None:
     elif not callable(dataset):
         raise TypeError(f"dataset must be a registered name, a callable or "
                         f"datasets.partitioned(path), got {type(dataset).__name__}")
+
+
+def config_from_call(arguments: dict) -> TrainConfig:
+    """The ``TrainConfig`` of a ``train_sync``/``train_async`` call, from its ``locals()``."""
+    kw = {k: v for k, v in arguments.items()
+          if k not in ("model_fn", "dataset", "trainers", "initial_weights")}
+    if arguments.get("trainers"):
+        kw["workers"] = len(arguments["trainers"])
+    kw["callbacks"] = list(kw.get("callbacks") or ())
+    kw["trainer_options"] = dict(kw.get("trainer_options") or {})
+    return TrainConfig(**kw)
 
 
 def _ensure_session() -> bool:

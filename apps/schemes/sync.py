@@ -14,8 +14,7 @@ import numpy as np
 
 import ddlf_actors as ddlf
 
-from ..config import TrainConfig
-from .base import Scheme, partition_indices
+from .base import Scheme, config_from_call, partition_indices
 
 __all__ = ["SyncScheme", "train_sync"]
 
@@ -95,11 +94,5 @@ def train_sync(model_fn, dataset, *, workers: int = 2, master_epochs: int = 1,
     cluster lacks ``workers × num_cpus`` free CPUs, ``TrainerStartError`` when
     ``model_fn`` or the dataset fails on a trainer.
     """
-    config = TrainConfig(workers=len(trainers) if trainers else workers,
-                         master_epochs=master_epochs, worker_epochs=worker_epochs,
-                         batch_size=batch_size, rounds_per_epoch=rounds_per_epoch,
-                         target_accuracy=target_accuracy, patience=patience,
-                         trainer_cls=trainer_cls, num_cpus=num_cpus, progress=progress,
-                         seed=seed, callbacks=list(callbacks),
-                         trainer_options=dict(trainer_options or {}))
+    config = config_from_call(locals())
     return SyncScheme(model_fn, dataset, config, trainers).run(initial_weights)
