@@ -175,16 +175,22 @@ def _short(error: BaseException) -> str:
 def ensure(name: str, data_dir: str | None = None) -> None:
     """Make sure dataset ``name`` is on this machine before trainers look for it.
 
-    Looks it up without downloading (``load``'s order); if it is missing, ``fetch``es it
-    into the cache (URLs, then for Fashion-MNIST the Debian package). Raises
-    ``DatasetNotFoundError`` as ``load`` does when ``data_dir`` is given and lacks it.
+    Without ``data_dir``: looks it up without downloading (``load``'s order) and, if it
+    is missing, ``fetch``es it into the cache (URLs, then for Fashion-MNIST the Debian
+    package). With ``data_dir``: the files must be there (or in ``data_dir/<name>``); a
+    user who names a folder means that folder, so no other copy is silently used.
+    Raises ``DatasetNotFoundError`` with how to get the files.
     """
-    from .registry import load
+    from .registry import load, locate
 
+    if data_dir is not None:
+        base = os.path.abspath(os.path.expanduser(data_dir))
+        found = locate(name, data_dir)
+        if found is None or os.path.commonpath([base, os.path.abspath(found)]) != base:
+            raise not_found_error(name, [f"{base} (the data_dir given): no {name} files"])
+        return
     try:
-        load(name, data_dir=data_dir, download=False)
+        load(name, download=False)
     except DatasetNotFoundError:
-        if data_dir:
-            raise
         print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
         fetch(name)

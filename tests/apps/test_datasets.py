@@ -757,11 +757,13 @@ def test_ensure_fetches_only_what_is_missing(tmp_path, monkeypatch):
     assert calls == ["apt"]
     datasets.ensure("fashion-mnist")          # present: nothing fetched again
     assert calls == ["apt"]
-    # An explicit folder that lacks the files is an error, not a reason to download.
-    monkeypatch.setenv("DDLF_CACHE_DIR", str(tmp_path / "other-cache"))
-    with pytest.raises(datasets.DatasetNotFoundError):
+    # An explicit folder that lacks the files is an error, even with a copy in the cache:
+    # not a reason to download, nor to use another copy.
+    with pytest.raises(datasets.DatasetNotFoundError, match="data_dir given"):
         datasets.ensure("fashion-mnist", data_dir=str(tmp_path / "empty"))
     assert calls == ["apt"]
+    make_mnist(tmp_path / "mine")
+    datasets.ensure("fashion-mnist", data_dir=str(tmp_path / "mine"))  # there: fine
 
 
 def test_locate_names_the_directory_load_would_read(tmp_path, monkeypatch):
