@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from helpers_modules.util import wait_gone
+from helpers_modules.util import recorded_tree, wait_gone
 
 import ddlf_actors as ddlf
 
@@ -22,20 +21,6 @@ CLI = [sys.executable, "-m", "ddlf_actors.runtime.cli"]
 
 def _cli(*args, timeout=90, **kwargs):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def _recorded_tree(session) -> set[int]:
-    """Recorded pids plus all their descendants (workers, forkservers)."""
-    pids = set()
-    for path in glob.glob(str(session / "procs" / "*.json")):
-        with open(path) as f:
-            pid = json.load(f)["pid"]
-        pids.add(pid)
-        try:
-            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            pass
-    return pids
 
 
 def _start_blocking_head():
@@ -109,7 +94,7 @@ def test_start_join_status_auto_and_stop(session_dir, tmp_path):
         finally:
             ddlf.shutdown()
     finally:
-        tree = _recorded_tree(session_dir)
+        tree = recorded_tree(session_dir)
         stopped = _cli("stop")
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped 3 DDLF process(es)" in stopped.stdout  # head + two node daemons
@@ -158,7 +143,7 @@ def test_join_with_wrong_token_is_refused(session_dir):
         assert out.returncode == 1
         assert "rejected our token" in out.stderr
     finally:
-        tree = _recorded_tree(session_dir)
+        tree = recorded_tree(session_dir)
         _cli("stop")
     assert not wait_gone(tree)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
 import os
 import signal
@@ -16,7 +14,7 @@ import psutil
 import pytest
 from helpers_modules.clusters import start_cluster
 from helpers_modules.remote_defs import Counter
-from helpers_modules.util import wait_gone
+from helpers_modules.util import recorded_tree, wait_gone
 
 import ddlf_actors as ddlf
 from ddlf_actors.runtime import config
@@ -52,17 +50,6 @@ def _cli(*args, env=None, timeout=90):
                           env={**os.environ, **(env or {})})
 
 
-def _recorded_tree(session) -> set[int]:
-    pids = set()
-    for path in glob.glob(str(session / "procs" / "*.json")):
-        with open(path) as f:
-            pid = json.load(f)["pid"]
-        pids.add(pid)
-        with contextlib.suppress(psutil.Error):
-            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-    return pids
-
-
 def test_cli_head_and_joining_node_keep_the_token_off_command_lines(session_dir, tmp_path):
     token = generate_token()
     token_file = tmp_path / "token"
@@ -90,7 +77,7 @@ def test_cli_head_and_joining_node_keep_the_token_off_command_lines(session_dir,
         finally:
             ddlf.shutdown()
     finally:
-        tree = _recorded_tree(session_dir)
+        tree = recorded_tree(session_dir)
         _cli("stop")
     assert not wait_gone(tree)
 
@@ -122,7 +109,7 @@ def test_cli_token_flag_still_works_but_warns_and_is_not_forwarded(session_dir):
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
-        tree |= _recorded_tree(session_dir)
+        tree |= recorded_tree(session_dir)
         _cli("stop")
     assert not wait_gone(tree)
 

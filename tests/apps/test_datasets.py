@@ -555,6 +555,20 @@ def test_load_shared_falls_back_when_the_cache_is_not_writable(tmp_path, monkeyp
     assert not isinstance(x, np.memmap) and not x.flags.writeable and len(y) == 64
 
 
+def _in_children(ctx, target, arg, n: int) -> list:
+    """Run ``target(arg, barrier, results)`` in ``n`` processes of ``ctx`` started together;
+    return what each put on ``results``, and check that all exited cleanly."""
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(arg, barrier, results)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return got
+
+
 @pytest.fixture
 def spawn_ctx():
     """A spawn context whose resource tracker (a helper process that lives for the whole
@@ -575,15 +589,7 @@ def _build_in_child(builder, barrier, results):
 def test_concurrent_builders_make_one_consistent_entry(tmp_path, spawn_ctx, no_leaks):
     (tmp_path / "m").mkdir()
     builder = functools.partial(_counted_builder, str(tmp_path / "m"), 256, 0.3)
-    ctx = spawn_ctx
-    barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_build_in_child, args=(builder, barrier, results)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    got = [results.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    got = _in_children(spawn_ctx, _build_in_child, builder, n=4)
     assert len(os.listdir(tmp_path / "m")) == 1, "built more than once"
     assert len({digest for _, digest, _, _ in got}) == 1
     assert len({fn for _, _, fn, _ in got}) == 1 and all(m for *_, m in got)
@@ -614,15 +620,7 @@ def test_load_shared_keeps_one_copy_per_node(tmp_path, spawn_ctx, no_leaks):
     (built, _), _ = datasets.load_shared(ds.partition(0))  # build once, then unmap
     nbytes = built.nbytes
     del built
-    ctx = spawn_ctx
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_uss_child, args=(ds.path, barrier, results)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    got = [results.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    got = _in_children(spawn_ctx, _uss_child, ds.path, n=2)
     for shared_growth, copy_growth, size, _, _ in got:
         assert size == nbytes > 40e6
         assert shared_growth < 0.5 * size, f"USS grew {shared_growth / 1e6:.1f} MB of {size / 1e6:.1f}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import json
 import time
 
 import psutil
@@ -33,3 +35,17 @@ def wait_gone(pids, timeout: float = 15.0) -> set[int]:
                 alive.discard(pid)
         time.sleep(0.1)
     return alive
+
+
+def recorded_tree(session) -> set[int]:
+    """The pids a session folder records (``procs/*.json``) plus all their descendants."""
+    pids = set()
+    for path in glob.glob(str(session / "procs" / "*.json")):
+        with open(path) as f:
+            pid = json.load(f)["pid"]
+        pids.add(pid)
+        try:
+            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return pids
