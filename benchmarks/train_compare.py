@@ -502,29 +502,68 @@ def _become_subreaper() -> bool:
     return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _end_leftovers(seen: dict, grace: float = 10.0) -> list[str]:
-    """Wait ``grace`` s for the column's descendants to exit, then end them; return the
-    names of those we had to end. Only processes this script started are touched."""
-    import psutil
+class ProcessTree:
+    """Every process this script started: the column, its descendants, and orphans that
+    Linux re-parents to us (see ``_become_subreaper``), each with the CPU time it had
+    used when last sampled.
 
-    procs = {p.pid: p for p in seen.values()}
-    procs.update({p.pid: p for p in psutil.Process().children(recursive=True)})
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
-    ended = []
-    for p in alive:
-        try:
-            ended.append(f"{p.name()} ({p.pid})")
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    return ended
+    Sampling, not ``RUSAGE_CHILDREN``: Ray's raylet ignores SIGCHLD, so its workers are
+    reaped by the kernel and their CPU time is never added to any parent's total.
+    A process that ends between two samples loses at most one interval of CPU time.
+    """
+
+    def __init__(self):
+        self.procs: dict = {}  # (pid, create_time) -> psutil.Process
+        self.cpu: dict = {}  # (pid, create_time) -> user + system CPU s when last seen
+
+    def sample(self) -> None:
+        import psutil
+
+        for p in psutil.Process().children(recursive=True):
+            try:
+                with p.oneshot():
+                    key = (p.pid, p.create_time())
+                    t = p.cpu_times()  # a zombie still reports its final figures
+            except psutil.Error:
+                continue
+            self.procs[key] = p
+            self.cpu[key] = t.user + t.system
+
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
+
+    def running(self) -> list:
+        """Processes not yet reaped (zombies included: they wait for us to reap them)."""
+        return [p for p in self.procs.values() if p.is_running()]
+
+    def wait(self, timeout: float) -> list:
+        """Reap what exits within ``timeout`` s, sampling meanwhile; return the rest."""
+        import psutil
+
+        deadline = now() + timeout
+        while True:
+            self.sample()
+            _, alive = psutil.wait_procs(self.running(), timeout=0)
+            if not alive or now() >= deadline:
+                return alive
+            time.sleep(0.2)
+
+    def end_leftovers(self, grace: float = 10.0) -> list[str]:
+        """Give the column's processes ``grace`` s to exit, then SIGTERM and SIGKILL the
+        rest; return the names of those we had to end."""
+        ended = []
+        for i, alive in enumerate((self.wait(grace), self.wait(5))):
+            for p in alive:
+                try:
+                    if i == 0:
+                        ended.append(f"{p.name()} ({p.pid})")
+                        p.terminate()
+                    else:
+                        p.kill()
+                except Exception:  # gone meanwhile
+                    pass
+        self.wait(5)
+        return ended
 
 
 def _kill_group(proc) -> None:
@@ -549,54 +588,51 @@ def _busy_cpu_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _children_cpu_s() -> float:
-    """CPU seconds of every descendant reaped so far (a process's own children included)."""
-    import resource
+def _wait_column(proc, tree: ProcessTree, timeout: float):
+    """Wait for the column process, sampling its tree; return an error status or None."""
+    import psutil
 
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+    started = now()
+    column = psutil.Process(proc.pid)
+    # Sample before reaping: the column's own final CPU time is readable while it is a
+    # zombie, and gone once ``poll`` reaps it.
+    while column.status() != psutil.STATUS_ZOMBIE:
+        if now() - started > timeout:
+            tree.sample()
+            _kill_group(proc)
+            return f"timed out after {timeout:g} s"
+        tree.sample()
+        time.sleep(0.5)
+    tree.sample()
+    proc.wait()
+    return None
 
 
 def run_column_process(column: str, args) -> dict:
     """Run one column in a fresh process group; return its result dict, with
     ``other_cpu_s``: CPU time other processes took from the machine meanwhile."""
-    import psutil
-
     cmd = [sys.executable, os.path.abspath(__file__), "--column", column,
            "--epochs", str(args.epochs), "--workers", str(args.workers), "--seed", str(args.seed)]
     log(f"== {column}: {' '.join(cmd[1:])}")
-    seen: dict = {}  # pid -> psutil.Process: every descendant seen while it ran
-    busy0, own0 = _busy_cpu_s(), _children_cpu_s()
+    tree = ProcessTree()
+    busy0 = _busy_cpu_s()
     started = now()
     with tempfile.TemporaryFile("w+") as out:
         # stdout to a file, not a pipe: a daemon holding the pipe open would block us.
         proc = subprocess.Popen(cmd, stdout=out, stderr=None, start_new_session=True)
-        status = None
         try:
-            while proc.poll() is None:
-                if now() - started > args.timeout:
-                    status = f"error: timed out after {args.timeout:g} s"
-                    _kill_group(proc)
-                    break
-                try:
-                    for p in psutil.Process(proc.pid).children(recursive=True):
-                        seen.setdefault(p.pid, p)
-                except psutil.NoSuchProcess:
-                    pass
-                time.sleep(0.5)
+            error = _wait_column(proc, tree, args.timeout)
         except BaseException:  # Ctrl-C: the column is in its own session, end it here
             _kill_group(proc)
-            _end_leftovers(seen, grace=0)
+            tree.end_leftovers(grace=0)
             raise
-        ended = _end_leftovers(seen)
+        ended = tree.end_leftovers()
         out.seek(0)
         result = _parse_result(out.read(), column, proc.returncode)
-    if status:
-        result = {"column": column, "status": "error", "reason": status[len("error: "):]}
+    if error:
+        result = {"column": column, "status": "error", "reason": error}
     result["process_s"] = now() - started
-    # Every descendant has been reaped (we are their reaper), so RUSAGE_CHILDREN holds
-    # the column's whole CPU time; the rest of the machine's busy time was someone else.
-    result["other_cpu_s"] = max(0.0, (_busy_cpu_s() - busy0) - (_children_cpu_s() - own0))
+    result["other_cpu_s"] = max(0.0, _busy_cpu_s() - busy0 - tree.cpu_s())
     if ended:
         result["ended_leftovers"] = ended
         log(f"== {column}: ended processes left behind: {', '.join(ended)}")
