@@ -107,8 +107,17 @@ def _resolve(args, kwargs, cache: ObjectCache):
     return args, kwargs
 
 
-def _error_segments(exc: BaseException, where: str) -> list:
-    return encode_error(exc, where)
+def _encode_result(value, where: str):
+    """(frame kind, segments) for a call's return value; a value that cannot be pickled,
+    whatever pickling raises, becomes a ``SerializationError`` reply."""
+    try:
+        return protocol.RESULT_OK, dumps(value)
+    except SerializationError as e:
+        return protocol.RESULT_ERR, encode_error(e, where)
+    except BaseException as e:
+        err = SerializationError(f"the return value of {where} could not be pickled: "
+                                 f"{type(e).__name__}: {e}")
+        return protocol.RESULT_ERR, encode_error(err, where)
 
 
 class Executor:
@@ -219,7 +228,7 @@ class Worker:
                 self.instance = cls(*args, **kwargs)
                 reply = {"ok": True}
             except BaseException as e:
-                reply = {"ok": False, "error": [bytes(s) for s in _error_segments(e, where)]}
+                reply = {"ok": False, "error": [bytes(s) for s in encode_error(e, where)]}
             return lambda: done.done() or done.set_result(reply)
 
         self.executor.submit(construct)
@@ -275,15 +284,8 @@ class Worker:
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:
-            return protocol.RESULT_ERR, _error_segments(e, where)
-        try:
-            return protocol.RESULT_OK, dumps(result)
-        except SerializationError as e:
-            return protocol.RESULT_ERR, _error_segments(e, where)
-        except BaseException as e:  # whatever pickling raised, the caller gets a reply
-            err = SerializationError(f"the return value of {where} could not be pickled: "
-                                     f"{type(e).__name__}: {e}")
-            return protocol.RESULT_ERR, _error_segments(err, where)
+            return protocol.RESULT_ERR, encode_error(e, where)
+        return _encode_result(result, where)
 
     def _run_job(self, conn, msg_id, fn, args, kwargs, where: str):
         """An executor job: run the call, then send its outcome from the loop."""
@@ -292,19 +294,14 @@ class Worker:
             return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
         return job
 
-    def _reply(self, conn, msg_id, value):
-        if conn.closed:
-            return
-        try:
-            segs = dumps(value)
-        except SerializationError as e:
-            conn.send_msg(protocol.RESULT_ERR, msg_id, _error_segments(e, self.actor_name or "task"))
-            return
-        conn.send_msg(protocol.RESULT_OK, msg_id, segs)
+    def _reply(self, conn, msg_id, value, where: str):
+        if not conn.closed:
+            kind, segs = _encode_result(value, where)
+            conn.send_msg(kind, msg_id, segs)
 
     def _reply_error(self, conn, msg_id, exc, where):
         if not conn.closed:
-            conn.send_msg(protocol.RESULT_ERR, msg_id, _error_segments(exc, where))
+            conn.send_msg(protocol.RESULT_ERR, msg_id, encode_error(exc, where))
 
     def _actor_call(self, conn, msg_id, segs):
         # Arguments are resolved here, on the loop, in frame order: a FREE frame that
@@ -329,21 +326,22 @@ class Worker:
                 conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})"))
 
     async def _run_async(self, conn, msg_id, fn, args, kwargs, name):
+        where = f"{self.actor_name}.{name} (pid {_pid})"
         async with self.semaphore:
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as e:
-                self._reply_error(conn, msg_id, e, f"{self.actor_name}.{name} (pid {_pid})")
+                self._reply_error(conn, msg_id, e, where)
                 return
-        self._reply(conn, msg_id, result)
+        self._reply(conn, msg_id, result, where)
 
-    async def _finish_async_task(self, conn, msg_id, awaitable, fn_name):
+    async def _finish_async_task(self, conn, msg_id, awaitable, where):
         try:
             result = await awaitable
         except BaseException as e:
-            self._reply_error(conn, msg_id, e, f"task {fn_name} (pid {_pid})")
+            self._reply_error(conn, msg_id, e, where)
             return
-        self._reply(conn, msg_id, result)
+        self._reply(conn, msg_id, result, where)
 
     def _task_call(self, conn, msg_id, segs):
         fn_name = "task"
@@ -360,15 +358,20 @@ class Worker:
             self._reply_error(conn, msg_id, e, f"task {fn_name} (pid {_pid})")
             return
         where = f"task {fn_name} (pid {_pid})"
-        if inspect.iscoroutinefunction(fn):
+
+        def enter():
+            # Whose output follows: the node's log tailer prefixes lines by this marker.
             context.current.job_id = job_id
+            _log_marker(f"task:{fn_name}:{job_id or ''}")
+
+        if inspect.iscoroutinefunction(fn):
+            enter()
             self.loop.create_task(
-                self._finish_async_task(conn, msg_id, fn(*args, **kwargs), fn_name))
+                self._finish_async_task(conn, msg_id, fn(*args, **kwargs), where))
             return
 
         def run(*a, **kw):
-            context.current.job_id = job_id
-            _log_marker(f"task:{fn_name}:{job_id or ''}")
+            enter()
             return fn(*a, **kw)
 
         self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where))
