@@ -37,11 +37,10 @@ from .config import TrainConfig
 from .schemes.asynchronous import AsyncScheme
 from .schemes.base import describe_trainers, start_trainers
 from .schemes.sync import SyncScheme
-from .trainer import TrainerActor
+from .trainer import TrainerActor, combine_shards
 
 __all__ = ["App"]
 
-_INPUT_SHAPES = {"mnist": (28, 28, 1), "fashion-mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 # What stays on the driver: never shipped to trainers with the app's settings.
 _DRIVER_ONLY = ("model", "x_train", "y_train", "x_test", "y_test", "weights", "result")
 
@@ -114,7 +113,7 @@ class App:
 
     async def create_model(self):
         """Override: return a compiled model or set ``self.model``."""
-        return models.paper_cnn(input_shape=_INPUT_SHAPES.get(self.dataset, (28, 28, 1)))
+        return models.paper_cnn(input_shape=models.INPUT_SHAPES.get(self.dataset, (28, 28, 1)))
 
     async def train(self, weights=None, worker_epochs: int = 1, batch_size: int = 32):
         """One synchronous round over the whole training set; return the new weights."""
@@ -137,13 +136,8 @@ class App:
         shards = await asyncio.gather(*(t.evaluate.remote(ref, (j, len(trainers)))
                                         for j, t in enumerate(trainers)))
         num_test = (await trainers[0].describe.remote())["num_test"]
-        from .trainer import shard_range
-
-        sizes = [hi - lo for lo, hi in (shard_range(num_test, j, len(trainers))
-                                        for j in range(len(trainers)))]
-        total = float(sum(sizes)) or 1.0
-        return {"test_loss": sum(s * e[0] for s, e in zip(sizes, shards)) / total,
-                "test_accuracy": sum(s * e[1] for s, e in zip(sizes, shards)) / total}
+        loss, accuracy = combine_shards(num_test, shards)
+        return {"test_loss": loss, "test_accuracy": accuracy}
 
     async def save_model(self, path: str) -> str:
         """Save the model with the current weights in the ``.keras`` format."""
@@ -215,7 +209,7 @@ class App:
     async def _current_weights(self) -> list:
         if self.weights is None:
             trainers = await self._trainers()
-            self.weights = await trainers[0].weights.remote()
+            self.weights = await trainers[0].get_weights.remote()
         return self.weights
 
     async def _driver_model(self):

@@ -90,8 +90,7 @@ def _dataset_arg(args):
 def _run(args) -> int:
     import ddlf_actors as ddlf
 
-    from . import report
-    from .app import _INPUT_SHAPES
+    from . import models, report
     from .schemes import train_async, train_sync
 
     dataset, label = _dataset_arg(args)
@@ -102,7 +101,7 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     ddlf.init(args.address, token=token) if args.address else ddlf.init()
     try:
-        shape = _INPUT_SHAPES.get(args.dataset, (28, 28, 1))
+        shape = models.INPUT_SHAPES.get(args.dataset, (28, 28, 1))
         model_fn = _ModelFn(shape)
         common = dict(workers=args.workers, master_epochs=args.master_epochs,
                       worker_epochs=args.worker_epochs, batch_size=args.batch_size,

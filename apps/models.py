@@ -6,7 +6,10 @@ without starting TensorFlow's threads (TF is not fork-safe once they run).
 
 from __future__ import annotations
 
-__all__ = ["paper_cnn"]
+__all__ = ["paper_cnn", "INPUT_SHAPES"]
+
+# The image shape of each built-in dataset, as datasets.load returns it (NHWC).
+INPUT_SHAPES = {"mnist": (28, 28, 1), "fashion-mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
 
 
 def paper_cnn(input_shape=(28, 28, 1), num_classes: int = 10, learning_rate: float = 0.01):

@@ -25,12 +25,27 @@ from ddlf_actors.cluster import ClusterWorker
 
 from . import datasets
 
-__all__ = ["TrainerActor", "shard_range"]
+__all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
 
 
 def shard_range(n: int, shard: int, num_shards: int) -> tuple[int, int]:
     """The [start, stop) rows of shard ``shard`` when ``n`` rows are split ``num_shards`` ways."""
     return n * shard // num_shards, n * (shard + 1) // num_shards
+
+
+def combine_shards(num_test: int, results: list) -> tuple[float, float]:
+    """``(loss, accuracy)`` on the whole test set from the K shards' ``(loss, accuracy)``,
+    each weighted by its shard's size."""
+    K = len(results)
+    sizes = [hi - lo for lo, hi in (shard_range(num_test, j, K) for j in range(K))]
+    total = float(sum(sizes)) or 1.0
+    return (float(sum(s * r[0] for s, r in zip(sizes, results)) / total),
+            float(sum(s * r[1] for s, r in zip(sizes, results)) / total))
+
+
+def nbytes(arrays) -> int:
+    """Bytes in a list of arrays (weights, deltas): what a transfer of them carries."""
+    return int(sum(np.asarray(a).nbytes for a in arrays))
 
 
 class TrainerActor(ClusterWorker):
@@ -110,7 +125,7 @@ class TrainerActor(ClusterWorker):
         return {"index": self._ddlf_index, "pid": os.getpid(), "num_train": int(len(self.x)),
                 "partitioned": self.partitioned,
                 "num_test": 0 if self.x_test is None else int(len(self.x_test)),
-                "weights_bytes": int(sum(w.nbytes for w in self.get_weights()))}
+                "weights_bytes": nbytes(self.get_weights())}
 
     def train(self, weights, indices, epochs: int, batch_size: int):
         """Train from ``weights`` (None: the current ones) on rows ``indices`` of this
@@ -160,10 +175,6 @@ class TrainerActor(ClusterWorker):
             # Evaluation is work, not waiting: keep it out of the next call's idle time.
             self._last_call_end += spent
         return result
-
-    def weights(self) -> list:
-        """The current weights (the paper's ``get_weights``)."""
-        return self.get_weights()
 
     @classmethod
     def local_model(cls, model_fn, weights):

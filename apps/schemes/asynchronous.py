@@ -17,6 +17,7 @@ import numpy as np
 
 import ddlf_actors as ddlf
 
+from ..trainer import nbytes
 from .base import Scheme, config_from_call, partition_indices
 
 __all__ = ["AsyncScheme", "train_async"]
@@ -50,7 +51,7 @@ class AsyncScheme(Scheme):
     def loop(self, w: list) -> list:
         cfg, K, trainers = self.config, self.K, self.trainers
         queues, epoch_samples = self._work(np.random.default_rng(cfg.seed))
-        w_bytes = sum(a.nbytes for a in w)
+        w_bytes = nbytes(w)
         self.updates = []
         version = 0                     # updates applied so far
         counts = [0] * K                # updates completed per trainer
@@ -94,7 +95,7 @@ class AsyncScheme(Scheme):
             ref = ready[0]
             j, start_version, lead = inflight.pop(ref)
             delta, stats = ddlf.get(ref)
-            self.bytes_received += sum(a.nbytes for a in delta)
+            self.bytes_received += nbytes(delta)
             staleness = version - start_version
             scale = 1.0 / K
             if cfg.staleness_scaling:

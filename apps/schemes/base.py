@@ -25,7 +25,7 @@ from .. import datasets
 from ..callbacks import EarlyStopping, History, ProgressBar
 from ..config import TrainConfig
 from ..result import TrainResult
-from ..trainer import TrainerActor, shard_range
+from ..trainer import TrainerActor, combine_shards, nbytes
 
 __all__ = ["Scheme", "TrainerStartError", "check_dataset", "start_trainers", "describe_trainers",
            "config_from_call"]
@@ -150,8 +150,8 @@ class Scheme:
             self.num_test = self.infos[0]["num_test"]
             weights = initial_weights
             if weights is None:
-                weights = ddlf.get(self.trainers[0].weights.remote())
-                self.bytes_received += _nbytes(weights)
+                weights = ddlf.get(self.trainers[0].get_weights.remote())
+                self.bytes_received += nbytes(weights)
             startup = time.perf_counter() - t_start
             self.run_state = Run(self.name, self.config, self.total_rows())
             for cb in self.callbacks:
@@ -199,11 +199,7 @@ class Scheme:
     def finish_row(self, row: dict, evals: list) -> None:
         """Combine the shard results into test loss/accuracy and hand the row to callbacks."""
         if evals and all(e is not None for e in evals):
-            bounds = [shard_range(self.num_test, j, self.K) for j in range(len(evals))]
-            sizes = [hi - lo for lo, hi in bounds]
-            total = float(sum(sizes)) or 1.0
-            row["test_loss"] = float(sum(s * e[0] for s, e in zip(sizes, evals)) / total)
-            row["test_accuracy"] = float(sum(s * e[1] for s, e in zip(sizes, evals)) / total)
+            row["test_loss"], row["test_accuracy"] = combine_shards(self.num_test, evals)
         for cb in self.callbacks:
             cb.on_row(row, self.run_state)
 
@@ -232,10 +228,6 @@ class Scheme:
         return row
 
 
-def _nbytes(arrays) -> int:
-    return int(sum(np.asarray(a).nbytes for a in arrays))
-
-
 def partition_indices(rng, infos: list, K: int, pieces: int) -> list[list[np.ndarray]]:
     """Shuffle and split indices for one epoch: ``out[j][r]`` is trainer j's r-th piece.
 
@@ -243,9 +235,8 @@ def partition_indices(rng, infos: list, K: int, pieces: int) -> list[list[np.nda
     1/K share (the paper's Algorithm 6). With a partitioned dataset, each trainer's
     indices point into its own partition.
     """
-    sizes = {info["num_train"] for info in infos}
     out = []
-    if len(sizes) == 1 and not infos[0].get("partitioned"):
+    if not infos[0].get("partitioned"):
         n = infos[0]["num_train"]
         perm = rng.permutation(n).astype(np.int32)
         for share in np.array_split(perm, K):

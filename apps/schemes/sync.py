@@ -14,6 +14,7 @@ import numpy as np
 
 import ddlf_actors as ddlf
 
+from ..trainer import nbytes
 from .base import Scheme, config_from_call, partition_indices
 
 __all__ = ["SyncScheme", "train_sync"]
@@ -29,7 +30,7 @@ class SyncScheme(Scheme):
         cfg, K, trainers = self.config, self.K, self.trainers
         rng = np.random.default_rng(cfg.seed)
         R = cfg.rounds_per_epoch
-        w_bytes = sum(a.nbytes for a in w)
+        w_bytes = nbytes(w)
         round_no = 0
         prev_row = None  # the row whose weights are evaluated during the next round
         for epoch in range(1, cfg.master_epochs + 1):
@@ -52,7 +53,7 @@ class SyncScheme(Scheme):
                 results = ddlf.get(refs)
                 deltas = [d for d, _ in results]
                 stats = [s for _, s in results]
-                self.bytes_received += sum(sum(a.nbytes for a in d) for d in deltas)
+                self.bytes_received += sum(nbytes(d) for d in deltas)
                 w = _apply_mean(w, deltas)
                 round_no += 1
                 prev_row = self.new_row(round_no, epoch - 1 + (r + 1) / R, stats,

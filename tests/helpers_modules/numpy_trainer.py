@@ -75,12 +75,6 @@ class NumpyTrainer(TrainerActor):
         return (float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-9))),
                 float(np.mean(p.argmax(axis=1) == y)))
 
-    @classmethod
-    def local_model(cls, model_fn, weights):
-        model = model_fn()
-        model.set_weights(weights)
-        return model
-
 
 def blobs(n_train: int = 400, n_test: int = 200, num_classes: int = 4, side: int = 8,
           seed: int = 1):
