@@ -7,9 +7,12 @@ arguments, append the call to a queue and wake the loop once per burst, so a bur
 segments and deserialized in the thread that calls ``get``.
 
 Ownership: every ``ObjectRef`` is owned by the core that made it. Its value lives
-here; when it is passed as a top-level argument it is shipped once per connection
-(an ``OBJ`` frame) and the callee caches it until the last local ref is dropped (a
-``FREE`` frame).
+here; when it is passed as an argument it is shipped once per connection (an ``OBJ``
+frame) and the callee caches it until the last local ref is dropped (a ``FREE``
+frame). A top-level argument ref is replaced by its value; a ref nested in an
+argument stays a ref, and the callee adopts a copy of its object into its own core
+(so ``ddlf.get`` works there). A value that contains refs (a ``put`` of a list of refs,
+a result that returns refs) keeps their entries alive in ``_Entry.contained``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import collections
 import itertools
 import logging
 import os
+import pickle
 import sys
 import threading
 import time
@@ -33,12 +37,13 @@ from .errors import (
     WorkerCrashedError,
 )
 from .eventloop import LoopThread
-from .object_ref import ForeignObjectRef, ObjectRef
+from .object_ref import ForeignObjectRef, ObjectRef, collecting_refs, resolving_refs
 from .refs import ArgRef
-from .remote_error import decode_error
+from .remote_error import decode_error, encode_error
 from .serialization import dumps, loads, snapshot
 
-__all__ = ["Core", "get_core", "set_core", "ActorSpec"]
+__all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
+           "unbundle_refs"]
 
 log = logging.getLogger("ddlf.core")
 
@@ -49,7 +54,8 @@ _RECONNECT_TRIES = 5
 
 
 class _Entry:
-    __slots__ = ("state", "segments", "value", "has_value", "refs", "sent_to", "callbacks")
+    __slots__ = ("state", "segments", "value", "has_value", "refs", "sent_to", "callbacks",
+                 "contained")
 
     def __init__(self):
         self.state = PENDING
@@ -59,6 +65,7 @@ class _Entry:
         self.refs = 0
         self.sent_to = None
         self.callbacks = None
+        self.contained = None   # ObjectRefs inside this value: kept alive, shipped with it
 
 
 class ActorSpec:
@@ -69,6 +76,19 @@ class ActorSpec:
         self.class_segments = class_segments
         self.methods = methods
         self.options = options
+
+
+def dumps_with_refs(value) -> tuple[list, list]:
+    """``dumps(value)`` and the distinct ``ObjectRef``s found inside it."""
+    with collecting_refs() as found:
+        segs = dumps(value)
+    if not found:
+        return segs, found
+    distinct = {}
+    for r in found:
+        if type(r) is ObjectRef:
+            distinct.setdefault(r.id, r)
+    return segs, list(distinct.values())
 
 
 def _split_refs(args, kwargs):
@@ -220,18 +240,38 @@ class Core:
             raise TypeError("ddlf.put() of an ObjectRef is not allowed: pass the ref itself")
         # put() snapshots the value, as Ray's does: later changes to the caller's array
         # must not leak into what workers receive.
-        segs = snapshot(dumps(value))
+        segs, contained = dumps_with_refs(value)
+        segs = snapshot(segs)
         ref = self.new_ref()
         e = self.objects[ref.id]
         e.segments = segs
+        e.contained = contained or None
         e.state = OK
         return ref
 
-    def _complete(self, obj_id: bytes, state: int, segments=None, value=None) -> None:
+    def adopt(self, obj_id: bytes, state: int, segments) -> ObjectRef:
+        """A ref of this core for an object another process shipped with a value.
+
+        The copy lives here until the last local ref is dropped, whatever its sender
+        does meanwhile (the sender may exit: Ray's borrowers keep objects alive too).
+        """
+        if obj_id not in self.objects:
+            e = self.objects[obj_id] = _Entry()
+            e.segments = segments
+            e.state = state
+        return ObjectRef(obj_id, self)
+
+    def _resolve_known(self, obj_id: bytes):
+        return ObjectRef(obj_id, self) if obj_id in self.objects else None
+
+    def _complete(self, obj_id: bytes, state: int, segments=None, value=None,
+                  contained=None) -> None:
         e = self.objects.get(obj_id)
         if e is None:
             return  # the caller dropped every ref to it
         e.segments = segments
+        if contained:
+            e.contained = contained
         if state == LOCAL_ERR:
             e.value = value
         with self._cb_lock:
@@ -253,6 +293,20 @@ class Core:
     def _copy_outcome(self, obj_id: bytes, src: _Entry) -> None:
         self._complete(obj_id, src.state, src.segments, src.value)
 
+    def _complete_result(self, obj_id: bytes, kind: int, segs) -> None:
+        """Record a RESULT_* frame (on the I/O thread)."""
+        if kind == protocol.RESULT_OK:
+            self._complete(obj_id, OK, segs[1:])
+        elif kind == protocol.RESULT_REFS:
+            try:
+                contained, rest = unbundle_refs(self, segs[1:])
+            except Exception as e:
+                self._fail(obj_id, DDLFError(f"a result carrying ObjectRefs was malformed: {e!r}"))
+                return
+            self._complete(obj_id, OK, rest, contained=contained)
+        else:
+            self._complete(obj_id, ERR, segs[1:])
+
     def _on_done(self, entry: _Entry, cb) -> bool:
         """Register ``cb`` (run on the I/O thread). Return False if already done."""
         with self._cb_lock:
@@ -266,9 +320,9 @@ class Core:
     def _entry(self, ref) -> _Entry:
         if type(ref) is ForeignObjectRef:
             raise DDLFError(
-                f"ObjectRef {ref.id.hex()} is owned by another process. DDLF resolves ObjectRefs "
-                "only when they are top-level arguments of a remote call: pass it as f.remote(ref) "
-                "instead of inside a list or dict.")
+                f"ObjectRef {ref.id.hex()} reached this process without its object: it was "
+                "pickled outside a DDLF call (saved to a file, sent over another channel). Pass "
+                "refs to other processes as arguments or return values of remote calls.")
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}: {ref!r}")
         if ref._core is not self:
@@ -282,7 +336,11 @@ class Core:
         state = e.state
         if state == OK:
             if not e.has_value:
-                e.value = loads(e.segments)
+                if e.contained:
+                    with resolving_refs(self._resolve_known):
+                        e.value = loads(e.segments)
+                else:
+                    e.value = loads(e.segments)
                 e.has_value = True
             return e.value
         if state == ERR:
@@ -372,7 +430,9 @@ class Core:
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
         args, kwargs, refs = _split_refs(args, kwargs)
-        args_segments = [bytes(s) for s in dumps((args, kwargs))]
+        args_segments, nested = dumps_with_refs((args, kwargs))
+        args_segments = [bytes(s) for s in args_segments]
+        refs = _with_nested(refs, nested)
         wire = {
             "actor_id": actor_id, "class_name": spec.class_name,
             "class_segments": spec.class_segments, "args_segments": args_segments,
@@ -393,7 +453,8 @@ class Core:
     def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs) -> ObjectRef:
         self._check_open()
         args, kwargs, refs = _split_refs(args, kwargs)
-        payload = dumps((method, args, kwargs))
+        payload, nested = dumps_with_refs((method, args, kwargs))
+        refs = _with_nested(refs, nested)
         ref = self.new_ref()
         self._submit(self._route_call, actor_id, class_name, ref.id, method, payload, refs)
         return ref
@@ -429,7 +490,8 @@ class Core:
                 f"task {fn_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
         args, kwargs, refs = _split_refs(args, kwargs)
-        payload = dumps((fn_id, fn_name, self.job_id, args, kwargs))
+        payload, nested = dumps_with_refs((fn_id, fn_name, self.job_id, args, kwargs))
+        refs = _with_nested(refs, nested)
         ref = self.new_ref()
         key = tuple(sorted(demand.items()))
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
@@ -478,8 +540,16 @@ def _fits(demand: dict, total: dict) -> bool:
     return all(total.get(k, 0.0) + 1e-9 >= v for k, v in demand.items())
 
 
+def _with_nested(refs, nested):
+    """Top-level refs plus refs found nested in the arguments (shipped, not replaced)."""
+    if not nested:
+        return refs
+    return (refs or []) + nested
+
+
 def _ship_deps(core: Core, conn, refs) -> None:
-    """Send each dependency's value on ``conn`` unless it was sent there already."""
+    """Send each dependency's value on ``conn`` unless it was sent there already; the
+    objects a value contains go first, so the callee has them when it unpickles it."""
     for ref in refs:
         e = core.objects.get(ref.id)
         if e is None:
@@ -487,8 +557,23 @@ def _ship_deps(core: Core, conn, refs) -> None:
         if e.sent_to is None:
             e.sent_to = set()
         if conn not in e.sent_to:
+            if e.contained:
+                _ship_deps(core, conn, e.contained)
             conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
             e.sent_to.add(conn)
+
+
+def _deps_objects(core: Core, refs, out: dict) -> dict:
+    """id -> segments of ``refs`` and of the objects their values contain (actor creation
+    ships them inside the request rather than as ``OBJ`` frames)."""
+    for ref in refs:
+        e = core.objects.get(ref.id)
+        if e is None or ref.id in out:
+            continue
+        if e.contained:
+            _deps_objects(core, e.contained, out)
+        out[ref.id] = e.segments
+    return out
 
 
 def _deps_state(core: Core, refs):
@@ -501,7 +586,57 @@ def _deps_state(core: Core, refs):
             return e, None
         if e.state != OK:
             return None, e
+        if e.contained:
+            pending, failed = _deps_state(core, e.contained)
+            if pending is not None or failed is not None:
+                return pending, failed
     return None, None
+
+
+def bundle_refs(refs, segs) -> list:
+    """RESULT_REFS segments: a value's segments preceded by the objects it refers to.
+
+    Runs where the value was made (a worker), once each ref is settled. Objects inside
+    those objects go first (a returned ref to a ``put`` of refs). A ref whose object
+    failed travels as its error, so ``get`` on it raises that error at the caller; one
+    unknown here arrives as a ``ForeignObjectRef``.
+    """
+    index, body, seen = [], [], set()
+
+    def visit(ref):
+        if ref.id in seen or ref._core is None:
+            return
+        seen.add(ref.id)
+        e = ref._core.objects.get(ref.id)
+        if e is None or e.state == PENDING:
+            return
+        for inner in e.contained or ():
+            visit(inner)
+        if e.state == OK:
+            state, obj = OK, e.segments
+        elif e.state == ERR:
+            state, obj = ERR, e.segments
+        else:
+            state, obj = ERR, encode_error(e.value, "a returned ObjectRef")
+        index.append((ref.id, state, len(obj)))
+        body.extend(obj)
+
+    for r in refs:
+        visit(r)
+    return [pickle.dumps(index, protocol=5), *body, *segs]
+
+
+def unbundle_refs(core: Core, segs):
+    """Adopt the objects of a RESULT_REFS body; return (their refs, the value's segments)."""
+    index = pickle.loads(segs[0])
+    pos = 1
+    contained = []
+    for obj_id, state, n in index:
+        if state not in (OK, ERR) or n < 0 or pos + n > len(segs):
+            raise ValueError("bad object index")
+        contained.append(core.adopt(bytes(obj_id), state, segs[pos:pos + n]))
+        pos += n
+    return contained, segs[pos:]
 
 
 class _Call:
@@ -537,15 +672,12 @@ class _ActorClient:
         try:
             if refs:
                 await self._await_refs(refs)
-                objects = {}
-                for r in refs:
-                    e = self.core.objects[r.id]
-                    if e.state != OK:
-                        self._die_with(self._dep_error(e))
-                        self._release_name(wire)
-                        return
-                    objects[r.id] = e.segments
-                wire["objects"] = objects
+                _, failed = _deps_state(self.core, refs)
+                if failed is not None:
+                    self._die_with(self._dep_error(failed))
+                    self._release_name(wire)
+                    return
+                wire["objects"] = _deps_objects(self.core, refs, {})
             view = await rpc.call(self.core.head, "create_actor", wire)
         except Exception as e:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
@@ -691,7 +823,7 @@ class _ActorClient:
         obj_id = self.inflight.pop(msg_id, None)
         if obj_id is None:
             return
-        self.core._complete(obj_id, OK if kind == protocol.RESULT_OK else ERR, segs[1:])
+        self.core._complete_result(obj_id, kind, segs)
 
     def connection_closed(self, conn, exc):
         if conn is not self.conn:
@@ -904,7 +1036,7 @@ class _LeaseHandler:
         task = self.lease.inflight.pop(msg_id, None)
         if task is None:
             return
-        self.pool.core._complete(task.obj_id, OK if kind == protocol.RESULT_OK else ERR, segs[1:])
+        self.pool.core._complete_result(task.obj_id, kind, segs)
         self.pool.task_done(self.lease)
 
     def connection_closed(self, conn, exc):

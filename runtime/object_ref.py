@@ -1,8 +1,22 @@
-"""``ObjectRef``: a future for a value produced by a remote call or stored with ``put``."""
+"""``ObjectRef``: a future for a value produced by a remote call or stored with ``put``.
+
+Refs nested inside values (``f.remote([r1, r2])``, a method returning ``ddlf.put(x)``)
+travel as refs, as in Ray. Pickling a ref only writes its id; the runtime learns which
+refs a value contains through :func:`collecting_refs`, ships their objects alongside it,
+and while unpickling turns each id back into a ref through :func:`resolving_refs`.
+"""
 
 from __future__ import annotations
 
-__all__ = ["ObjectRef"]
+import contextlib
+import threading
+
+__all__ = ["ObjectRef", "ForeignObjectRef", "collecting_refs", "resolving_refs",
+           "set_default_resolver"]
+
+# Per thread, so concurrent pickling in several threads of one process cannot mix up
+# whose refs were found.
+_tls = threading.local()
 
 
 class ObjectRef:
@@ -46,12 +60,19 @@ class ObjectRef:
         return f"ObjectRef({self.id.hex()})"
 
     def __reduce__(self):
-        # Refs are owned by the process that made them; elsewhere they only name an id.
+        # Only the id is pickled; the runtime ships the object itself next to the value
+        # that contains the ref (see collecting_refs).
+        sink = getattr(_tls, "sink", None)
+        if sink is not None:
+            sink.append(self)
         return (_foreign_ref, (self.id,))
 
 
 class ForeignObjectRef:
-    """An ``ObjectRef`` that crossed into another process inside a container argument."""
+    """A ref whose object did not travel with it (it was pickled outside DDLF's calls).
+
+    ``ddlf.get`` on it raises an error that says so.
+    """
 
     __slots__ = ("id",)
 
@@ -62,5 +83,45 @@ class ForeignObjectRef:
         return f"ForeignObjectRef({self.id.hex()})"
 
 
-def _foreign_ref(obj_id: bytes) -> ForeignObjectRef:
+# A worker sets this once: any ref unpickled in its threads (call arguments) is looked
+# up among the objects its callers shipped.
+_default_resolve = None
+
+
+def set_default_resolver(resolve) -> None:
+    global _default_resolve
+    _default_resolve = resolve
+
+
+def _foreign_ref(obj_id: bytes):
+    resolve = getattr(_tls, "resolve", None) or _default_resolve
+    if resolve is not None:
+        ref = resolve(obj_id)
+        if ref is not None:
+            return ref
     return ForeignObjectRef(obj_id)
+
+
+@contextlib.contextmanager
+def collecting_refs():
+    """Within the block, every ``ObjectRef`` pickled on this thread is appended to the
+    yielded list (duplicates included)."""
+    found: list = []
+    outer = getattr(_tls, "sink", None)
+    _tls.sink = found
+    try:
+        yield found
+    finally:
+        _tls.sink = outer
+
+
+@contextlib.contextmanager
+def resolving_refs(resolve):
+    """Within the block, an unpickled ref id becomes ``resolve(obj_id)``, or a
+    ``ForeignObjectRef`` where that returns None."""
+    outer = getattr(_tls, "resolve", None)
+    _tls.resolve = resolve
+    try:
+        yield
+    finally:
+        _tls.resolve = outer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
-           "OBJ", "FREE", "FUNC", "header", "parse_header"]
+           "OBJ", "FREE", "FUNC", "RESULT_REFS", "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -20,6 +20,8 @@ RESULT_ERR = 7   # body = (exception or None, type name, traceback text, where)
 OBJ = 8          # an object shipped once per connection: seg1 = object id, seg2.. = value
 FREE = 9         # the owner dropped these objects: seg1 = concatenated 16-byte ids
 FUNC = 10        # a task function shipped once per connection: seg1 = function id, seg2.. = code
+RESULT_REFS = 11  # a return value that contains ObjectRefs: seg1 = pickled [(id, state, n)],
+                  # then each contained object's n segments, then the value's segments
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

@@ -38,12 +38,14 @@ import traceback
 import psutil
 
 from . import context, protocol, rpc
+from . import core as core_mod
 from .connection import connect, serve
 from .errors import SerializationError
 from .eventloop import new_event_loop
+from .object_ref import set_default_resolver
 from .refs import ArgRef
 from .remote_error import encode_error
-from .serialization import dumps, loads
+from .serialization import loads
 
 __all__ = ["worker_main", "apply_sys_path"]
 
@@ -72,6 +74,10 @@ class ObjectCache:
     def __init__(self):
         self._raw: dict[bytes, list] = {}
         self._values: dict[bytes, object] = {}
+
+    def raw(self, obj_id: bytes):
+        """The shipped segments of ``obj_id``, or None."""
+        return self._raw.get(obj_id)
 
     def add(self, obj_id: bytes, segments: list) -> None:
         self._raw[obj_id] = segments
@@ -107,17 +113,47 @@ def _resolve(args, kwargs, cache: ObjectCache):
     return args, kwargs
 
 
-def _encode_result(value, where: str):
+def _encode_result(value, where: str, can_block: bool = True):
     """(frame kind, segments) for a call's return value; a value that cannot be pickled,
-    whatever pickling raises, becomes a ``SerializationError`` reply."""
+    whatever pickling raises, becomes a ``SerializationError`` reply.
+
+    A value holding ObjectRefs carries their objects along (RESULT_REFS), so the refs
+    outlive this worker. Refs still pending are waited for first; with ``can_block``
+    false (on the event loop) that returns None instead, and the caller retries on a
+    thread.
+    """
     try:
-        return protocol.RESULT_OK, dumps(value)
+        segs, refs = core_mod.dumps_with_refs(value)
+        if not refs:
+            return protocol.RESULT_OK, segs
+        pending = [r for r in refs if _is_pending(r)]
+        if pending:
+            if not can_block:
+                return None
+            for r in pending:
+                r._core.wait([r], 1, None)
+        return protocol.RESULT_REFS, core_mod.bundle_refs(refs, segs)
     except SerializationError as e:
         return protocol.RESULT_ERR, encode_error(e, where)
     except BaseException as e:
         err = SerializationError(f"the return value of {where} could not be pickled: "
                                  f"{type(e).__name__}: {e}")
         return protocol.RESULT_ERR, encode_error(err, where)
+
+
+def _is_pending(ref) -> bool:
+    e = ref._core.objects.get(ref.id) if ref._core is not None else None
+    return e is not None and e.state == core_mod.PENDING
+
+
+def _adopt_shipped(cache: ObjectCache):
+    """Resolver for refs nested in call arguments: the caller shipped their objects."""
+    def resolve(obj_id: bytes):
+        segs = cache.raw(obj_id)
+        if segs is None:
+            return None
+        return core_mod.get_core(auto=True).adopt(obj_id, core_mod.OK, segs)
+    return resolve
 
 
 class Executor:
@@ -180,6 +216,7 @@ class Worker:
         self.worker_id = worker_id
         self.token = token
         self.objects = ObjectCache()
+        set_default_resolver(_adopt_shipped(self.objects))
         self.functions: dict[bytes, list] = {}   # function id -> segments, then loaded fn
         self.loaded: dict[bytes, object] = {}
         self.is_actor = False
@@ -295,9 +332,16 @@ class Worker:
         return job
 
     def _reply(self, conn, msg_id, value, where: str):
-        if not conn.closed:
-            kind, segs = _encode_result(value, where)
-            conn.send_msg(kind, msg_id, segs)
+        if conn.closed:
+            return
+        out = _encode_result(value, where, can_block=False)
+        if out is not None:
+            conn.send_msg(out[0], msg_id, out[1])
+            return
+        # The value holds refs still pending: wait for them off the loop.
+        fut = self.loop.run_in_executor(None, _encode_result, value, where)
+        fut.add_done_callback(
+            lambda f: conn.closed or conn.send_msg(f.result()[0], msg_id, f.result()[1]))
 
     def _reply_error(self, conn, msg_id, exc, where):
         if not conn.closed:
