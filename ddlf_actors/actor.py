@@ -5,13 +5,30 @@ from __future__ import annotations
 import inspect
 import uuid
 
+from ddlf_actors.runtime import context
 from ddlf_actors.runtime.core import ActorSpec, get_core
-from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.errors import ActorExit, DDLFError
 from ddlf_actors.runtime.serialization import dumps
 
 from .options import ACTOR_OPTIONS, validate
 
-__all__ = ["ActorClass", "ActorHandle", "ActorMethod"]
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor"]
+
+
+def exit_actor():
+    """End the current actor from inside one of its methods, on purpose (Ray's
+    ``ray.actor.exit_actor``).
+
+    The process exits once the replies already computed are sent; this call and any
+    still queued fail with ``ActorDiedError`` at their callers, and the actor is not
+    restarted whatever its ``max_restarts``. (``sys.exit(code)`` ends an actor too; a
+    non-zero code counts as a crash and is restarted when ``max_restarts`` allows.)
+    """
+    ctx = context.current
+    if ctx is None or not ctx.actor_id:
+        raise TypeError("exit_actor() can only be called inside an actor method; to end an "
+                        "actor from outside, use ddlf.kill(handle)")
+    raise ActorExit()
 
 
 def _require_core():

@@ -820,6 +820,14 @@ class _ActorClient:
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.PUSH:
+            event, _data = loads(segs[1:])
+            if event == "exiting" and conn is self.conn:
+                # The actor called sys.exit/exit_actor: its replies so far still arrive
+                # here, but later calls wait for the head's next view of the actor
+                # (restarted or dead), resolved when this connection closes.
+                self.state = "resolving"
+            return
         obj_id = self.inflight.pop(msg_id, None)
         if obj_id is None:
             return

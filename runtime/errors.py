@@ -15,6 +15,7 @@ __all__ = [
     "SerializationError",
     "CodeShippingError",
     "VersionMismatchError",
+    "ActorExit",
 ]
 
 
@@ -151,3 +152,14 @@ def _dual_class(cause_cls: type) -> type | None:
         cls = None
     _dual_classes[cause_cls] = cls
     return cls
+
+
+class ActorExit(SystemExit):
+    """Raised by ``ddlf.actor.exit_actor()``: the actor ends on purpose and is not restarted.
+
+    Like any ``SystemExit`` raised in an actor method, it ends the actor's process; the
+    call that raised it, and calls still queued, fail with ``ActorDiedError``.
+    """
+
+    def __init__(self):
+        super().__init__(0)

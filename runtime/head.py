@@ -394,8 +394,16 @@ class Head:
         if actor_id:
             a = self.actors.get(actor_id)
             if a is not None and a.worker_id == data["worker_id"] and a.state == ALIVE:
-                self._actor_lost(a, f"its process (pid {data.get('pid')}) died with exit code "
-                                    f"{data.get('exitcode')}")
+                code = data.get("exitcode")
+                if code == 0:
+                    # Only sys.exit(0) or exit_actor() end an actor with status 0 (a
+                    # crash or a signal does not): it left on purpose, as in Ray.
+                    a.killed = True
+                    self._actor_lost(a, f"it exited on purpose (sys.exit(0) or exit_actor(), "
+                                        f"pid {data.get('pid')}); it is not restarted")
+                else:
+                    self._actor_lost(a, f"its process (pid {data.get('pid')}) died with exit "
+                                        f"code {code}")
         for lease_id, (n, demand, worker_id, _job) in list(self.leases.items()):
             if worker_id == data["worker_id"]:
                 self.leases.pop(lease_id, None)

@@ -40,12 +40,12 @@ import psutil
 from . import context, protocol, rpc
 from . import core as core_mod
 from .connection import connect, serve
-from .errors import SerializationError
+from .errors import ActorDiedError, ActorExit, SerializationError
 from .eventloop import new_event_loop
 from .object_ref import set_default_resolver
 from .refs import ArgRef
 from .remote_error import encode_error
-from .serialization import loads
+from .serialization import dumps, loads
 
 __all__ = ["worker_main", "apply_sys_path"]
 
@@ -141,6 +141,9 @@ def _encode_result(value, where: str, can_block: bool = True):
         return protocol.RESULT_ERR, encode_error(err, where)
 
 
+_EXIT = -1  # an outcome kind: the method called sys.exit/exit_actor (never on the wire)
+
+
 def _is_pending(ref) -> bool:
     e = ref._core.objects.get(ref.id) if ref._core is not None else None
     return e is not None and e.state == core_mod.PENDING
@@ -170,6 +173,7 @@ class Executor:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._done: collections.deque = collections.deque()
         self._wake_pending = False
+        self.stopped = False
         for i in range(threads):
             threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True).start()
 
@@ -180,6 +184,8 @@ class Executor:
         jobs, done = self._jobs, self._done
         while True:
             job = jobs.get()
+            if self.stopped:  # the actor is exiting: queued calls fail when it is gone
+                return
             try:
                 completion = job()
             except BaseException:  # jobs report their own errors; this is a bug guard
@@ -220,6 +226,8 @@ class Worker:
         self.functions: dict[bytes, list] = {}   # function id -> segments, then loaded fn
         self.loaded: dict[bytes, object] = {}
         self.is_actor = False
+        self.exit_status = None
+        self.callers: set = set()     # open data connections, flushed before an exit
         self.instance = None
         self.actor_name = ""
         self.methods: dict[str, tuple] = {}
@@ -285,6 +293,9 @@ class Worker:
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
         if kind == protocol.CALL:
+            if self.exit_status is not None:
+                return  # exiting: the connection closes soon, failing this call
+            self.callers.add(conn)
             if self.is_actor:
                 self._actor_call(conn, msg_id, segs)
             else:
@@ -310,6 +321,7 @@ class Worker:
             conn.abort()
 
     def connection_closed(self, conn, exc):
+        self.callers.discard(conn)
         for obj_id in conn.info.get("objects", ()):
             self.objects.drop(obj_id)
 
@@ -320,14 +332,80 @@ class Worker:
         """
         try:
             result = fn(*args, **kwargs)
+        except SystemExit as e:
+            if self.is_actor:
+                self.executor.stopped = True  # run nothing after the exit
+                return _EXIT, self._begin_exit(e, where)
+            return protocol.RESULT_ERR, encode_error(e, where)
         except BaseException as e:
             return protocol.RESULT_ERR, encode_error(e, where)
         return _encode_result(result, where)
+
+    def _begin_exit(self, e: SystemExit, where: str) -> list:
+        """``sys.exit`` or ``exit_actor()`` in an actor method: end this process, as in Ray.
+
+        The calling method gets an ``ActorDiedError`` naming the exit; the process then
+        exits with the same status, so the head restarts it (``max_restarts``) only when
+        that status is non-zero. ``exit_actor()`` exits with 0: on purpose, no restart.
+        """
+        intended = isinstance(e, ActorExit)
+        code = e.code
+        status = 0 if code is None else code if isinstance(code, int) else 1
+        if isinstance(code, str):
+            print(code, file=sys.stderr)  # what the interpreter prints for sys.exit("msg")
+        how = "exit_actor()" if intended else f"sys.exit({code!r})"
+        then = ("it is not restarted" if status == 0 else
+                "this counts as a crash: it is restarted if max_restarts allows")
+        err = ActorDiedError(
+            f"actor {self.actor_name} ({context.current.actor_id}) exited: {where} called "
+            f"{how}, exit status {status}; {then}")
+        self.exit_status = status
+        return encode_error(err, where)
+
+    def _exit_reply(self, conn, msg_id, segs) -> None:
+        """On the loop: warn every caller, answer the exiting call, then exit.
+
+        The "exiting" push goes out before the reply, so a caller has stopped sending on
+        this connection by the time its user code sees the ActorDiedError: a call made
+        next waits for the restarted actor (or fails as dead) instead of being lost here.
+        """
+        note = dumps(("exiting", {"status": self.exit_status}))
+        for c in self.callers:
+            if not c.closed:
+                c.send_msg(protocol.PUSH, 0, note)
+        if not conn.closed:
+            conn.send_msg(protocol.RESULT_ERR, msg_id, segs)
+        self._exit_after_replies()
+
+    def _exit_after_replies(self) -> None:
+        """Flush replies already queued, then exit with the status ``sys.exit`` gave."""
+        deadline = time.monotonic() + 2.0
+
+        def check():
+            for c in self.callers:
+                if not c.closed:
+                    c.flush()
+            busy = [c for c in self.callers if c.transport is not None
+                    and not c.transport.is_closing() and c.transport.get_write_buffer_size()]
+            if busy and time.monotonic() < deadline:
+                self.loop.call_later(0.01, check)
+                return
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(self.exit_status)
+
+        # Let completions already handed to the loop (the exiting call's reply) go first.
+        self.loop.call_soon(check)
 
     def _run_job(self, conn, msg_id, fn, args, kwargs, where: str):
         """An executor job: run the call, then send its outcome from the loop."""
         def job():
             kind, segs = self._outcome(fn, args, kwargs, where)
+            if kind == _EXIT:
+                return lambda: self._exit_reply(conn, msg_id, segs)
             return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
         return job
 
@@ -374,6 +452,11 @@ class Worker:
         async with self.semaphore:
             try:
                 result = await fn(*args, **kwargs)
+            except SystemExit as e:
+                if self.executor is not None:
+                    self.executor.stopped = True
+                self._exit_reply(conn, msg_id, self._begin_exit(e, where))
+                return
             except BaseException as e:
                 self._reply_error(conn, msg_id, e, where)
                 return
