@@ -11,7 +11,8 @@ from .errors import DDLFError
 
 __all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD_AFTER_S",
            "NODE_DEAD_AFTER_MISSED", "NODE_REJOIN_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S",
-           "REJECT_LOG_INTERVAL_S", "session_root", "raise_open_file_limit"]
+           "REJECT_LOG_INTERVAL_S", "MAX_LENT_TASKS_PER_NODE", "session_root",
+           "raise_open_file_limit"]
 
 log = logging.getLogger("ddlf.config")
 
@@ -52,6 +53,10 @@ NODE_REJOIN_TIMEOUT_S = _env_float("DDLF_NODE_REJOIN_TIMEOUT_S", 60.0)
 HANDSHAKE_TIMEOUT_S = _env_float("DDLF_HANDSHAKE_TIMEOUT_S", 5.0)
 # Rejected connections are logged once per source, then summed up once per interval.
 REJECT_LOG_INTERVAL_S = _env_float("DDLF_REJECT_LOG_INTERVAL_S", 10.0)
+# A task waiting in get/wait lends its CPU to other work, so the node may start another
+# worker. At most this many tasks per node lend at once; past it a waiting task keeps its
+# CPU. Each extra worker costs about 30 MB RSS, so 32 bounds that at about 1 GB a node.
+MAX_LENT_TASKS_PER_NODE = _env_int("DDLF_MAX_LENT_TASKS_PER_NODE", 32)
 
 
 def session_root() -> str:

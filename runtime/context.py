@@ -6,7 +6,9 @@ an actor or task can call other actors without an explicit ``init``.
 
 from __future__ import annotations
 
-__all__ = ["WorkerContext", "current"]
+import threading
+
+__all__ = ["WorkerContext", "current", "running_task", "set_running_task"]
 
 
 class WorkerContext:
@@ -20,3 +22,16 @@ class WorkerContext:
 
 
 current: WorkerContext | None = None
+
+
+# True on the thread that runs a task, while it runs: a ``get`` there lends the task's
+# CPU back to the scheduler (as Ray does), so nested tasks cannot deadlock.
+_thread = threading.local()
+
+
+def running_task() -> bool:
+    return getattr(_thread, "task", False)
+
+
+def set_running_task(flag: bool) -> None:
+    _thread.task = flag

@@ -351,9 +351,40 @@ class Core:
     def get(self, refs, timeout: float | None = None):
         entries = [self._entry(r) for r in refs]
         if any(e.state == PENDING for e in entries):
-            self._wait_until(lambda: all(e.state != PENDING for e in entries), timeout,
-                             lambda: sum(e.state == PENDING for e in entries), len(entries))
+            lent = self._lend_cpu()
+            try:
+                self._wait_until(lambda: all(e.state != PENDING for e in entries), timeout,
+                                 lambda: sum(e.state == PENDING for e in entries), len(entries))
+            finally:
+                if lent:
+                    self._take_cpu_back()
         return [self._value(e) for e in entries]
+
+    def _lend_cpu(self) -> bool:
+        """In a task about to wait: let the head lend its resources to other work.
+
+        Without this, a task that waits for tasks it submitted holds its CPU while they
+        queue for one: with 2 CPUs, ``top -> 2 x mid -> leaf`` deadlocks. The head lends
+        at most a bounded number per node (``config.MAX_LENT_TASKS_PER_NODE``).
+        """
+        from . import context
+
+        if not context.running_task() or self.head is None or context.current is None:
+            return False
+        self._submit(self._push_head, "task_blocked", {"worker_id": context.current.worker_id})
+        return True
+
+    def _take_cpu_back(self) -> None:
+        from . import context
+
+        # As in Ray, the task resumes at once; its node may run over its CPU count until
+        # the work started meanwhile finishes.
+        self._submit(self._push_head, "task_unblocked",
+                     {"worker_id": context.current.worker_id})
+
+    def _push_head(self, event, data) -> None:
+        if self.head is not None and not self.head.closed:
+            rpc.push(self.head, event, data)
 
     def wait(self, refs, num_returns: int, timeout: float | None):
         entries = [self._entry(r) for r in refs]
@@ -362,10 +393,14 @@ class Core:
             return sum(e.state != PENDING for e in entries) >= num_returns
 
         if not enough():
+            lent = self._lend_cpu()
             try:
                 self._wait_until(enough, timeout, None, 0)
             except GetTimeoutError:
                 pass
+            finally:
+                if lent:
+                    self._take_cpu_back()
         ready, not_ready = [], []
         for r, e in zip(refs, entries):
             (ready if e.state != PENDING and len(ready) < num_returns else not_ready).append(r)

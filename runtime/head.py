@@ -110,6 +110,7 @@ class Head:
         self.drivers: dict[str, object] = {}       # job id -> connection
         self.cores: set = set()                     # every driver and worker core
         self.leases: dict[str, tuple] = {}          # lease id -> (node, demand, worker_id, job)
+        self.lent: set[str] = set()   # leases whose task waits in get; resources lent out
         self.pending: list[tuple] = []              # (demand, future) waiting for resources
         self.server = None
         self.stopping = False
@@ -167,6 +168,10 @@ class Head:
                 n.stats = data
         elif event == "worker_died":
             self._worker_died(conn.info.get("node"), data)
+        elif event == "task_blocked":
+            self._lend(data.get("worker_id"))
+        elif event == "task_unblocked":
+            self._unlend(data.get("worker_id"))
         elif event == "logs":
             self._route_logs(data)
         elif event == "release_name":
@@ -228,6 +233,7 @@ class Head:
         for lease_id, (n, *_rest) in list(self.leases.items()):
             if n is node:
                 self.leases.pop(lease_id, None)
+                self.lent.discard(lease_id)
         self._push_all_cores("node_dead", {"node_id": node.node_id, "why": why})
         for actor_id in list(node.actors):
             a = self.actors.get(actor_id)
@@ -407,7 +413,10 @@ class Head:
         for lease_id, (n, demand, worker_id, _job) in list(self.leases.items()):
             if worker_id == data["worker_id"]:
                 self.leases.pop(lease_id, None)
-                self._free(n, demand)
+                if lease_id in self.lent:
+                    self.lent.discard(lease_id)
+                else:
+                    self._free(n, demand)
 
     async def rpc_wait_actor(self, conn, actor_id: str, after_epoch: int):
         """Return the actor's view once its epoch passes ``after_epoch`` or it is dead."""
@@ -503,7 +512,33 @@ class Head:
         node, demand, worker_id, _ = entry
         if node.alive:
             self.loop.create_task(self._safe_call(node.conn, "release_worker", worker_id))
+        if lease_id in self.lent:
+            self.lent.discard(lease_id)  # already given back when it was lent
+            return
         self._free(node, demand)
+
+    def _lease_of(self, worker_id):
+        for lease_id, (node, demand, wid, _owner) in self.leases.items():
+            if wid == worker_id:
+                return lease_id, node, demand
+        return None, None, None
+
+    def _lend(self, worker_id) -> None:
+        """A leased task waits in get: give its resources to other work meanwhile."""
+        lease_id, node, demand = self._lease_of(worker_id)
+        if lease_id is None or lease_id in self.lent:
+            return
+        if sum(1 for lid in self.lent if self.leases[lid][0] is node) >= config.MAX_LENT_TASKS_PER_NODE:
+            return  # bounded: this task keeps its CPU (see config)
+        self.lent.add(lease_id)
+        self._free(node, demand)
+
+    def _unlend(self, worker_id) -> None:
+        lease_id, node, demand = self._lease_of(worker_id)
+        if lease_id is None or lease_id not in self.lent:
+            return
+        self.lent.discard(lease_id)
+        scheduling.subtract(node.available, demand)  # may go below zero for a while
 
     # -- cluster information ------------------------------------------------------------------
     def rpc_nodes(self, conn):

@@ -499,7 +499,11 @@ class Worker:
 
         def run(*a, **kw):
             enter()
-            return fn(*a, **kw)
+            context.set_running_task(True)
+            try:
+                return fn(*a, **kw)
+            finally:
+                context.set_running_task(False)
 
         self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where))
 
