@@ -41,6 +41,7 @@ log = logging.getLogger("ddlf.node")
 
 _PRESTART = 2          # idle fresh workers kept ready for actor creation
 _LOG_POLL_S = 0.05
+_LOG_POLL_MAX_S = 0.4   # worst added delay for the first line after a quiet spell
 _MARKER = "\x00ddlf:"
 _REJOIN_REFUSED_TRIES = 3   # "connection refused" this many times: the head is gone
 
@@ -388,22 +389,28 @@ class NodeDaemon:
 
     # -- logs --------------------------------------------------------------------------------
     async def _tail_logs(self):
+        # Poll fast while workers print, back off while they are quiet: a node with
+        # hundreds of idle actors must not spend its CPU looking at empty files.
+        delay = _LOG_POLL_S
         while not self.stopping:
-            self._drain_logs()
-            await asyncio.sleep(_LOG_POLL_S)
+            delay = _LOG_POLL_S if self._drain_logs() else min(_LOG_POLL_MAX_S, delay * 2)
+            await asyncio.sleep(delay)
 
-    def _drain_logs(self):
+    def _drain_logs(self) -> bool:
         records = []
         for w in list(self.workers.values()):
             records.extend(self._read_logs(w, push=False))
         if records and self.head_conn is not None:
             rpc.push(self.head_conn, "logs", {"node_id": self.node_id, "host": self.host, "records": records})
+        return bool(records)
 
     def _read_logs(self, w: WorkerProc, push: bool = True) -> list:
         records = []
         for suffix in (".out", ".err"):
             path = w.log_prefix + suffix
             try:
+                if os.stat(path).st_size <= w.offsets[suffix]:
+                    continue  # one stat instead of open/seek/read/close per quiet file
                 with open(path, "rb") as f:
                     f.seek(w.offsets[suffix])
                     data = f.read(1 << 20)

@@ -538,19 +538,41 @@ def _redirect_output(log_prefix: str | None) -> None:
 def _watch_node(node_pid: int) -> None:
     """Exit as soon as the node daemon is gone.
 
-    The control connection's close would tell the event loop too, but user code may
-    hold the loop for minutes (a sync method training a model): this thread cannot be
-    blocked that way. ``is_running`` also compares start times, so a reused pid does
-    not fool it.
+    The control connection's close would tell the event loop too, but an ``async``
+    method may hold the loop: this thread cannot be blocked that way. It must also cost
+    next to nothing, since a node may hold hundreds of idle actors: the kernel kills us
+    when our parent (the node's forkserver, which exits with the node) dies
+    (``PR_SET_PDEATHSIG``, Linux), a ``getppid`` check every half second covers the
+    race before that was set and other systems, and the node's own pid is checked
+    every few seconds in case the forkserver outlives it. ``is_running`` compares
+    start times, so a reused pid does not fool it.
     """
+    parent = os.getppid()
+    _die_with_parent()
     try:
         node = psutil.Process(node_pid)
     except psutil.Error:
         os._exit(1)
+    ticks = 0
     while True:
-        time.sleep(0.25)
-        if not node.is_running() or node.status() == psutil.STATUS_ZOMBIE:
+        time.sleep(0.5)
+        if os.getppid() != parent:
             os._exit(1)
+        ticks += 1
+        if ticks % 10 == 0 and (not node.is_running() or node.status() == psutil.STATUS_ZOMBIE):
+            os._exit(1)
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass  # the getppid poll still catches it
 
 
 def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker_id: str,
