@@ -107,7 +107,13 @@ class AsyncScheme(Scheme):
                                  "applied_version": version, "staleness": staleness,
                                  "lead": lead, "loss": stats["loss"]})
             samples_done += stats["samples"]
-            epoch_stats.append(stats)
+            # An update received in this epoch may have started in the previous one: count
+            # only the part of its work that falls inside this epoch's window, so that the
+            # row's compute_s never exceeds its wall time (nor overhead_s goes negative).
+            inside = max(0.0, time.perf_counter() - t_epoch)
+            epoch_stats.append({**stats, "compute_s": min(stats["compute_s"], inside),
+                                "eval_s": min(stats.get("eval_s", 0.0),
+                                              max(0.0, inside - stats["compute_s"]))})
             while epoch_done < cfg.master_epochs and samples_done >= (epoch_done + 1) * epoch_samples:
                 epoch_done += 1
                 now = time.perf_counter()
