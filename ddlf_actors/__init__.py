@@ -26,7 +26,7 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
     __path__.append(_root)  # noqa: F821 - __path__ is defined for packages
 
 from ddlf_actors import errors  # noqa: E402
-from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod  # noqa: E402
+from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod, method  # noqa: E402
 from ddlf_actors.api import (  # noqa: E402
     ClusterInfo,
     available_resources,
@@ -52,6 +52,7 @@ __all__ = [
     "shutdown",
     "is_initialized",
     "remote",
+    "method",
     "get",
     "wait",
     "put",

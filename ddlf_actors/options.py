@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "validate"]
+__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "validate"]
 
 _COMMON = {"num_cpus", "resources", "name"}
 ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id"}
-TASK_OPTIONS = _COMMON | {"max_retries"}
+TASK_OPTIONS = _COMMON | {"max_retries", "num_returns"}
+METHOD_OPTIONS = {"num_returns"}
 
 
 def validate(options: dict, allowed: set, what: str) -> dict:

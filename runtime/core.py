@@ -295,8 +295,8 @@ class Core:
 
     def _complete_result(self, obj_id: bytes, kind: int, segs) -> None:
         """Record a RESULT_* frame (on the I/O thread)."""
-        if kind == protocol.RESULT_OK:
-            self._complete(obj_id, OK, segs[1:])
+        if kind == protocol.RESULT_OK or kind == protocol.RESULT_MULTI:
+            self._complete(obj_id, OK, segs[1:])  # RESULT_MULTI: split by _split_returns
         elif kind == protocol.RESULT_REFS:
             try:
                 contained, rest = unbundle_refs(self, segs[1:])
@@ -485,14 +485,57 @@ class Core:
         self.actors[actor_id] = client
         self._submit(client.create, wire, refs)
 
-    def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs) -> ObjectRef:
+    def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs,
+                          num_returns: int = 1):
+        """Submit a method call; its ref, or a list of ``num_returns`` refs."""
         self._check_open()
+        nret = _check_num_returns(num_returns, f"{class_name}.{method}")
         args, kwargs, refs = _split_refs(args, kwargs)
-        payload, nested = dumps_with_refs((method, args, kwargs))
+        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret)
+        payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
+        out = ref if nret == 1 else self._split_returns(ref, nret)
         self._submit(self._route_call, actor_id, class_name, ref.id, method, payload, refs)
-        return ref
+        return out
+
+    def _split_returns(self, parent: ObjectRef, nret: int) -> list:
+        """``nret`` refs completed from the RESULT_MULTI that will settle ``parent``.
+
+        Every failure path (dead actor, lost worker, failed dependency) settles the one
+        parent entry, and its error is copied to each ref here.
+        """
+        children = [self.new_ref() for _ in range(nret)]
+        ids = [c.id for c in children]
+
+        def split():
+            e = self.objects.get(parent.id)
+            if e is None:
+                return
+            if e.state != OK:
+                for obj_id in ids:
+                    self._copy_outcome(obj_id, e)
+                return
+            try:
+                index = pickle.loads(e.segments[0])
+                pos = 1
+                for obj_id, (kind, n) in zip(ids, index):
+                    self._complete_result(obj_id, kind, [None, *e.segments[pos:pos + n]])
+                    pos += n
+            except Exception as exc:
+                for obj_id in ids:
+                    self._fail(obj_id, DDLFError(f"a num_returns result was malformed: {exc!r}"))
+            self.objects.pop(parent.id, None)  # its segments now live in the children
+
+        holder = [parent]  # keeps the parent entry until split() has run
+
+        def run():
+            split()
+            holder.clear()
+
+        if not self._on_done(self.objects[parent.id], run):
+            run()
+        return children
 
     def _route_call(self, actor_id, class_name, obj_id, method, payload, refs):
         client = self.actors.get(actor_id)
@@ -524,15 +567,18 @@ class Core:
             raise UnschedulableError(
                 f"task {fn_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
+        nret = _check_num_returns(options.get("num_returns", 1), fn_name)
         args, kwargs, refs = _split_refs(args, kwargs)
-        payload, nested = dumps_with_refs((fn_id, fn_name, self.job_id, args, kwargs))
+        body = (fn_id, fn_name, self.job_id, args, kwargs)
+        payload, nested = dumps_with_refs(body if nret == 1 else (*body, nret))
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
+        out = ref if nret == 1 else self._split_returns(ref, nret)
         key = tuple(sorted(demand.items()))
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
         self._submit(self._route_task, key, demand, task)
-        return ref
+        return out
 
     def _route_task(self, key, demand, task):
         pool = self.pools.get(key)
@@ -562,6 +608,18 @@ class Core:
         if self.head is not None and not self.head.closed:
             self.head.close()
         await asyncio.sleep(0)
+
+
+def _check_num_returns(n, what: str) -> int:
+    if n == 1:
+        return 1
+    if n in ("dynamic", "streaming"):
+        raise NotImplementedError(
+            f"{what}: num_returns={n!r} (generators) is not supported by DDLF yet; return a "
+            "list, or use a fixed num_returns=k")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{what}: num_returns must be an int >= 1, got {n!r}")
+    return n
 
 
 def _demand(options: dict, default_cpus: float) -> dict:

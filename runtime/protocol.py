@@ -5,7 +5,8 @@ from __future__ import annotations
 import struct
 
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
-           "OBJ", "FREE", "FUNC", "RESULT_REFS", "header", "parse_header"]
+           "OBJ", "FREE", "FUNC", "RESULT_REFS", "RESULT_MULTI",
+           "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -22,6 +23,8 @@ FREE = 9         # the owner dropped these objects: seg1 = concatenated 16-byte 
 FUNC = 10        # a task function shipped once per connection: seg1 = function id, seg2.. = code
 RESULT_REFS = 11  # a return value that contains ObjectRefs: seg1 = pickled [(id, state, n)],
                   # then each contained object's n segments, then the value's segments
+RESULT_MULTI = 12  # num_returns=k: seg1 = pickled [(kind, n)] (kind: RESULT_OK/_REFS/_ERR),
+                   # then each return value's n segments, in order
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import inspect
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -139,6 +140,35 @@ def _encode_result(value, where: str, can_block: bool = True):
         err = SerializationError(f"the return value of {where} could not be pickled: "
                                  f"{type(e).__name__}: {e}")
         return protocol.RESULT_ERR, encode_error(err, where)
+
+
+def _encode_returns(value, nret: int, where: str, can_block: bool = True):
+    """RESULT_MULTI for a call declared with ``num_returns=nret`` (> 1): each value is
+    encoded on its own, so each of the caller's refs gets its own object (or error)."""
+    try:
+        items = list(value)
+    except TypeError:
+        items = None
+    if items is None or len(items) != nret:
+        got = f"{len(items)} values" if items is not None else f"a {type(value).__name__}"
+        err = ValueError(f"{where} was declared with num_returns={nret} but returned {got}; "
+                         f"return a tuple or list of exactly {nret} values")
+        return protocol.RESULT_ERR, encode_error(err, where)
+    parts = []
+    for item in items:
+        part = _encode_result(item, where, can_block)
+        if part is None:
+            return None
+        parts.append(part)
+    index = [(kind, len(segs)) for kind, segs in parts]
+    return protocol.RESULT_MULTI, [pickle.dumps(index, protocol=5),
+                                   *(seg for _, segs in parts for seg in segs)]
+
+
+def _encode(value, nret: int, where: str, can_block: bool = True):
+    if nret == 1:
+        return _encode_result(value, where, can_block)
+    return _encode_returns(value, nret, where, can_block)
 
 
 _EXIT = -1  # an outcome kind: the method called sys.exit/exit_actor (never on the wire)
@@ -325,7 +355,7 @@ class Worker:
         for obj_id in conn.info.get("objects", ()):
             self.objects.drop(obj_id)
 
-    def _outcome(self, fn, args, kwargs, where: str):
+    def _outcome(self, fn, args, kwargs, where: str, nret: int = 1):
         """Run ``fn`` and serialize what it returns or raises: (frame kind, segments).
 
         Runs on an execution thread, so a large result is pickled off the loop too.
@@ -339,7 +369,7 @@ class Worker:
             return protocol.RESULT_ERR, encode_error(e, where)
         except BaseException as e:
             return protocol.RESULT_ERR, encode_error(e, where)
-        return _encode_result(result, where)
+        return _encode(result, nret, where)
 
     def _begin_exit(self, e: SystemExit, where: str) -> list:
         """``sys.exit`` or ``exit_actor()`` in an actor method: end this process, as in Ray.
@@ -400,24 +430,24 @@ class Worker:
         # Let completions already handed to the loop (the exiting call's reply) go first.
         self.loop.call_soon(check)
 
-    def _run_job(self, conn, msg_id, fn, args, kwargs, where: str):
+    def _run_job(self, conn, msg_id, fn, args, kwargs, where: str, nret: int = 1):
         """An executor job: run the call, then send its outcome from the loop."""
         def job():
-            kind, segs = self._outcome(fn, args, kwargs, where)
+            kind, segs = self._outcome(fn, args, kwargs, where, nret)
             if kind == _EXIT:
                 return lambda: self._exit_reply(conn, msg_id, segs)
             return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
         return job
 
-    def _reply(self, conn, msg_id, value, where: str):
+    def _reply(self, conn, msg_id, value, where: str, nret: int = 1):
         if conn.closed:
             return
-        out = _encode_result(value, where, can_block=False)
+        out = _encode(value, nret, where, can_block=False)
         if out is not None:
             conn.send_msg(out[0], msg_id, out[1])
             return
         # The value holds refs still pending: wait for them off the loop.
-        fut = self.loop.run_in_executor(None, _encode_result, value, where)
+        fut = self.loop.run_in_executor(None, _encode, value, nret, where)
         fut.add_done_callback(
             lambda f: conn.closed or conn.send_msg(f.result()[0], msg_id, f.result()[1]))
 
@@ -429,7 +459,8 @@ class Worker:
         # Arguments are resolved here, on the loop, in frame order: a FREE frame that
         # follows this call on the connection must not drop an object it still needs.
         try:
-            name, args, kwargs = loads(segs[1:])
+            name, args, kwargs, *extra = loads(segs[1:])
+            nret = extra[0] if extra else 1
             args, kwargs = _resolve(args, kwargs, self.objects)
             if self.instance is None:
                 raise RuntimeError(f"actor {self.actor_name} is not constructed")
@@ -442,12 +473,12 @@ class Worker:
             self._reply_error(conn, msg_id, e, f"{self.actor_name} (pid {_pid})")
             return
         if is_async:
-            self.loop.create_task(self._run_async(conn, msg_id, fn, args, kwargs, name))
+            self.loop.create_task(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
         else:
             self.executor.submit(self._run_job(
-                conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})"))
+                conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})", nret))
 
-    async def _run_async(self, conn, msg_id, fn, args, kwargs, name):
+    async def _run_async(self, conn, msg_id, fn, args, kwargs, name, nret=1):
         where = f"{self.actor_name}.{name} (pid {_pid})"
         async with self.semaphore:
             try:
@@ -460,20 +491,21 @@ class Worker:
             except BaseException as e:
                 self._reply_error(conn, msg_id, e, where)
                 return
-        self._reply(conn, msg_id, result, where)
+        self._reply(conn, msg_id, result, where, nret)
 
-    async def _finish_async_task(self, conn, msg_id, awaitable, where):
+    async def _finish_async_task(self, conn, msg_id, awaitable, where, nret=1):
         try:
             result = await awaitable
         except BaseException as e:
             self._reply_error(conn, msg_id, e, where)
             return
-        self._reply(conn, msg_id, result, where)
+        self._reply(conn, msg_id, result, where, nret)
 
     def _task_call(self, conn, msg_id, segs):
         fn_name = "task"
         try:
-            fn_id, fn_name, job_id, args, kwargs = loads(segs[1:])
+            fn_id, fn_name, job_id, args, kwargs, *extra = loads(segs[1:])
+            nret = extra[0] if extra else 1
             fn = self.loaded.get(fn_id)
             if fn is None:
                 code = self.functions.get(fn_id)
@@ -494,7 +526,7 @@ class Worker:
         if inspect.iscoroutinefunction(fn):
             enter()
             self.loop.create_task(
-                self._finish_async_task(conn, msg_id, fn(*args, **kwargs), where))
+                self._finish_async_task(conn, msg_id, fn(*args, **kwargs), where, nret))
             return
 
         def run(*a, **kw):
@@ -505,7 +537,7 @@ class Worker:
             finally:
                 context.set_running_task(False)
 
-        self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where))
+        self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where, nret))
 
 
 def _log_marker(text: str) -> None:
