@@ -752,6 +752,7 @@ async def fuzz(targets: dict, token: str, *, n: int, seed: int, duration: float,
     indices = iter([only] if only is not None else range(n))
     started = time.monotonic()
     done = 0
+    trend: list = []
     stop = asyncio.Event()
 
     async def worker():
@@ -774,8 +775,11 @@ async def fuzz(targets: dict, token: str, *, n: int, seed: int, duration: float,
             except asyncio.TimeoutError:
                 pass
             found = await asyncio.to_thread(check) if check else []
+            # RSS and descriptors along the run: growth that levels off is the allocator,
+            # growth in step with the cases is a leak.
+            trend.append((done, {k: sample(t["pid"]) for k, t in targets.items()}))
             if progress:
-                progress(done, time.monotonic() - started, results)
+                progress(done, time.monotonic() - started, results, trend[-1][1])
             if found:
                 problems.extend(found)
                 stop.set()
@@ -785,7 +789,8 @@ async def fuzz(targets: dict, token: str, *, n: int, seed: int, duration: float,
     stop.set()
     await chk
     return {"cases": done, "elapsed_s": time.monotonic() - started, "outcomes": dict(results),
-            "by_kind": dict(by_kind), "failures": failures, "problems": problems}
+            "by_kind": dict(by_kind), "failures": failures, "problems": problems,
+            "trend": trend}
 
 
 def _log_counts(path: str | None) -> dict:
@@ -826,6 +831,14 @@ def format_report(stats: dict, before: dict, after: dict, health: dict, log_coun
                      f"{a.get('fds', '-'):>8} {_mb(b.get('rss', 0)):>13} "
                      f"{_mb(a.get('rss', 0)) if a['alive'] else '-':>11} "
                      f"{b.get('conns', '-'):>10} {a.get('conns', '-'):>8}")
+    trend = stats.get("trend") or []
+    if len(trend) > 1:
+        lines.append("")
+        lines.append("RSS MB along the run (" + ", ".join(before) + "):")
+        step = max(1, len(trend) // 8)
+        for done, s in trend[::step] + ([trend[-1]] if (len(trend) - 1) % step else []):
+            lines.append(f"  after {done:>8,} cases: " + "  ".join(
+                f"{_mb(s[k].get('rss', 0)):>6}" for k in before))
     crashes = sum(1 for a in after.values() if not a["alive"]) + len(stats["problems"])
     lines.append("")
     lines.append(f"server crashes: {crashes}")
@@ -1029,9 +1042,11 @@ def main(argv=None) -> int:
             return [f"{k} (pid {t['pid']}) is not running" for k, t in targets.items()
                     if not alive(t["pid"])]
 
-        def progress(done, elapsed, results):
+        def progress(done, elapsed, results, now):
             print(f"  {done:,} cases in {elapsed:.0f} s; " + ", ".join(
-                f"{k} {v:,}" for k, v in sorted(results.items())), file=sys.stderr, flush=True)
+                f"{k} {v:,}" for k, v in sorted(results.items())) + "; fds/RSS MB " + ", ".join(
+                f"{k} {s.get('fds', '-')}/{_mb(s.get('rss', 0))}" for k, s in now.items()),
+                file=sys.stderr, flush=True)
 
         n = a.n if a.case is None else 1
         stats = asyncio.run(fuzz(targets, cluster.token, n=n, seed=a.seed, duration=a.duration,

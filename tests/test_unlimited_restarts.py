@@ -36,12 +36,12 @@ def crash_once(marker_path):
     return "recovered"
 
 
-def _pid_after_restart(actor, old_pid, timeout=20.0):
+def _pid_after_restart(actor, old_pid, timeout=10.0):
     """The actor's pid once a call succeeds again; ActorDiedError if it never does."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return ddlf.get(actor.pid.remote(), timeout=15)
+            return ddlf.get(actor.pid.remote(), timeout=10)
         except ActorDiedError:
             # Calls caught in flight at the moment of death may fail; later ones must not.
             if time.monotonic() > deadline:
