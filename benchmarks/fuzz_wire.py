@@ -1088,9 +1088,11 @@ def main(argv=None) -> int:
         if left:
             print(f"killed {len(left)} leftover process(es): {sorted(left)}", file=sys.stderr)
             status = 1
-        if a.log is None and status == 0:
+        # The session folder goes either way; the log stays when the run failed (or lives
+        # where --log put it).
+        if status == 0 or a.log is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-        elif a.log is None:
+        else:
             print(f"server log kept in {log_path}", file=sys.stderr)
     return status
 
