@@ -1107,8 +1107,9 @@ class _TaskPool:
             return
         retry = []
         for task in inflight.values():
-            if task.retries > 0:
-                task.retries -= 1
+            if task.retries != 0:   # -1: unlimited, as in Ray
+                if task.retries > 0:
+                    task.retries -= 1
                 retry.append(task)
             else:
                 self.core._fail(task.obj_id, WorkerCrashedError(

@@ -385,8 +385,9 @@ class Head:
         if a.killed or a.state == DEAD:
             self._set_dead(a, a.error["reason"] if a.error else why)
             return
-        if a.restarts_left > 0:
-            a.restarts_left -= 1
+        if a.restarts_left != 0:   # -1: unlimited, as in Ray
+            if a.restarts_left > 0:
+                a.restarts_left -= 1
             a.state = RESTARTING
             a.address = None
             a.touch()

@@ -1,11 +1,9 @@
 """``max_restarts=-1`` and ``max_retries=-1`` mean "unlimited", as in Ray.
 
-``ddlf_actors/options.py`` accepts -1 and its error message says "-1 for unlimited", but
-the head (``restarts_left > 0``) and the task pool (``task.retries > 0``) treat -1 as 0:
-an actor created with ``max_restarts=-1`` is never restarted and a task submitted with
-``max_retries=-1`` is never retried. Found while writing benchmarks/soak.py; these tests
-fail until the runtime honours -1. The controls with 1 show that the same scenario
-passes when the limit is positive.
+``ddlf_actors/options.py`` accepts -1 and its error message says "-1 for unlimited"; the
+head and the task pool used to treat -1 as 0 (never restarted, never retried). Found
+while writing benchmarks/soak.py. The controls with 1 show the same scenario with a
+positive limit.
 """
 
 from __future__ import annotations
