@@ -15,7 +15,7 @@ import logging
 import traceback
 
 from . import protocol
-from .errors import ConnectionLostError, DDLFError
+from .errors import ConnectionLostError, DDLFError, FrameError
 from .serialization import dumps, loads
 
 __all__ = ["RpcHandler", "call", "push", "RemoteRpcError"]
@@ -98,7 +98,13 @@ class RpcHandler:
             event, data = loads(segs[1:])
             self.target.on_push(conn, event, data)
         else:
-            self.target.on_frame(conn, kind, msg_id, segs)
+            on_frame = getattr(self.target, "on_frame", None)
+            if on_frame is None:
+                # A data-plane frame on a control port: a confused or hostile peer.
+                # Drop the connection quietly instead of logging a traceback per frame.
+                conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
+                return
+            on_frame(conn, kind, msg_id, segs)
 
     def _reply_task(self, conn, msg_id, task):
         if task.cancelled():
