@@ -248,7 +248,11 @@ class TestTLSCluster:
 
     def test_tls_paths_reach_children_through_env_not_argv(self, tls_cluster, pki):
         ddlf.get(Box.remote().add.remote(0, 0), timeout=30)   # at least one actor worker is up
-        procs = psutil.Process().children(recursive=True)
+        # This cluster's tree only (another test's long-lived child may be ours too).
+        procs = []
+        for child in ddlf.api.get_core().cluster.procs:
+            p = psutil.Process(child.pid)
+            procs += [p, *p.children(recursive=True)]
         assert len(procs) >= 3   # head, node, workers
         for p in procs:
             assert pki.cert not in " ".join(p.cmdline()), p.cmdline()
