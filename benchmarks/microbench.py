@@ -1,6 +1,6 @@
 """Single-node microbenchmark: DDLF next to Ray, in the same run, on the same workloads.
 
-    python benchmarks/microbench.py [--quick] [--only ddlf] [--json out.json]
+    python benchmarks/microbench.py [--quick] [--only ddlf] [--tls] [--json out.json]
 
 The workloads mirror ``ray microbenchmark``:
 
@@ -16,6 +16,10 @@ The workloads mirror ``ray microbenchmark``:
    and the driver gets it. Best of a few repetitions, in GB/s (1 GB = 1e9 bytes).
 7. creating 8 actors (``num_cpus=0``) until each has answered one call; best of a
    few rounds, in seconds and actors/s. The actors are killed after each round.
+
+``--tls`` adds a phase that runs DDLF again with mutual TLS on every connection (fresh
+certificates made with the ``openssl`` command of README's "TLS" section) on the call
+and 100 MB workloads, and prints DDLF plain vs DDLF TLS under the main table.
 
 Each framework runs in its own phase (init, workloads, shutdown) so they never share
 the machine at the same time. Every workload warms up before it is timed, and a
@@ -33,8 +37,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from importlib import metadata  # noqa: E402
@@ -298,6 +305,58 @@ WORKLOADS = [
 ]
 
 
+# The rows the TLS phase repeats: what encryption can slow down (small-call latency and bulk
+# bandwidth), not the ones dominated by process start-up or CPU work.
+TLS_WORKLOADS = [(fn, rows) for fn, rows in WORKLOADS
+                 if fn in (wl_actor_sync, wl_actor_async, wl_task_sync, wl_put_to_actor,
+                           wl_actor_to_driver)]
+
+# README's commands: a CA for the cluster and one P-256 certificate it signs.
+_OPENSSL = [
+    ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days",
+     "30", "-subj", "/CN=bench-ca", "-keyout", "ca.key", "-out", "ca.pem"],
+    ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+     "/CN=bench-node", "-keyout", "node.key", "-out", "node.csr"],
+    ["x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+     "-days", "30", "-out", "node.pem"],
+]
+
+
+def make_tls_env(folder: str) -> dict:
+    """Fresh certificates in ``folder``; returns the DDLF_TLS_* variables naming them."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise RuntimeError("--tls needs the openssl command to make test certificates")
+    for args in _OPENSSL:
+        subprocess.run([openssl, *args], cwd=folder, check=True, capture_output=True)
+    return {"DDLF_TLS_CERT": os.path.join(folder, "node.pem"),
+            "DDLF_TLS_KEY": os.path.join(folder, "node.key"),
+            "DDLF_TLS_CA": os.path.join(folder, "ca.pem")}
+
+
+def run_tls_phase(cfg: Config) -> dict:
+    """DDLF again, every connection mutual TLS: the embedded cluster and the driver both
+    take it from DDLF_TLS_*, exactly as a user would turn it on."""
+    with tempfile.TemporaryDirectory(prefix="ddlf-bench-tls-") as folder:
+        try:
+            env = make_tls_env(folder)
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            msg = f"no certificates: {e}"
+            print(f"[DDLF TLS] {msg}", file=sys.stderr)
+            return {row: {"error": msg, "unit": unit}
+                    for _, rows in TLS_WORKLOADS for row, unit in rows}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return run_phase("ddlf", cfg, TLS_WORKLOADS, label="DDLF TLS")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 # -- phases ----------------------------------------------------------------------------------
 
 
@@ -318,10 +377,11 @@ def _init(name: str):
     return fw
 
 
-def run_phase(name: str, cfg: Config) -> dict:
-    """Init ``name`` (ddlf or ray), run every workload, shut down. Returns
+def run_phase(name: str, cfg: Config, workloads=None, label: str | None = None) -> dict:
+    """Init ``name`` (ddlf or ray), run every workload (or ``workloads``), shut down. Returns
     ``{row label: {"value": float, "unit": str} or {"error": str, "unit": str}}``."""
-    label = "DDLF" if name == "ddlf" else "Ray"
+    workloads = WORKLOADS if workloads is None else workloads
+    label = label or ("DDLF" if name == "ddlf" else "Ray")
     results: dict = {}
     errors: list = []
     fw = None
@@ -334,13 +394,13 @@ def run_phase(name: str, cfg: Config) -> dict:
             msg = f"init failed: {type(e).__name__}: {e}"
             print(f"[{label}] {msg}", file=sys.stderr)
             traceback.print_exc()
-            for _, rows in WORKLOADS:
+            for _, rows in workloads:
                 for row, unit in rows:
                     results[row] = {"error": msg, "unit": unit}
             return results
         print(f"[{label}] init took {time.perf_counter() - t_init:.1f} s", file=sys.stderr)
         defs = make_defs(fw)
-        for fn, rows in WORKLOADS:
+        for fn, rows in workloads:
             t0 = time.perf_counter()
             signal.setitimer(signal.ITIMER_REAL, cfg.time_limit)
             try:
@@ -459,10 +519,51 @@ def print_table(rows: list, machine: dict, ray_note: str) -> None:
             print(f"  {fw} / {row}: {msg}")
 
 
+def build_tls_rows(results: dict) -> list:
+    rows = []
+    for _, wl_rows in TLS_WORKLOADS:
+        for row, unit in wl_rows:
+            d = results.get("DDLF", {}).get(row) or {}
+            t = results.get("DDLF TLS", {}).get(row) or {}
+            entry = {"workload": row, "unit": unit, "plain": d.get("value"),
+                     "tls": t.get("value"), "plain_error": d.get("error"),
+                     "tls_error": t.get("error"), "ratio": None}
+            if entry["plain"] and entry["tls"] is not None:
+                entry["ratio"] = entry["tls"] / entry["plain"]
+            rows.append(entry)
+    return rows
+
+
+def print_tls_table(rows: list) -> None:
+    w_name, w_val = 36, 18
+
+    def cell(value, error, unit):
+        if error is not None:
+            return f"error: {error.split(':', 1)[0]}"[:w_val]
+        return "-" if value is None else f"{fmt(value)} {unit}"
+
+    print()
+    print("DDLF plain vs DDLF with mutual TLS (--tls; same run, same machine)")
+    head = f"{'workload':<{w_name}} | {'DDLF plain':>{w_val}} | {'DDLF TLS':>{w_val}} | {'TLS/plain':>9}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
+        print(f"{r['workload']:<{w_name}} | {cell(r['plain'], r['plain_error'], r['unit']):>{w_val}}"
+              f" | {cell(r['tls'], r['tls_error'], r['unit']):>{w_val}} | {ratio:>9}")
+    print("-" * len(head))
+    print("TLS/plain below 1 is what encryption costs (TLS 1.3, AES-256-GCM with OpenSSL here).")
+    errs = [(r["workload"], r["tls_error"]) for r in rows if r["tls_error"]]
+    for row, msg in errs:
+        print(f"  DDLF TLS / {row}: {msg}")
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: short measurements (~20 s)")
     p.add_argument("--only", choices=["ddlf"], help="run DDLF only, skip Ray")
+    p.add_argument("--tls", action="store_true", help="also run DDLF with mutual TLS on the "
+                   "call and 100 MB workloads and print plain vs TLS")
     p.add_argument("--json", metavar="PATH", help="also write the figures to this JSON file")
     a = p.parse_args(argv)
     cfg = Config(a.quick)
@@ -470,6 +571,8 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
 
     results = {"DDLF": run_phase("ddlf", cfg)}
+    if a.tls:
+        results["DDLF TLS"] = run_tls_phase(cfg)
     if a.only == "ddlf":
         ray_note = "skipped: --only ddlf"
     elif machine["ray"] is None:
@@ -485,11 +588,16 @@ def main(argv=None) -> dict:
 
     rows = build_rows(results)
     print_table(rows, machine, ray_note)
+    tls_rows = build_tls_rows(results) if a.tls else None
+    if tls_rows is not None:
+        print_tls_table(tls_rows)
     total = time.perf_counter() - t_start
     print(f"(total {total:.0f} s{', --quick' if a.quick else ''}; "
           f"other processes on this machine make the figures noisy)")
     report = {"machine": machine, "quick": a.quick, "ray_note": ray_note,
               "total_seconds": total, "rows": rows}
+    if tls_rows is not None:
+        report["tls_rows"] = tls_rows
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -1,14 +1,20 @@
 """``ddlf-node``: start a head or join a node on this host; stop them; show cluster status.
 
-    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--resources JSON] [--token-file F] [--block]
-    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--resources JSON] [--token-file F] [--block]
+    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--resources JSON] [--token-file F] [TLS] [--block]
+    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--resources JSON] [--token-file F] [TLS] [--block]
     ddlf-node stop
-    ddlf-node status [--address A] [--token-file F]
+    ddlf-node status [--address A] [--token-file F] [TLS]
+
+    TLS: --tls-cert CERT.pem --tls-key KEY.pem --tls-ca CA.pem (or DDLF_TLS_CERT/_KEY/_CA)
 
 The token comes from ``--token-file``, the ``DDLF_AUTH_TOKEN`` environment variable, or
 (on the head's host) the head's own token file. It reaches the head and node processes
 through their environment, never their command line: ``/proc/<pid>/cmdline`` is
 readable by every local user. ``--token`` still works but warns for that reason.
+
+With TLS, every connection of the cluster is mutual TLS (:mod:`tls`). The three paths
+reach the head and node (and through the node's environment, its workers) as
+``DDLF_TLS_*`` variables, never as arguments.
 
 Every process started here is recorded (pid and command) under the per-user session
 folder, so ``stop`` ends exactly those processes and nothing else.
@@ -27,9 +33,9 @@ import time
 
 import psutil
 
-from . import config
+from . import config, tls
 from .auth import read_token_file
-from .errors import DDLFError
+from .errors import DDLFError, TLSConfigError
 from .local_cluster import _start
 from .session import _is_ours, _logs_dir, _procs_dir, find_token, head_record
 
@@ -78,6 +84,13 @@ def _explicit_token(a) -> str | None:
     return None
 
 
+def _tls_env(a) -> dict:
+    """``DDLF_TLS_*`` for our children, from the flags or else our own environment, checked
+    here so a bad file fails before anything starts, naming the flag or variable."""
+    files = tls.files_from_args(a.tls_cert, a.tls_key, a.tls_ca) or tls.files_from_env()
+    return tls.to_env(tls.check(files))
+
+
 def cmd_start(a) -> int:
     resources = a.resources or "{}"
     try:
@@ -90,12 +103,17 @@ def cmd_start(a) -> int:
     except (OSError, DDLFError) as e:
         print(f"ddlf-node: cannot read the token: {e}", file=sys.stderr)
         return 2
+    try:
+        tls_env = _tls_env(a)
+    except TLSConfigError as e:
+        print(f"ddlf-node: {e}", file=sys.stderr)
+        return 2
     procs = []
     try:
         if a.head:
             head_args = ["ddlf_actors.runtime.head", "--host", a.host, "--port", str(a.port)]
             # Through the environment: a command line is world-readable in /proc.
-            head_env = {"DDLF_AUTH_TOKEN": explicit} if explicit else None
+            head_env = {**tls_env, **({"DDLF_AUTH_TOKEN": explicit} if explicit else {})}
             head, info = _spawn(head_args, "head", a.block, "head.log", env=head_env)
             procs.append(head)
             _record(head, "head", info)
@@ -120,7 +138,7 @@ def cmd_start(a) -> int:
                      "--resources", resources, *node_auth]
         if a.num_cpus is not None:
             node_args += ["--num-cpus", str(a.num_cpus)]
-        node_env = None if a.head else {"DDLF_AUTH_TOKEN": token}
+        node_env = {**tls_env, **({} if a.head else {"DDLF_AUTH_TOKEN": token})}
         node, ninfo = _spawn(node_args, "node", a.block, f"node-{os.getpid()}.log", env=node_env)
         procs.append(node)
         _record(node, "node", ninfo)
@@ -130,12 +148,15 @@ def cmd_start(a) -> int:
         print(f"ddlf-node: {e}", file=sys.stderr)
         return 1
     if a.head:
-        print(f"DDLF head started at {address}")
+        tls_args = " --tls-cert CERT --tls-key KEY --tls-ca CA" if tls_env else ""
+        print(f"DDLF head started at {address}" + (" (mutual TLS)" if tls_env else ""))
         print(f"  token file: {token_file} (mode 0600)")
         print("  join other hosts with (copy the token file there first, e.g. with scp):")
-        print(f"    ddlf-node start --address {address} --token-file {token_file}")
+        print(f"    ddlf-node start --address {address} --token-file {token_file}{tls_args}")
         print("  connect a driver with:")
         print(f"    ddlf.init(address=\"{address}\")   # on this host, or pass token=...")
+        if tls_env:
+            print(f"    (with {tls.ENV_CERT}, {tls.ENV_KEY} and {tls.ENV_CA} set in its environment)")
     else:
         print(f"DDLF node {ninfo['node_id']} joined {address} (listening on {ninfo['address']})")
     sys.stdout.flush()
@@ -225,6 +246,11 @@ def cmd_status(a) -> int:
     except (OSError, DDLFError) as e:
         print(f"ddlf-node: cannot read the token: {e}", file=sys.stderr)
         return 2
+    try:
+        os.environ.update(_tls_env(a))  # connect() reads DDLF_TLS_* in this process
+    except TLSConfigError as e:
+        print(f"ddlf-node: {e}", file=sys.stderr)
+        return 2
     core = Core(address, token or "", is_driver=False)
     try:
         core.connect(timeout=10)
@@ -264,6 +290,16 @@ def _table(rows) -> list:
     return ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def _tls_flags(p) -> None:
+    p.add_argument("--tls-cert", metavar="PEM", help="this host's certificate, signed by the "
+                   "cluster CA: turns on mutual TLS (with --tls-key and --tls-ca; default "
+                   f"{tls.ENV_CERT})")
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's unencrypted private key "
+                   f"(default {tls.ENV_KEY})")
+    p.add_argument("--tls-ca", metavar="PEM", help="the cluster CA's certificate; peers must "
+                   f"present a certificate it signed (default {tls.ENV_CA})")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ddlf-node", description="Run DDLF on this host.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -279,12 +315,14 @@ def main(argv=None) -> int:
                    "DDLF_AUTH_TOKEN, else the head generates one / the head's file on this host)")
     s.add_argument("--token", help="deprecated: visible to every local user in the process "
                    "list; use --token-file or DDLF_AUTH_TOKEN")
+    _tls_flags(s)
     s.add_argument("--block", action="store_true", help="stay in the foreground")
     sub.add_parser("stop", help="stop the DDLF processes this user started on this host")
     st = sub.add_parser("status", help="print nodes and actors")
     st.add_argument("--address", default="auto")
     st.add_argument("--token-file", help="file holding the cluster token")
     st.add_argument("--token", help="deprecated: visible in the process list")
+    _tls_flags(st)
     a = p.parse_args(argv)
     handler = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[a.cmd]
     try:

@@ -1,5 +1,8 @@
 """One authenticated, framed TCP connection (an ``asyncio.BufferedProtocol``).
 
+With TLS configured (:mod:`tls`, the ``DDLF_TLS_*`` variables), the socket is wrapped in
+mutual TLS first; the token handshake then runs inside it, unchanged.
+
 The protocol first runs the handshake in :mod:`auth` with fixed-size reads, then
 parses frames with :class:`FrameDecoder`. ``BufferedProtocol`` lets a large segment
 be received straight into its final buffer, so a 100 MB array costs no extra copy on
@@ -15,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import time
 
-from . import auth, config, protocol
+from . import auth, config, protocol, tls
 from .errors import AuthenticationError, ConnectionLostError, FrameError
 from .framing import FrameDecoder, encode_frame
 
@@ -129,6 +133,10 @@ class Connection(asyncio.BufferedProtocol):
         self.close_exc: BaseException | None = None
         self.info: dict = {}  # free-form per-connection state owned by the handler
         self._auth_timer: asyncio.TimerHandle | None = None
+        # A server's factory runs when the socket is accepted, before any TLS handshake:
+        # the handshake deadline counts from here, so TLS and token together get one
+        # HANDSHAKE_TIMEOUT_S, not one each.
+        self._accepted = time.monotonic()
 
     def _cancel_auth_timer(self):
         if self._auth_timer is not None:
@@ -152,7 +160,8 @@ class Connection(asyncio.BufferedProtocol):
             transport.write(msg)
             # A peer that connects and then stays silent (or sends a few bytes) would
             # otherwise hold a socket and its file descriptor forever.
-            self._auth_timer = self.loop.call_later(config.HANDSHAKE_TIMEOUT_S, self._auth_timed_out)
+            left = config.HANDSHAKE_TIMEOUT_S - (time.monotonic() - self._accepted)
+            self._auth_timer = self.loop.call_later(max(0.0, left), self._auth_timed_out)
 
     def _auth_timed_out(self):
         if self.state not in (_OPEN, _CLOSED):
@@ -218,8 +227,13 @@ class Connection(asyncio.BufferedProtocol):
                 ok, reply = auth.check_answer(self.token, self._server_nonce, response)
                 self.transport.write(reply)
                 if not ok:
-                    _rejections.rejected(self.peer, "rejected a connection from %s: wrong or "
-                                         "missing token", self.peer)
+                    if response.startswith(b"\x16\x03"):  # a TLS ClientHello, not a token
+                        _rejections.rejected(self.peer, "rejected a TLS connection from %s: this "
+                                             "process has no TLS configured (DDLF_TLS_* or "
+                                             "--tls-cert/--tls-key/--tls-ca)", self.peer)
+                    else:
+                        _rejections.rejected(self.peer, "rejected a connection from %s: wrong "
+                                             "or missing token", self.peer)
                     self.state = _CLOSED
                     self.transport.close()  # flushes the "refused" reply first
                     return
@@ -248,6 +262,7 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc):
         self._cancel_auth_timer()
         was_open = self.state == _OPEN
+        nothing_yet = self.state == _AUTH_CLIENT_CHALLENGE and not self._auth_buf
         self.state = _CLOSED
         self.closed = True
         if exc is None and self.close_exc is not None:
@@ -255,14 +270,29 @@ class Connection(asyncio.BufferedProtocol):
         if self.ready is not None and not self.ready.done():
             if self.server:
                 self.ready.cancel()
+            elif isinstance(exc, AuthenticationError):
+                self.ready.set_exception(exc)
+            elif isinstance(exc, ssl.SSLError):
+                # With TLS 1.3 a client finishes its side of the handshake before the server
+                # has checked the client's certificate: a refusal arrives here, as an alert.
+                self.ready.set_exception(AuthenticationError(tls.describe_ssl_error(exc, self.peer)))
+            elif nothing_yet and self.transport.get_extra_info("sslcontext") is not None:
+                # A DDLF server sends its challenge as soon as TLS is up; closing before
+                # that means it refused our certificate (its alert reaches us as a bare EOF).
+                self.ready.set_exception(AuthenticationError(
+                    f"the peer at {self.peer} closed the connection right after the TLS "
+                    f"handshake: it refused our certificate ({tls.ENV_CERT} must be signed by the "
+                    f"CA the cluster trusts; check {tls.ENV_CERT} and {tls.ENV_CA})"))
+            elif nothing_yet:
+                self.ready.set_exception(AuthenticationError(
+                    f"the peer at {self.peer} closed the connection without starting the DDLF "
+                    f"handshake: it probably requires TLS (set {tls.ENV_CERT}, {tls.ENV_KEY} and "
+                    f"{tls.ENV_CA}), or is not a DDLF port"))
             else:
-                self.ready.set_exception(
-                    exc if isinstance(exc, AuthenticationError) else AuthenticationError(
-                        "the peer closed the connection during the handshake: most likely it "
-                        "rejected our token (pass the head's token with ddlf.init(token=...) or "
-                        "DDLF_AUTH_TOKEN)"
-                    )
-                )
+                self.ready.set_exception(AuthenticationError(
+                    "the peer closed the connection during the handshake: most likely it "
+                    "rejected our token (pass the head's token with ddlf.init(token=...) or "
+                    "DDLF_AUTH_TOKEN)"))
         self._out.clear()
         if was_open or not self.server:
             try:
@@ -309,26 +339,45 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
 
+_FROM_ENV = object()
+
+
 async def connect(host: str, port: int, token, handler, *, timeout: float = 10.0,
-                  max_frame_bytes: int | None = None) -> Connection:
-    """Open an authenticated connection; raise ``AuthenticationError`` or ``OSError``."""
+                  max_frame_bytes: int | None = None, tls_context=_FROM_ENV) -> Connection:
+    """Open an authenticated connection; raise ``AuthenticationError`` or ``OSError``.
+
+    ``tls_context`` defaults to the one ``DDLF_TLS_*`` describes (none: plain TCP); pass an
+    ``ssl.SSLContext`` or ``None`` to choose explicitly.
+    """
     loop = asyncio.get_running_loop()
-    _, conn = await asyncio.wait_for(
-        loop.create_connection(
-            lambda: Connection(token, handler, server=False, max_frame_bytes=max_frame_bytes),
-            host, port),
-        timeout,
-    )
+    ctx = tls.client_context() if tls_context is _FROM_ENV else tls_context
+    extra = {} if ctx is None else {"ssl": ctx, "ssl_handshake_timeout": timeout}
+    try:
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: Connection(token, handler, server=False, max_frame_bytes=max_frame_bytes),
+                host, port, **extra),
+            timeout,
+        )
+    except ssl.SSLError as e:
+        raise AuthenticationError(tls.describe_ssl_error(e, (host, port))) from e
     await asyncio.wait_for(conn.ready, timeout)
     return conn
 
 
 async def serve(host: str, port: int, token, handler, *, on_open=None,
-                max_frame_bytes: int | None = None) -> asyncio.AbstractServer:
-    """Listen on ``host:port`` (port 0 picks a free one); each peer must authenticate."""
+                max_frame_bytes: int | None = None, tls_context=_FROM_ENV) -> asyncio.AbstractServer:
+    """Listen on ``host:port`` (port 0 picks a free one); each peer must authenticate.
+
+    With TLS (``tls_context``, by default from ``DDLF_TLS_*``) a peer must first complete a
+    mutual TLS handshake, within the same ``HANDSHAKE_TIMEOUT_S`` as the token handshake.
+    """
     loop = asyncio.get_running_loop()
+    ctx = tls.server_context() if tls_context is _FROM_ENV else tls_context
+    extra = {} if ctx is None else {"ssl": ctx,
+                                    "ssl_handshake_timeout": config.HANDSHAKE_TIMEOUT_S}
     return await loop.create_server(
         lambda: Connection(token, handler, server=True, max_frame_bytes=max_frame_bytes,
                            on_open=on_open),
-        host, port, reuse_address=True, backlog=1024,
+        host, port, reuse_address=True, backlog=1024, **extra,
     )

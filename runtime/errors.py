@@ -9,6 +9,7 @@ __all__ = [
     "WorkerCrashedError",
     "GetTimeoutError",
     "AuthenticationError",
+    "TLSConfigError",
     "FrameError",
     "ConnectionLostError",
     "UnschedulableError",
@@ -25,6 +26,10 @@ class DDLFError(Exception):
 
 class AuthenticationError(DDLFError):
     """A peer did not prove it holds the cluster token (or we could not prove it to the peer)."""
+
+
+class TLSConfigError(DDLFError):
+    """The TLS certificate, key or CA given to DDLF cannot be used (the message says which and why)."""
 
 
 class FrameError(DDLFError):

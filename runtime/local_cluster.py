@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from . import tls
 from .auth import read_token_file
 from .errors import DDLFError
 
@@ -72,10 +73,14 @@ class LocalCluster:
     def __init__(self, num_cpus: float | None = None, token: str | None = None,
                  resources: dict | None = None):
         self.procs: list[subprocess.Popen] = []
+        # DDLF_TLS_* turn on TLS for the embedded cluster too. Checked here, so a bad path
+        # raises in the driver naming the variable, and passed on as absolute paths.
+        tls_env = tls.to_env(tls.check())
         head_args = ["ddlf_actors.runtime.head", "--port", "0", "--stdin-lifeline"]
         # The token goes through the environment, never the command line: every local
         # user can read /proc/<pid>/cmdline. The node reads the head's 0600 token file.
-        head, info = _start(head_args, "head", env={"DDLF_AUTH_TOKEN": token} if token else None)
+        head, info = _start(head_args, "head",
+                            env={**tls_env, **({"DDLF_AUTH_TOKEN": token} if token else {})})
         self.procs.append(head)
         self.address = info["address"]
         self.token = token or read_token_file(info["token_file"])
@@ -86,7 +91,7 @@ class LocalCluster:
         if resources:
             node_args += ["--resources", json.dumps(resources)]
         try:
-            node, _ = _start(node_args, "node")
+            node, _ = _start(node_args, "node", env=tls_env)
         except Exception:
             self.stop()
             raise
