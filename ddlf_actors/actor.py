@@ -6,19 +6,55 @@ import inspect
 import uuid
 
 from ddlf_actors.runtime.core import ActorSpec, get_core
-from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.serialization import dumps
 
+from .errors import ActorNameTakenError, _is_name_taken
 from .options import ACTOR_OPTIONS, validate
 
-__all__ = ["ActorClass", "ActorHandle", "ActorMethod"]
+__all__ = ["ActorClass", "ActorHandle", "ActorMethod", "method"]
+
+# A name can be freed between our failed reservation and our lookup (its holder died):
+# try to create, then to look up, this many times before giving up.
+_GET_IF_EXISTS_TRIES = 5
 
 
 def _require_core():
     core = get_core()
     if core is None:
-        raise DDLFError("DDLF is not initialized: call ddlf.init() first")
+        # The first .remote() in a driver without init() starts a local cluster, as in Ray.
+        from .api import _core
+
+        core = _core()
     return core
+
+
+def method(*args, **kwargs):
+    """Annotate an actor method, as ``@ray.method(...)`` does.
+
+    Only ``num_returns=1`` (the default) is supported today: a method returns one
+    ``ObjectRef``. Other values raise ``NotImplementedError``, since DDLF has no
+    multiple-return refs yet. Use bare (``@ddlf.method``) or with keywords.
+    """
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]
+    if args:
+        raise TypeError("use @ddlf.method or @ddlf.method(num_returns=1)")
+    unknown = set(kwargs) - {"num_returns"}
+    if unknown:
+        raise NotImplementedError(
+            f"@ddlf.method does not support {sorted(unknown)}: DDLF has no concurrency groups "
+            "or per-method retry options yet; only num_returns=1 is accepted")
+    n = kwargs.get("num_returns", 1)
+    if n != 1:
+        raise NotImplementedError(
+            f"@ddlf.method(num_returns={n!r}): DDLF does not support multiple return values "
+            "(num_returns != 1) yet; return a tuple and unpack it after ddlf.get")
+
+    def annotate(fn):
+        fn.__ddlf_num_returns__ = 1
+        return fn
+
+    return annotate
 
 
 class ActorClass:
@@ -61,9 +97,43 @@ class ActorClass:
     def _create(self, options, args, kwargs) -> ActorHandle:
         core = _require_core()
         spec = self._get_spec()
+        if options.get("get_if_exists"):
+            return self._get_or_create(core, spec, options, args, kwargs)
+        return self._create_new(core, spec, options, args, kwargs)
+
+    def _create_new(self, core, spec, options, args, kwargs) -> ActorHandle:
+        options = {k: v for k, v in options.items() if k != "get_if_exists"}
         actor_id = uuid.uuid4().hex[:16]
-        core.create_actor(actor_id, spec, args, kwargs, options)
+        try:
+            core.create_actor(actor_id, spec, args, kwargs, options)
+        except Exception as e:
+            if _is_name_taken(e) and not isinstance(e, ActorNameTakenError):
+                raise ActorNameTakenError(str(e)) from None
+            raise
         return ActorHandle(actor_id, spec.class_name, spec.methods)
+
+    def _get_or_create(self, core, spec, options, args, kwargs) -> ActorHandle:
+        """The live actor named ``options["name"]``, or a new one under that name.
+
+        The head's name reservation is atomic, so of several racing creators one wins
+        and the others get ``ActorNameTakenError``; they then look the winner up.
+        """
+        name = options.get("name")
+        if not name:
+            raise ValueError("get_if_exists=True needs name=...: it returns the live actor of "
+                             "that name, or creates one under it")
+        for _ in range(_GET_IF_EXISTS_TRIES):
+            view = core.head_call("get_actor", name)
+            # A dead actor's name is free again (the head lets a new actor claim it).
+            if view is not None and view.get("state") != "DEAD":
+                return ActorHandle(view["actor_id"], view["class_name"], view["methods"] or {})
+            try:
+                return self._create_new(core, spec, options, args, kwargs)
+            except ActorNameTakenError:
+                continue
+        raise ActorNameTakenError(
+            f"get_if_exists: the name {name!r} kept changing hands (taken, then gone) "
+            f"{_GET_IF_EXISTS_TRIES} times; retry, or use a name no short-lived actor holds")
 
     def __repr__(self):
         return f"ActorClass({self.__module__}.{self.__qualname__})"
