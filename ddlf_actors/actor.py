@@ -95,6 +95,10 @@ class ActorClass:
         return self._create(self._options, args, kwargs)
 
     def _create(self, options, args, kwargs) -> ActorHandle:
+        if options.get("get_if_exists") and not options.get("name"):
+            # Checked before _require_core: a mistake must not start a cluster.
+            raise ValueError("get_if_exists=True needs name=...: it returns the live actor of "
+                             "that name, or creates one under it")
         core = _require_core()
         spec = self._get_spec()
         if options.get("get_if_exists"):
@@ -118,10 +122,7 @@ class ActorClass:
         The head's name reservation is atomic, so of several racing creators one wins
         and the others get ``ActorNameTakenError``; they then look the winner up.
         """
-        name = options.get("name")
-        if not name:
-            raise ValueError("get_if_exists=True needs name=...: it returns the live actor of "
-                             "that name, or creates one under it")
+        name = options["name"]
         for _ in range(_GET_IF_EXISTS_TRIES):
             view = core.head_call("get_actor", name)
             # A dead actor's name is free again (the head lets a new actor claim it).
