@@ -46,6 +46,14 @@ def test_missing_top_level_names_say_so(name, why):
     assert not hasattr(ray, name)   # also an AttributeError
 
 
+def test_from_import_of_a_missing_name_keeps_the_reason():
+    # Without care Python reports only "cannot import name", dropping why.
+    with pytest.raises(ImportError, match="ray.cancel is not provided.*cannot cancel"):
+        from ddlf_actors.compat.ray import cancel  # noqa: F401
+    with pytest.raises(ImportError, match="ray.util.placement_group is not provided"):
+        from ddlf_actors.compat.ray.util import placement_group  # noqa: F401
+
+
 def test_missing_util_names_say_so():
     with pytest.raises(NotProvidedError, match="ray.util.placement_group .*placement groups"):
         ray.util.placement_group  # noqa: B018

@@ -19,7 +19,7 @@ from ddlf_actors.runtime.object_ref import ObjectRef
 from . import exceptions
 from ._finder import ENV_VAR as _ENV_VAR
 from ._finder import install as _install
-from ._missing import NotProvidedError, not_provided
+from ._missing import NotProvidedError, missing, not_provided
 from ._remote import remote
 
 __all__ = [
@@ -199,7 +199,7 @@ class RuntimeContext:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        raise NotProvidedError(not_provided(f"get_runtime_context().{name}"))
+        raise missing(f"get_runtime_context().{name}")
 
 
 def _ctx():
@@ -218,9 +218,13 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
+    if name == "cloudpickle":   # Ray vendors cloudpickle as ray.cloudpickle
+        import cloudpickle
+
+        return cloudpickle
     if name.startswith("__"):
         raise AttributeError(name)
-    raise NotProvidedError(not_provided(name))
+    raise missing(name)
 
 
 # A worker that unpickles code referring to this module imports it by its real name; in

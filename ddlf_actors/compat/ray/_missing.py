@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["NotProvidedError", "NotProvidedModuleError", "reason", "not_provided"]
+import dis
+import sys
+
+__all__ = ["NotProvidedError", "NotProvidedModuleError", "reason", "not_provided", "missing"]
 
 _LIBRARY = "a Ray library built on Ray Core; DDLF provides only the Core API"
 
@@ -98,3 +101,23 @@ class NotProvidedError(AttributeError, NotImplementedError):
 
 class NotProvidedModuleError(ModuleNotFoundError):
     """``import ray.<module>`` for a module DDLF does not provide."""
+
+
+_IMPORT_FROM = dis.opmap.get("IMPORT_FROM")
+
+
+def missing(name: str, depth: int = 2) -> BaseException:
+    """The error for a module ``__getattr__`` to raise for ``ray.<name>``.
+
+    ``from ray import X`` turns an ``AttributeError`` into a bare "cannot import name" that
+    drops our reason, so when the caller (``depth`` frames up) is executing that
+    import, return an ``ImportError`` instead; otherwise an ``AttributeError``.
+    """
+    msg = not_provided(name)
+    try:
+        frame = sys._getframe(depth)
+        if frame.f_code.co_code[frame.f_lasti] == _IMPORT_FROM:
+            return NotProvidedModuleError(msg, name=f"ray.{name}")
+    except (ValueError, IndexError, AttributeError):
+        pass
+    return NotProvidedError(msg)

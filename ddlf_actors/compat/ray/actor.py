@@ -2,7 +2,7 @@
 
 from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod
 
-from ._missing import NotProvidedError, not_provided
+from ._missing import missing
 from ._remote import RayActorClass
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "RayActorClass", "exit_actor"]
@@ -14,11 +14,11 @@ def exit_actor():
 
     fn = getattr(_actor, "exit_actor", None)
     if fn is None:
-        raise NotProvidedError(not_provided("actor.exit_actor"))
+        raise missing("actor.exit_actor")
     return fn()
 
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    raise NotProvidedError(not_provided(f"actor.{name}"))
+    raise missing(f"actor.{name}")

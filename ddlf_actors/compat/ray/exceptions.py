@@ -19,7 +19,7 @@ from ddlf_actors.errors import (
     WorkerCrashedError,
 )
 
-from ._missing import NotProvidedError, not_provided
+from ._missing import missing
 
 # -- the same thing in both ----------------------------------------------------------------
 RayError = DDLFError
@@ -190,4 +190,4 @@ __all__ = [
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    raise NotProvidedError(not_provided(f"exceptions.{name}"))
+    raise missing(f"exceptions.{name}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ddlf_actors.util import ActorPool
 
-from .._missing import NotProvidedError, not_provided
+from .._missing import missing
 from . import queue, scheduling_strategies
 
 __all__ = ["ActorPool", "queue", "scheduling_strategies", "list_named_actors"]
@@ -32,4 +32,4 @@ def __getattr__(name: str):
         return importlib.import_module(f"{__name__}.actor_pool")
     if name.startswith("__"):
         raise AttributeError(name)
-    raise NotProvidedError(not_provided(f"util.{name}"))
+    raise missing(f"util.{name}")
