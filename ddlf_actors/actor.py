@@ -7,12 +7,17 @@ import uuid
 
 from ddlf_actors.runtime import context
 from ddlf_actors.runtime.core import ActorSpec, get_core
-from ddlf_actors.runtime.errors import ActorExit, DDLFError
+from ddlf_actors.runtime.errors import ActorExit
 from ddlf_actors.runtime.serialization import dumps
 
+from .errors import ActorNameTakenError, _is_name_taken
 from .options import ACTOR_OPTIONS, METHOD_OPTIONS, validate
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
+
+# A name can be freed between our failed reservation and our lookup (its holder died):
+# try to create, then to look up, this many times before giving up.
+_GET_IF_EXISTS_TRIES = 5
 
 
 def method(*args, **kwargs):
@@ -60,7 +65,10 @@ def exit_actor():
 def _require_core():
     core = get_core()
     if core is None:
-        raise DDLFError("DDLF is not initialized: call ddlf.init() first")
+        # The first .remote() in a driver without init() starts a local cluster, as in Ray.
+        from .api import _core
+
+        core = _core()
     return core
 
 
@@ -106,11 +114,46 @@ class ActorClass:
         return self._create(self._options, args, kwargs)
 
     def _create(self, options, args, kwargs) -> ActorHandle:
+        if options.get("get_if_exists") and not options.get("name"):
+            # Checked before _require_core: a mistake must not start a cluster.
+            raise ValueError("get_if_exists=True needs name=...: it returns the live actor of "
+                             "that name, or creates one under it")
         core = _require_core()
         spec = self._get_spec()
+        if options.get("get_if_exists"):
+            return self._get_or_create(core, spec, options, args, kwargs)
+        return self._create_new(core, spec, options, args, kwargs)
+
+    def _create_new(self, core, spec, options, args, kwargs) -> ActorHandle:
+        options = {k: v for k, v in options.items() if k != "get_if_exists"}
         actor_id = uuid.uuid4().hex[:16]
-        core.create_actor(actor_id, spec, args, kwargs, options)
+        try:
+            core.create_actor(actor_id, spec, args, kwargs, options)
+        except Exception as e:
+            if _is_name_taken(e) and not isinstance(e, ActorNameTakenError):
+                raise ActorNameTakenError(str(e)) from None
+            raise
         return ActorHandle(actor_id, spec.class_name, spec.methods)
+
+    def _get_or_create(self, core, spec, options, args, kwargs) -> ActorHandle:
+        """The live actor named ``options["name"]``, or a new one under that name.
+
+        The head's name reservation is atomic, so of several racing creators one wins
+        and the others get ``ActorNameTakenError``; they then look the winner up.
+        """
+        name = options["name"]
+        for _ in range(_GET_IF_EXISTS_TRIES):
+            view = core.head_call("get_actor", name)
+            # A dead actor's name is free again (the head lets a new actor claim it).
+            if view is not None and view.get("state") != "DEAD":
+                return ActorHandle(view["actor_id"], view["class_name"], view["methods"] or {})
+            try:
+                return self._create_new(core, spec, options, args, kwargs)
+            except ActorNameTakenError:
+                continue
+        raise ActorNameTakenError(
+            f"get_if_exists: the name {name!r} kept changing hands (taken, then gone) "
+            f"{_GET_IF_EXISTS_TRIES} times; retry, or use a name no short-lived actor holds")
 
     def __repr__(self):
         return f"ActorClass({self.__module__}.{self.__qualname__})"

@@ -14,6 +14,7 @@ from ddlf_actors.runtime.object_ref import ObjectRef
 from ddlf_actors.runtime.session import find_token, head_record
 
 from .actor import ActorClass, ActorHandle
+from .errors import AlreadyInitializedError
 from .remote_function import RemoteFunction
 
 __all__ = [
@@ -21,7 +22,12 @@ __all__ = [
     "nodes", "cluster_resources", "available_resources", "ClusterInfo",
 ]
 
-_lock = threading.Lock()
+_lock = threading.RLock()
+_info: ClusterInfo | None = None
+
+# Set DDLF_AUTO_INIT=0 to make a missing ddlf.init() an error instead of starting a local
+# cluster (Ray's RAY_ENABLE_AUTO_CONNECT=0), e.g. where a driver must join a real cluster.
+_AUTO_INIT_ENV = "DDLF_AUTO_INIT"
 
 
 class ClusterInfo:
@@ -38,17 +44,28 @@ class ClusterInfo:
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, token: str | None = None,
-         resources: dict | None = None) -> ClusterInfo:
+         resources: dict | None = None, ignore_reinit_error: bool = False) -> ClusterInfo:
     """Start an embedded local cluster (no ``address``) or connect to ``"host:port"``.
 
     The embedded cluster is a head and one node as child processes with ``num_cpus`` CPUs
     (default ``os.cpu_count()``); it stops at :func:`shutdown` or at interpreter exit.
-    Raises ``DDLFError`` if already initialized, ``AuthenticationError`` for a wrong token.
+    Calling ``init`` is optional: the first ``.remote()``, ``get``, ``put`` or ``wait``
+    starts an embedded cluster with the defaults.
+
+    A second call returns the current ``ClusterInfo`` when ``ignore_reinit_error=True``
+    (its arguments are then ignored) and raises ``AlreadyInitializedError`` (a
+    ``DDLFError`` and ``RuntimeError``) otherwise. ``AuthenticationError`` for a wrong token.
     """
+    global _info
     with _lock:
         if get_core(auto=False) is not None:
-            raise DDLFError("ddlf.init() was already called in this process; call "
-                            "ddlf.shutdown() first to start or join another cluster")
+            if ignore_reinit_error:
+                return _info
+            raise AlreadyInitializedError(
+                "ddlf.init() was already called in this process (perhaps implicitly, by a "
+                "first .remote(), get, put or wait); pass ignore_reinit_error=True to "
+                "ignore a second call, or call ddlf.shutdown() first to start or join "
+                "another cluster")
         # A driver holds a connection per actor it calls: do not stop at a soft limit of 1024.
         config.raise_open_file_limit()
         cluster = None
@@ -69,7 +86,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
                 cluster.stop()
             raise
         set_core(core)
-        return ClusterInfo(address, token, cluster is not None)
+        _info = ClusterInfo(address, token, cluster is not None)
+        return _info
 
 
 def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
@@ -105,11 +123,13 @@ def _first_reachable(addresses: list[str]) -> str:
 
 def shutdown() -> None:
     """Disconnect; stop the embedded cluster (and every actor it runs) if we started one."""
+    global _info
     with _lock:
         core = get_core(auto=False)
         if core is None:
             return
         set_core(None)
+        _info = None
         cluster = core.cluster
         core.closing = True
         if cluster is not None:
@@ -129,11 +149,26 @@ def is_initialized() -> bool:
     return get_core(auto=False) is not None
 
 
-def _core() -> Core:
+def _core(auto_init: bool = True) -> Core:
+    """The process's core; with ``auto_init``, a driver without one starts a local cluster.
+
+    As in Ray, calls that need a cluster to mean anything (``.remote()``, ``get``, ``put``,
+    ``wait``, ``kill``, ``get_actor``) start one; questions about the cluster (``nodes``,
+    ``cluster_resources``) do not. Inside a worker, ``get_core`` joins the worker's cluster.
+    """
     core = get_core()
-    if core is None:
+    if core is not None:
+        return core
+    if not auto_init:
         raise DDLFError("DDLF is not initialized: call ddlf.init() first")
-    return core
+    if os.environ.get(_AUTO_INIT_ENV, "") == "0":
+        raise DDLFError(f"DDLF is not initialized and {_AUTO_INIT_ENV}=0 turns off starting a "
+                        "local cluster on first use: call ddlf.init() first")
+    with _lock:
+        # Another thread may have started it while we waited for the lock.
+        if get_core(auto=False) is None:
+            init()
+    return get_core(auto=False)
 
 
 def remote(*args, **options):
@@ -207,17 +242,17 @@ def get_actor(name: str) -> ActorHandle:
 
 def nodes() -> list[dict]:
     """One dict per node: ``node_id``, ``address``, ``alive``, ``resources`` (and more)."""
-    return _core().head_call("nodes")
+    return _core(auto_init=False).head_call("nodes")
 
 
 def cluster_resources() -> dict:
     """Total resources of the alive nodes, e.g. ``{"CPU": 2.0}``."""
-    return _core().head_call("cluster_resources")
+    return _core(auto_init=False).head_call("cluster_resources")
 
 
 def available_resources() -> dict:
     """Resources not reserved by actors or running tasks, e.g. ``{"CPU": 1.0}``."""
-    return _core().head_call("available_resources")
+    return _core(auto_init=False).head_call("available_resources")
 
 
 # Silence "imported but unused" for names re-exported by the package.

@@ -5,7 +5,8 @@ from __future__ import annotations
 __all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "validate"]
 
 _COMMON = {"num_cpus", "resources", "name"}
-ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id"}
+ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id",
+                           "get_if_exists"}
 TASK_OPTIONS = _COMMON | {"max_retries", "num_returns"}
 METHOD_OPTIONS = {"num_returns"}
 
@@ -36,6 +37,9 @@ def validate(options: dict, allowed: set, what: str) -> dict:
     if name is not None and (not isinstance(name, str) or not name):
         # "" would be accepted and then be unreachable: get_actor("") finds nothing.
         raise ValueError(f"name must be a non-empty string (or None for no name), got {name!r}")
+    gie = options.get("get_if_exists")
+    if gie is not None and not isinstance(gie, bool):
+        raise ValueError(f"get_if_exists must be True or False, got {gie!r}")
     lt = options.get("lifetime")
     if lt not in (None, "detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lt!r}")

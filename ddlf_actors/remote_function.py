@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.serialization import dumps
 
 from .actor import _require_core
@@ -45,8 +44,6 @@ class RemoteFunction:
 
     def _submit(self, options, args, kwargs):
         core = _require_core()
-        if core is None:
-            raise DDLFError("DDLF is not initialized: call ddlf.init() first")
         return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs, options)
 
     def __repr__(self):

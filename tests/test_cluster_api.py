@@ -96,7 +96,10 @@ def test_shutdown_then_init_again(no_leaks):
     assert not ddlf.is_initialized()
 
 
-def test_api_before_init_raises(no_leaks):
+def test_api_before_init_raises_when_auto_init_is_off(no_leaks, monkeypatch):
+    # By default the first call starts a cluster (tests/test_auto_init.py); with
+    # DDLF_AUTO_INIT=0 it must fail instead.
+    monkeypatch.setenv("DDLF_AUTO_INIT", "0")
     assert not ddlf.is_initialized()
     with pytest.raises(DDLFError):
         Counter.remote()

@@ -1,0 +1,233 @@
+"""Ray Core's public API over DDLF: ``import ddlf_actors.compat.ray as ray``.
+
+The names a Ray program uses most (``init``, ``remote``, ``get``, ``wait``, ``put``,
+``kill``, ``get_actor``, ``nodes``, ``method``, ``ObjectRef``, ``exceptions``, ``util``)
+map onto DDLF; a Ray name DDLF lacks raises an error naming it and saying why
+(docs/ray-compat.md lists every name). ``python -m ddlf_actors.compat.ray script.py``
+runs an unmodified Ray script: ``import ray`` then resolves to this package.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import ddlf_actors as _ddlf
+from ddlf_actors.api import ClusterInfo as _ClusterInfo
+from ddlf_actors.runtime.object_ref import ObjectRef
+
+from . import exceptions
+from ._finder import ENV_VAR as _ENV_VAR
+from ._finder import install as _install
+from ._missing import NotProvidedError, missing, not_provided
+from ._remote import remote
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
+    "get_actor", "nodes", "cluster_resources", "available_resources", "method",
+    "get_runtime_context", "ObjectRef", "exceptions", "util", "actor", "RayContext",
+    "NotProvidedError",
+]
+
+# Ray's init arguments that only tune Ray's own processes: accepted and ignored.
+_INIT_IGNORED = {
+    "object_store_memory", "local_mode", "include_dashboard", "dashboard_host",
+    "dashboard_port", "job_config", "configure_logging", "logging_level", "logging_format",
+    "logging_config", "log_to_driver", "namespace", "storage", "labels",
+    "enable_resource_isolation", "system_reserved_cpu", "system_reserved_memory",
+    "cgroup_path", "_enable_object_reconstruction", "_system_config", "_temp_dir",
+    "_node_ip_address", "_metrics_export_port", "_memory", "_redis_password",
+    "_plasma_directory", "_node_name", "_driver_object_store_memory", "_tracing_startup_hook",
+    "_skip_env_hook", "_max_cpu_frequency",
+}
+
+
+class RayContext(dict):
+    """What ``ray.init`` returns: a dict of ``address_info`` and a context manager.
+
+    ``with ray.init(): ...`` shuts the cluster down at the end of the block, as in Ray.
+    """
+
+    def __init__(self, info: _ClusterInfo):
+        super().__init__(address=info.address, node_ip_address=info.address.rsplit(":", 1)[0],
+                         gcs_address=info.address)
+        self.address_info = dict(self)
+        self.dashboard_url = None
+        self.python_version = ".".join(map(str, sys.version_info[:3]))
+        self.ray_version = None
+        self.ddlf = info
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        shutdown()
+
+    def disconnect(self):
+        shutdown()
+
+
+def init(address: str | None = None, *, num_cpus: float | None = None,
+         num_gpus: float | None = None, resources: dict | None = None,
+         ignore_reinit_error: bool = False, runtime_env: dict | None = None,
+         **kwargs) -> RayContext:
+    """``ray.init`` on DDLF: an embedded local cluster, or ``"host:port"`` / ``"auto"``.
+
+    ``num_gpus`` becomes a ``"GPU"`` resource (DDLF counts it but assigns no devices).
+    ``runtime_env`` may only set ``env_vars`` of an embedded cluster. Dashboard, logging
+    and object-store arguments are accepted and ignored.
+    """
+    unknown = set(kwargs) - _INIT_IGNORED
+    if unknown:
+        raise TypeError(f"ray.init() got unexpected keyword argument(s) {sorted(unknown)}")
+    if address in ("local", None):
+        address = None
+    elif isinstance(address, str) and address.startswith("ray://"):
+        raise NotProvidedError(not_provided("client") + f" (address={address!r})")
+    res = dict(resources or {})
+    if num_gpus:
+        res["GPU"] = num_gpus
+    if runtime_env:
+        extra = set(runtime_env) - {"env_vars"}
+        if extra or address is not None:
+            raise NotImplementedError(
+                f"ray.init(runtime_env={runtime_env!r}): DDLF has no runtime environments; "
+                "only env_vars of an embedded (local) cluster are supported. Install "
+                "packages and set variables on every host instead")
+        if not _ddlf.is_initialized():
+            # The embedded cluster's processes inherit the driver's environment.
+            os.environ.update({k: str(v) for k, v in runtime_env["env_vars"].items()})
+    info = _ddlf.init(address, num_cpus=num_cpus, resources=res or None,
+                      ignore_reinit_error=ignore_reinit_error)
+    return RayContext(info)
+
+
+def shutdown(_exiting_interpreter: bool = False) -> None:
+    _ddlf.shutdown()
+
+
+def is_initialized() -> bool:
+    return _ddlf.is_initialized()
+
+
+def get(object_refs, *, timeout: float | None = None):
+    """``ray.get``: a value, or a list of values; remote errors re-raise here."""
+    return _ddlf.get(object_refs, timeout=timeout)
+
+
+def wait(object_refs, *, num_returns: int = 1, timeout: float | None = None,
+         fetch_local: bool = True):
+    """``ray.wait``: ``(ready, not_ready)``; ``fetch_local`` has no meaning in DDLF."""
+    return _ddlf.wait(object_refs, num_returns=num_returns, timeout=timeout)
+
+
+def put(value, *, _owner=None) -> ObjectRef:
+    if _owner is not None:
+        raise NotImplementedError("ray.put(_owner=...): a DDLF object is always owned by "
+                                  "the process that put it")
+    return _ddlf.put(value)
+
+
+def kill(actor, *, no_restart: bool = True) -> None:
+    _ddlf.kill(actor, no_restart=no_restart)
+
+
+def get_actor(name: str, namespace: str | None = None):
+    """The live actor named ``name``; DDLF has one namespace, so ``namespace`` is ignored."""
+    return _ddlf.get_actor(name)
+
+
+def nodes() -> list:
+    """One dict per node, with Ray's keys (``NodeID``, ``Alive``, ``Resources``, ...) too."""
+    out = []
+    for n in _ddlf.nodes():
+        host, _, port = n["address"].rpartition(":")
+        out.append({**n, "NodeID": n["node_id"], "Alive": n["alive"],
+                    "NodeManagerAddress": host, "NodeManagerHostname": host,
+                    "NodeManagerPort": int(port) if port.isdigit() else None,
+                    "Resources": n["resources"]})
+    return out
+
+
+def cluster_resources() -> dict:
+    return _ddlf.cluster_resources()
+
+
+def available_resources() -> dict:
+    return _ddlf.available_resources()
+
+
+def method(*args, **kwargs):
+    """``@ray.method(...)``: ``num_returns=k`` works; other options raise or are ignored."""
+    kwargs = dict(kwargs)
+    for key in ("max_task_retries", "retry_exceptions", "enable_task_events"):
+        kwargs.pop(key, None)
+    return _ddlf.method(*args, **kwargs)
+
+
+class RuntimeContext:
+    """``ray.get_runtime_context()``: ids of the job, node, worker and actor we run in."""
+
+    def get_job_id(self):
+        ctx = _ctx()
+        if ctx is not None:
+            return ctx.job_id
+        from ddlf_actors.runtime.core import get_core
+
+        core = get_core(auto=False)
+        return core.job_id if core is not None else None
+
+    def get_node_id(self):
+        ctx = _ctx()
+        return ctx.node_id if ctx else None
+
+    def get_worker_id(self):
+        ctx = _ctx()
+        return ctx.worker_id if ctx else None
+
+    def get_actor_id(self):
+        ctx = _ctx()
+        return ctx.actor_id if ctx else None
+
+    def get_task_id(self):
+        return None
+
+    @property
+    def namespace(self) -> str:
+        return ""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise missing(f"get_runtime_context().{name}")
+
+
+def _ctx():
+    from ddlf_actors.runtime import context
+
+    return context.current
+
+
+def get_runtime_context() -> RuntimeContext:
+    return RuntimeContext()
+
+
+def __getattr__(name: str):
+    # Submodules load on first use, as in Ray (ray.util, ray.actor).
+    if name in ("util", "actor", "remote_function", "runtime_context"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    if name == "cloudpickle":   # Ray vendors cloudpickle as ray.cloudpickle
+        import cloudpickle
+
+        return cloudpickle
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise missing(name)
+
+
+# A worker that unpickles code referring to this module imports it by its real name; in
+# a program started by ``python -m ddlf_actors.compat.ray`` it must also answer to "ray".
+if os.environ.get(_ENV_VAR) == "1":
+    _install()

@@ -1,0 +1,180 @@
+"""``ray.remote`` and ``.options()``: translate Ray's options into DDLF's.
+
+An option DDLF has passes through. One that only tunes Ray's scheduling or bookkeeping
+is dropped with a warning. One that changes what a program computes (multiple returns,
+placement groups, runtime environments, concurrency groups) raises
+``NotImplementedError`` naming it, rather than running the program differently.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+from ddlf_actors.actor import ActorClass
+from ddlf_actors.options import ACTOR_OPTIONS, TASK_OPTIONS
+from ddlf_actors.remote_function import RemoteFunction
+
+__all__ = ["remote", "translate_options", "RayActorClass", "RayRemoteFunction",
+           "NodeAffinitySchedulingStrategy"]
+
+# Ray's default for an actor with async methods: calls interleave on its event loop.
+_ASYNC_ACTOR_CONCURRENCY = 1000
+
+# Ray options DDLF ignores: they tune placement or bookkeeping, not results.
+_IGNORED = {
+    "memory": "DDLF does not reserve memory for tasks and actors",
+    "object_store_memory": "DDLF has no shared object store",
+    "max_task_retries": "DDLF does not retry actor calls after an actor restarts",
+    "retry_exceptions": "DDLF does not retry a task that raised",
+    "max_pending_calls": "DDLF does not limit pending actor calls",
+    "allow_out_of_order_execution": "DDLF runs one caller's calls in order",
+    "namespace": "DDLF has one namespace per cluster",
+    "accelerator_type": "DDLF does not schedule by accelerator type",
+    "label_selector": "DDLF has no node labels",
+    "_labels": "DDLF has no node labels",
+    "enable_task_events": None,   # no task events to turn off: nothing to warn about
+    "_metadata": None,
+}
+
+# Ray options that would change a program's meaning: refuse them by name.
+_UNSUPPORTED = {
+    "placement_group": "placement groups",
+    "placement_group_bundle_index": "placement groups",
+    "placement_group_capture_child_tasks": "placement groups",
+    "concurrency_groups": "concurrency groups",
+    "_generator_backpressure_num_objects": "generator tasks",
+    "tensor_transport": "GPU tensor transport",
+}
+
+_warned: set = set()
+
+
+def _warn_ignored(key: str, why: str | None) -> None:
+    if why and key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"ddlf_actors.compat.ray ignores the Ray option {key!r}: {why}",
+                      stacklevel=4)
+
+
+class NodeAffinitySchedulingStrategy:
+    """Ray's ``NodeAffinitySchedulingStrategy``: run on the node ``node_id``.
+
+    DDLF pins the actor to that node; ``soft=True`` (fall back to another node) is
+    accepted but DDLF still pins. Tasks cannot be pinned in DDLF.
+    """
+
+    def __init__(self, node_id: str, soft: bool, _spill_on_unavailable: bool = False,
+                 _fail_on_unavailable: bool = False):
+        self.node_id = node_id
+        self.soft = soft
+
+
+def translate_options(options: dict, for_actor: bool) -> dict:
+    """Ray's ``@ray.remote``/``.options()`` keywords -> DDLF's, or ``NotImplementedError``."""
+    allowed = ACTOR_OPTIONS if for_actor else TASK_OPTIONS
+    what = "actor" if for_actor else "task"
+    out: dict = {}
+    for key, value in options.items():
+        if key in ("num_gpus",):
+            if value:
+                out.setdefault("resources", {})
+                out["resources"] = {**out["resources"], "GPU": value}
+        elif key == "resources":
+            out["resources"] = {**(value or {}), **out.get("resources", {})}
+        elif key == "num_returns" and "num_returns" not in allowed:
+            if value not in (None, 1):
+                raise NotImplementedError(
+                    f"num_returns={value!r} on a {what}: DDLF does not support multiple "
+                    "return values yet; return a tuple and unpack it after ray.get")
+        elif key == "runtime_env":
+            if value:
+                raise NotImplementedError(
+                    f"runtime_env={value!r}: DDLF has no runtime environments; install "
+                    "packages and set environment variables on every host instead")
+        elif key == "scheduling_strategy":
+            if isinstance(value, NodeAffinitySchedulingStrategy):
+                if not for_actor:
+                    raise NotImplementedError("NodeAffinitySchedulingStrategy on a task: DDLF "
+                                              "can pin actors to a node, not tasks")
+                out["node_id"] = value.node_id
+            elif value in (None, "DEFAULT"):
+                pass
+            elif value == "SPREAD":
+                _warn_ignored("scheduling_strategy='SPREAD'", "DDLF's scheduler places "
+                              "work itself")
+            else:
+                raise NotImplementedError(
+                    f"scheduling_strategy={value!r}: DDLF supports 'DEFAULT', 'SPREAD' and "
+                    "NodeAffinitySchedulingStrategy only (no placement groups or labels)")
+        elif key in _UNSUPPORTED:
+            # Ray's own defaults for these options mean "not used": accept them.
+            if value not in (None, {}, [], False, -1, "default"):
+                raise NotImplementedError(f"the Ray option {key}=...: DDLF has no "
+                                          f"{_UNSUPPORTED[key]}")
+        elif key in allowed:
+            if value is not None:
+                out[key] = value
+        elif key in _IGNORED:
+            if value not in (None, 0, False, {}, ""):
+                _warn_ignored(key, _IGNORED[key])
+        else:
+            raise ValueError(f"unknown Ray option {key!r} for a {what}; DDLF accepts "
+                             f"{sorted(allowed | set(_IGNORED) | {'num_gpus', 'runtime_env'})}")
+    if not out.get("resources"):
+        out.pop("resources", None)
+    return out
+
+
+def _is_async_class(cls: type) -> bool:
+    return any(inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+               for _, f in inspect.getmembers(cls, inspect.isfunction))
+
+
+class RayActorClass(ActorClass):
+    """An ``ActorClass`` whose ``.options()`` takes Ray's keywords."""
+
+    def __init__(self, cls: type, options: dict):
+        options = translate_options(options, for_actor=True)
+        if "max_concurrency" not in options and _is_async_class(cls):
+            options["max_concurrency"] = _ASYNC_ACTOR_CONCURRENCY
+        super().__init__(cls, options)
+
+    def options(self, **options):
+        return super().options(**translate_options(options, for_actor=True))
+
+    def bind(self, *args, **kwargs):
+        raise NotImplementedError("ActorClass.bind: DDLF has no lazy task graphs (ray.dag)")
+
+
+class RayRemoteFunction(RemoteFunction):
+    """A ``RemoteFunction`` whose ``.options()`` takes Ray's keywords."""
+
+    def __init__(self, fn, options: dict):
+        super().__init__(fn, translate_options(options, for_actor=False))
+
+    def options(self, **options):
+        return super().options(**translate_options(options, for_actor=False))
+
+    def bind(self, *args, **kwargs):
+        raise NotImplementedError("RemoteFunction.bind: DDLF has no lazy task graphs (ray.dag)")
+
+
+def remote(*args, **options):
+    """``@ray.remote`` / ``@ray.remote(num_cpus=..., ...)`` for classes and functions."""
+    if len(args) == 1 and not options and callable(args[0]):
+        return _make(args[0], {})
+    if args:
+        raise TypeError("use @ray.remote or @ray.remote(option=value, ...)")
+    return lambda obj: _make(obj, options)
+
+
+def _make(obj, options: dict):
+    if inspect.isclass(obj):
+        return RayActorClass(obj, options)
+    if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
+        raise NotImplementedError(f"@ray.remote on generator function {obj.__name__}: DDLF "
+                                  "has no generator tasks; return a list instead")
+    if callable(obj):
+        return RayRemoteFunction(obj, options)
+    raise TypeError(f"@ray.remote applies to classes and functions, not {type(obj).__name__}")

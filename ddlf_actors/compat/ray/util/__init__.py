@@ -1,0 +1,35 @@
+"""``ray.util`` over DDLF: ``ActorPool``, ``queue``, ``list_named_actors``, scheduling strategies.
+
+Other ``ray.util`` names (placement groups, collective, state, ...) raise an error that
+names them and says why DDLF lacks them.
+"""
+
+from __future__ import annotations
+
+from ddlf_actors.util import ActorPool
+
+from .._missing import missing
+from . import queue, scheduling_strategies
+
+__all__ = ["ActorPool", "queue", "scheduling_strategies", "list_named_actors"]
+
+
+def list_named_actors(all_namespaces: bool = False) -> list:
+    """Names of the live named actors (dicts with ``name``/``namespace`` if ``all_namespaces``)."""
+    from ddlf_actors.api import _core
+
+    names = sorted({a["name"] for a in _core().head_call("list_actors")
+                    if a.get("name") and a.get("state") != "DEAD"})
+    if all_namespaces:
+        return [{"name": n, "namespace": ""} for n in names]
+    return names
+
+
+def __getattr__(name: str):
+    if name == "actor_pool":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.actor_pool")
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise missing(f"util.{name}")
