@@ -10,7 +10,7 @@ from ddlf_actors.runtime.core import ActorSpec, get_core
 from ddlf_actors.runtime.errors import ActorExit
 from ddlf_actors.runtime.serialization import dumps
 
-from .errors import ActorNameTakenError, _is_name_taken
+from .errors import ActorNameTakenError
 from .options import ACTOR_OPTIONS, METHOD_OPTIONS, validate
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
@@ -127,12 +127,7 @@ class ActorClass:
     def _create_new(self, core, spec, options, args, kwargs) -> ActorHandle:
         options = {k: v for k, v in options.items() if k != "get_if_exists"}
         actor_id = uuid.uuid4().hex[:16]
-        try:
-            core.create_actor(actor_id, spec, args, kwargs, options)
-        except Exception as e:
-            if _is_name_taken(e) and not isinstance(e, ActorNameTakenError):
-                raise ActorNameTakenError(str(e)) from None
-            raise
+        core.create_actor(actor_id, spec, args, kwargs, options)
         return ActorHandle(actor_id, spec.class_name, spec.methods)
 
     def _get_or_create(self, core, spec, options, args, kwargs) -> ActorHandle:

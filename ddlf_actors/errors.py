@@ -2,6 +2,7 @@
 
 from ddlf_actors.runtime.errors import (
     ActorDiedError,
+    ActorNameTakenError,
     AuthenticationError,
     CodeShippingError,
     DDLFError,
@@ -38,16 +39,3 @@ class AlreadyInitializedError(DDLFError, RuntimeError):
 
     Only the driver API raises it, so it lives here rather than in the runtime.
     """
-
-
-class ActorNameTakenError(DDLFError, ValueError):
-    """``name=`` is already held by a live (or just reserved) actor; also a ``ValueError``.
-
-    The head raises its own class of this name; run as ``python -m``, its class lives in
-    the head's ``__main__`` and reaches the driver as an unrelated class. ``ddlf`` turns it
-    into this one, so ``except ddlf.errors.ActorNameTakenError`` works.
-    """
-
-
-def _is_name_taken(exc: BaseException) -> bool:
-    return isinstance(exc, ValueError) and type(exc).__name__ == "ActorNameTakenError"

@@ -30,6 +30,13 @@ def validate(options: dict, allowed: set, what: str) -> dict:
         v = options.get(key)
         if v is not None and (not isinstance(v, int) or v < -1):
             raise ValueError(f"{key} must be an int >= 0 (or -1 for unlimited), got {v!r}")
+    nr = options.get("num_returns")
+    if nr in ("dynamic", "streaming"):
+        raise NotImplementedError(
+            f"num_returns={nr!r} (generators) is not supported by DDLF yet; return a list, "
+            "or use a fixed num_returns=k")
+    if nr is not None and (isinstance(nr, bool) or not isinstance(nr, int) or nr < 1):
+        raise ValueError(f"num_returns must be an int >= 1, got {nr!r}")
     mc = options.get("max_concurrency")
     if mc is not None and (not isinstance(mc, int) or mc < 1):
         raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")

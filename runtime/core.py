@@ -1005,6 +1005,8 @@ class _TaskPool:
         while queue:
             best = None
             for lease in self.leases:
+                if lease.conn.closed:
+                    continue  # aborted; its connection_closed (-> lost) has not run yet
                 if best is None or len(lease.inflight) < len(best.inflight):
                     best = lease
             if best is None:
@@ -1016,7 +1018,7 @@ class _TaskPool:
                 if len(best.inflight) >= _TASK_DEPTH:
                     break
             self._send(best, queue.popleft())
-        if queue and not self.leases:
+        if queue and not any(not lease.conn.closed for lease in self.leases):
             self._maybe_request()
 
     def _saturated(self) -> bool:

@@ -17,6 +17,7 @@ __all__ = [
     "CodeShippingError",
     "VersionMismatchError",
     "ActorExit",
+    "ActorNameTakenError",
 ]
 
 
@@ -168,3 +169,11 @@ class ActorExit(SystemExit):
 
     def __init__(self):
         super().__init__(0)
+
+
+class ActorNameTakenError(DDLFError, ValueError):
+    """``name=`` is already held by a live (or just reserved) actor; also a ``ValueError``.
+
+    Raised by the head; it lives here, not in the head's module, so that it reaches the
+    driver as this very class (the head runs as ``__main__``).
+    """

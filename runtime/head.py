@@ -20,23 +20,15 @@ import uuid
 from . import __version__, config, rpc, scheduling
 from .auth import generate_token, write_token_file
 from .connection import serve
-from .errors import DDLFError, UnschedulableError, VersionMismatchError
+from .errors import ActorNameTakenError, UnschedulableError, VersionMismatchError
 from .eventloop import new_event_loop
 
-__all__ = ["Head", "ActorNameTakenError", "main"]
+__all__ = ["Head", "main"]
 
 log = logging.getLogger("ddlf.head")
 
 PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
 _WAIT_ACTOR_MAX_S = 30.0
-
-
-class ActorNameTakenError(DDLFError, ValueError):
-    """A live (or just reserved) actor already has this name.
-
-    Also a ``ValueError``, as the README promises: it crosses the wire as itself because
-    it is a ``DDLFError`` (other exceptions arrive wrapped in ``RemoteRpcError``).
-    """
 
 
 class NodeRecord:

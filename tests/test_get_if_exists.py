@@ -67,14 +67,14 @@ def test_get_if_exists_needs_a_name():
         Counter.options(get_if_exists="yes")
 
 
-def test_method_accepts_num_returns_1_only():
+def test_method_validates_its_options():
     def f(self):
         return 1
 
     assert ddlf.method(f) is f
     assert ddlf.method(num_returns=1)(f) is f
-    with pytest.raises(NotImplementedError, match="multiple return values"):
-        ddlf.method(num_returns=2)
+    with pytest.raises(ValueError, match="generators"):
+        ddlf.method(num_returns="dynamic")
     with pytest.raises(NotImplementedError, match="concurrency groups"):
         ddlf.method(concurrency_group="io")
 
