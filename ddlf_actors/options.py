@@ -6,7 +6,7 @@ __all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "validate"]
 
 _COMMON = {"num_cpus", "resources", "name"}
 ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id",
-                           "get_if_exists"}
+                           "get_if_exists", "max_task_retries"}
 TASK_OPTIONS = _COMMON | {"max_retries", "num_returns"}
 METHOD_OPTIONS = {"num_returns"}
 
@@ -26,7 +26,7 @@ def validate(options: dict, allowed: set, what: str) -> dict:
             raise ValueError(f"resources must be a dict of name -> amount >= 0, got {res!r}")
         if "CPU" in res:
             raise ValueError("give CPUs with num_cpus=..., not resources={'CPU': ...}")
-    for key in ("max_restarts", "max_retries"):
+    for key in ("max_restarts", "max_retries", "max_task_retries"):
         v = options.get(key)
         if v is not None and (not isinstance(v, int) or v < -1):
             raise ValueError(f"{key} must be an int >= 0 (or -1 for unlimited), got {v!r}")

@@ -473,6 +473,7 @@ class Core:
             "class_segments": spec.class_segments, "args_segments": args_segments,
             "resources": demand, "max_restarts": options.get("max_restarts", 0),
             "max_concurrency": options.get("max_concurrency", 1), "name": options.get("name"),
+            "max_task_retries": options.get("max_task_retries", 0),
             "detached": options.get("lifetime") == "detached", "node_id": options.get("node_id"),
             "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
             "job_id": self.job_id,
@@ -733,13 +734,14 @@ def unbundle_refs(core: Core, segs):
 
 
 class _Call:
-    __slots__ = ("obj_id", "method", "payload", "refs")
+    __slots__ = ("obj_id", "method", "payload", "refs", "retries")
 
     def __init__(self, obj_id, method, payload, refs):
         self.obj_id = obj_id
         self.method = method
         self.payload = payload
         self.refs = refs
+        self.retries = None   # set from the actor's max_task_retries when first sent
 
 
 class _ActorClient:
@@ -752,7 +754,10 @@ class _ActorClient:
         self.state = "resolving"   # resolving | ready | dead
         self.conn = None
         self.queue: collections.deque = collections.deque()
-        self.inflight: dict[int, bytes] = {}
+        # msg id -> object id, or the _Call itself when the actor retries calls
+        # (max_task_retries): only then is the payload kept until the reply.
+        self.inflight: dict[int, object] = {}
+        self.max_task_retries = 0
         self.epoch = 0
         self.dead_error: BaseException | None = None
         self.blocked = False
@@ -823,6 +828,7 @@ class _ActorClient:
             self.resolve(self.epoch)
             return
         self.epoch = view["epoch"]
+        self.max_task_retries = view.get("max_task_retries") or 0
         host, port = view["address"].rsplit(":", 1)
         for attempt in range(_RECONNECT_TRIES):
             try:
@@ -904,7 +910,12 @@ class _ActorClient:
                 _ship_deps(core, conn, call.refs)
             queue.popleft()
             msg_id = next(core._msg_ids)
-            inflight[msg_id] = call.obj_id
+            if self.max_task_retries:
+                if call.retries is None:
+                    call.retries = self.max_task_retries
+                inflight[msg_id] = call
+            else:
+                inflight[msg_id] = call.obj_id
             conn.send_msg(protocol.CALL, msg_id, call.payload)
 
     def _unblock(self):
@@ -914,17 +925,31 @@ class _ActorClient:
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
         if kind == protocol.PUSH:
-            event, _data = loads(segs[1:])
+            event, data = loads(segs[1:])
             if event == "exiting" and conn is self.conn:
                 # The actor called sys.exit/exit_actor: its replies so far still arrive
                 # here, but later calls wait for the head's next view of the actor
                 # (restarted or dead), resolved when this connection closes.
                 self.state = "resolving"
+                if data.get("status") and data.get("msg_id") in self.inflight:
+                    # A crash (non-zero exit) in a call the actor may retry: retry it
+                    # on the restarted actor instead of taking the exit's error reply.
+                    call = self.inflight[data["msg_id"]]
+                    if isinstance(call, _Call) and call.retries != 0:
+                        del self.inflight[data["msg_id"]]
+                        self._retry([call])
             return
-        obj_id = self.inflight.pop(msg_id, None)
-        if obj_id is None:
+        entry = self.inflight.pop(msg_id, None)
+        if entry is None:
             return
-        self.core._complete_result(obj_id, kind, segs)
+        self.core._complete_result(entry.obj_id if isinstance(entry, _Call) else entry, kind, segs)
+
+    def _retry(self, calls) -> None:
+        """Queue calls lost with the actor's process again, ahead of newer ones."""
+        for call in calls:
+            if call.retries > 0:
+                call.retries -= 1
+        self.queue.extendleft(reversed(calls))
 
     def connection_closed(self, conn, exc):
         if conn is not self.conn:
@@ -933,13 +958,17 @@ class _ActorClient:
         inflight, self.inflight = self.inflight, {}
         if self.core.closed:
             return
-        if inflight:
+        retry = [c for c in inflight.values() if isinstance(c, _Call) and c.retries != 0]
+        if retry:
+            self._retry(retry)
+        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
+        if lost:
             why = str(exc) if isinstance(exc, ActorDiedError) else (
                 "its connection closed (the process exited or was killed)")
             err = ActorDiedError(
                 f"actor {self.class_name} ({self.actor_id}) died while running this call: {why}")
-            for obj_id in inflight.values():
-                self.core._fail(obj_id, err)
+            for c in lost:
+                self.core._fail(c.obj_id if isinstance(c, _Call) else c, err)
         if self.state != "dead":
             self.resolve(self.epoch)
 

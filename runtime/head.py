@@ -81,7 +81,8 @@ class ActorRecord:
                 "address": self.address, "pid": self.pid, "name": self.name,
                 "class_name": self.class_name, "error": self.error,
                 "node_id": self.node.node_id if self.node else None,
-                "methods": self.spec.get("methods")}
+                "methods": self.spec.get("methods"),
+                "max_task_retries": self.spec.get("max_task_retries", 0)}
 
     def touch(self):
         self.changed.set()

@@ -401,8 +401,12 @@ class Worker:
         """
         note = dumps(("exiting", {"status": self.exit_status}))
         for c in self.callers:
-            if not c.closed:
+            if not c.closed and c is not conn:
                 c.send_msg(protocol.PUSH, 0, note)
+        if not conn.closed:
+            # The caller may retry the very call that exited (max_task_retries).
+            conn.send_msg(protocol.PUSH, 0, dumps(
+                ("exiting", {"status": self.exit_status, "msg_id": msg_id})))
         if not conn.closed:
             conn.send_msg(protocol.RESULT_ERR, msg_id, segs)
         self._exit_after_replies()

@@ -25,7 +25,7 @@ _ASYNC_ACTOR_CONCURRENCY = 1000
 _IGNORED = {
     "memory": "DDLF does not reserve memory for tasks and actors",
     "object_store_memory": "DDLF has no shared object store",
-    "max_task_retries": "DDLF does not retry actor calls after an actor restarts",
+    "max_task_retries": "max_task_retries applies to actors only",
     "retry_exceptions": "DDLF does not retry a task that raised",
     "max_pending_calls": "DDLF does not limit pending actor calls",
     "allow_out_of_order_execution": "DDLF runs one caller's calls in order",
