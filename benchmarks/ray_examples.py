@@ -86,22 +86,27 @@ def main(argv=None) -> int:
     for name in names:
         path = os.path.join(a.examples_dir, name)
         if a.skip_ray:
-            ray_rc, ray_out = "-", ""
+            ray_rc, ray_out, ray_secs = "-", "", None
         else:
-            ray_rc, ray_out, _ = run([sys.executable, path], a.examples_dir, a.timeout, env)
+            ray_rc, ray_out, ray_secs = run([sys.executable, path], a.examples_dir, a.timeout, env)
         ddlf_rc, ddlf_out, secs = run([sys.executable, "-m", "ddlf_actors.compat.ray", path],
                                       a.examples_dir, a.timeout, env)
         err = "" if ddlf_rc == 0 else first_error(ddlf_out)
         ray_err = "" if ray_rc in (0, "-") else first_error(ray_out)
-        rows.append((name, ray_rc, ddlf_rc, err, ray_err))
+        rows.append((name, ray_rc, ddlf_rc, err, ray_err, ray_secs, secs))
         print(f"{name:55s} ray={ray_rc!s:8s} ddlf={ddlf_rc!s:8s} {secs:5.1f}s {err}",
               file=sys.stderr, flush=True)
 
-    print("\n| example | ray rc | ddlf rc | first error (DDLF; Ray's if only Ray failed) |")
-    print("| --- | --- | --- | --- |")
-    for name, ray_rc, ddlf_rc, err, ray_err in rows:
+    # Wall time of the whole script, start-up and shutdown included, in the same run.
+    print("\n| example | ray rc | ddlf rc | ray s | ddlf s | DDLF/Ray time "
+          "| first error (DDLF; Ray's if only Ray failed) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, ray_rc, ddlf_rc, err, ray_err, ray_secs, secs in rows:
         shown = err or (f"(ray) {ray_err}" if ray_err else "")
-        print(f"| {name} | {ray_rc} | {ddlf_rc} | {shown.replace('|', '/')} |")
+        ratio = f"{secs / ray_secs:.2f}x" if ray_secs and ray_rc == 0 and ddlf_rc == 0 else ""
+        rs = f"{ray_secs:.1f}" if ray_secs is not None else "-"
+        print(f"| {name} | {ray_rc} | {ddlf_rc} | {rs} | {secs:.1f} | {ratio} "
+              f"| {shown.replace('|', '/')} |")
     on_ray = [r for r in rows if r[1] == 0]
     both = [r for r in on_ray if r[2] == 0]
     print(f"\n{len(rows)} examples; {len(on_ray)} run on Ray; {len(both)} of those run on "
