@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from . import __version__, protocol, rpc
+from . import __version__, protocol, rpc, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -109,6 +109,7 @@ class Core:
         self.closed = False
         self.closing = False
         self.hello = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+        self.hello["shm"] = shm_store.local_info()   # same host: objects go through shared memory
 
     # -- connection to the head ------------------------------------------------------------
     def connect(self, timeout: float = 30.0) -> None:
@@ -219,8 +220,10 @@ class Core:
         if isinstance(value, ObjectRef):
             raise TypeError("ddlf.put() of an ObjectRef is not allowed: pass the ref itself")
         # put() snapshots the value, as Ray's does: later changes to the caller's array
-        # must not leak into what workers receive.
-        segs = snapshot(dumps(value))
+        # must not leak into what workers receive. Large buffers are copied into shared
+        # memory instead (that copy is the snapshot), unless it is off or full.
+        segs = dumps(value)
+        segs = shm_store.store(segs) or snapshot(segs)
         ref = self.new_ref()
         e = self.objects[ref.id]
         e.segments = segs
@@ -456,6 +459,7 @@ class Core:
         with self.cond:
             self.cond.notify_all()
         self.io.stop()
+        shm_store.release_all()
 
     async def _close(self):
         for pool in self.pools.values():
@@ -487,7 +491,8 @@ def _ship_deps(core: Core, conn, refs) -> None:
         if e.sent_to is None:
             e.sent_to = set()
         if conn not in e.sent_to:
-            conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
+            if not shm_store.ship(conn, ref.id, e.segments):
+                conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
             e.sent_to.add(conn)
 
 
@@ -611,6 +616,7 @@ class _ActorClient:
             self.resolve(self.epoch)
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
+        await shm_store.wait_hello(conn)
         self.conn = conn
         self.state = "ready"
         self.pump()
@@ -688,6 +694,10 @@ class _ActorClient:
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
+            kind, segs = shm_store.client_frame(conn, kind, segs)
+            if kind is None:
+                return
         obj_id = self.inflight.pop(msg_id, None)
         if obj_id is None:
             return
@@ -828,6 +838,7 @@ class _TaskPool:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise
             lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
+            await shm_store.wait_hello(lease.conn)
             self.leases.append(lease)
         except UnschedulableError as e:
             while self.queue:
@@ -901,6 +912,10 @@ class _LeaseHandler:
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
+            kind, segs = shm_store.client_frame(conn, kind, segs)
+            if kind is None:
+                return
         task = self.lease.inflight.pop(msg_id, None)
         if task is None:
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
-           "OBJ", "FREE", "FUNC", "header", "parse_header"]
+           "OBJ", "FREE", "FUNC", "RESULT_SHM", "OBJ_SHM", "SHM_ACK", "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -20,6 +20,10 @@ RESULT_ERR = 7   # body = (exception or None, type name, traceback text, where)
 OBJ = 8          # an object shipped once per connection: seg1 = object id, seg2.. = value
 FREE = 9         # the owner dropped these objects: seg1 = concatenated 16-byte ids
 FUNC = 10        # a task function shipped once per connection: seg1 = function id, seg2.. = code
+# Same-host shared memory (shm_store): descriptors instead of bytes.
+RESULT_SHM = 11  # seg1 = pickle payload, seg2 = descriptor (segment name, pin id, layout)
+OBJ_SHM = 12     # seg1 = object id, seg2 = pickle payload, seg3 = descriptor
+SHM_ACK = 13     # the receiver has mapped a descriptor: seg1 = its pin id
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

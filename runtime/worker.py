@@ -37,7 +37,7 @@ import traceback
 
 import psutil
 
-from . import context, protocol, rpc
+from . import context, protocol, rpc, shm_store
 from .connection import connect, serve
 from .errors import SerializationError
 from .eventloop import new_event_loop
@@ -269,12 +269,21 @@ class Worker:
             event, data = loads(segs[1:])
             if event == "hello":
                 apply_sys_path(data.get("sys_path", ()), data.get("cwd"))
+                conn.info["shm_peer"] = shm_store.same_host(data.get("shm"))
+        elif kind == protocol.OBJ_SHM:
+            obj_id, obj_segs = shm_store.worker_object(conn, segs)
+            if obj_segs is not None:
+                self.objects.add(obj_id, obj_segs)
+                conn.info.setdefault("objects", set()).add(obj_id)
+        elif kind == protocol.SHM_ACK:
+            shm_store.on_ack(conn, segs)
         else:
             conn.abort()
 
     def connection_closed(self, conn, exc):
         for obj_id in conn.info.get("objects", ()):
             self.objects.drop(obj_id)
+        conn.info.pop("shm_pins", None)
 
     def _outcome(self, fn, args, kwargs, where: str):
         """Run ``fn`` and serialize what it returns or raises: (frame kind, segments).
@@ -291,12 +300,14 @@ class Worker:
         """An executor job: run the call, then send its outcome from the loop."""
         def job():
             kind, segs = self._outcome(fn, args, kwargs, where)
+            kind, segs = shm_store.wrap_result(conn, kind, segs)
             return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
         return job
 
     def _reply(self, conn, msg_id, value, where: str):
         if not conn.closed:
             kind, segs = _encode_result(value, where)
+            kind, segs = shm_store.wrap_result(conn, kind, segs)
             conn.send_msg(kind, msg_id, segs)
 
     def _reply_error(self, conn, msg_id, exc, where):
@@ -435,7 +446,7 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
     worker = Worker(loop, node_id, worker_id, head_address, token)
 
     async def start():
-        worker.server = await serve(listen_host, 0, token, worker)
+        worker.server = await serve(listen_host, 0, token, worker, on_open=shm_store.send_hello)
         port = worker.server.sockets[0].getsockname()[1]
         worker.node_conn = await connect(node_host, node_port, token, rpc.RpcHandler(worker))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, _pid_now(), port)
