@@ -149,9 +149,13 @@ class Executor:
             except BaseException:  # jobs report their own errors; this is a bug guard
                 traceback.print_exc()
                 continue
+            # Waiting for the next job must not keep this call's arguments (or result)
+            # alive: they may be large, or map a shared-memory object its owner freed.
+            job = None
             if completion is None:
                 continue
             done.append(completion)
+            completion = None
             # Same wake-once pattern as the client core: the loop clears the flag before
             # draining, so a completion appended after the drain schedules a new one.
             if not self._wake_pending:
