@@ -37,7 +37,6 @@ their names alone.
 from __future__ import annotations
 
 import atexit
-import fcntl
 import itertools
 import logging
 import mmap
@@ -50,6 +49,11 @@ import weakref
 import numpy as np
 
 from . import config, protocol
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, no /dev/shm; the path stays off
+    fcntl = None
 
 __all__ = ["enabled", "local_info", "same_host", "store", "ship", "wrap_result",
            "client_frame", "worker_object", "on_ack", "send_hello", "wait_hello",
@@ -119,7 +123,7 @@ def _get() -> _Store | None:
         return _store
     with _state_lock:
         if not _tried:
-            if config.SHM_ENABLED and os.path.isdir(config.SHM_ROOT):
+            if config.SHM_ENABLED and fcntl is not None and os.path.isdir(config.SHM_ROOT):
                 try:
                     _store = _Store(config.SHM_ROOT)
                     sweep(_store)   # whoever starts first cleans up after killed processes
@@ -384,6 +388,9 @@ def ship(conn, obj_id: bytes, segs) -> bool:
     desc = _describe(segs)
     if desc is None:
         return False
+    s = _get()
+    if s is None or not os.path.exists(os.path.join(s.root, desc[0])):
+        return False   # e.g. a result whose creating worker died: send the bytes instead
     pin = _pin(conn, segs)
     conn.send_msg(protocol.OBJ_SHM, 0, [obj_id, segs[0], pickle.dumps((desc[0], pin, desc[1]))])
     return True
