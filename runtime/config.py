@@ -66,6 +66,8 @@ SHM_CAPACITY = _env_int("DDLF_SHM_CAPACITY", 0) or int(0.3 * (
 # cost far more than the copy): at most this many bytes, for at most this long.
 SHM_POOL_BYTES = _env_int("DDLF_SHM_POOL_BYTES", 1 << 30)
 SHM_POOL_IDLE_S = _env_float("DDLF_SHM_POOL_IDLE_S", 10.0)
+# Threads that copy one large buffer (>= 16 MB) into shared memory, as Ray's memcopy_threads.
+SHM_COPY_THREADS = max(1, _env_int("DDLF_SHM_COPY_THREADS", min(4, os.cpu_count() or 1)))
 # How often node daemons unlink the segments of processes that died.
 SHM_SWEEP_INTERVAL_S = _env_float("DDLF_SHM_SWEEP_INTERVAL_S", 2.0)
 # Two processes use shared memory between them only if their host ids match. Default:

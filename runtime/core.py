@@ -617,6 +617,9 @@ class _ActorClient:
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
         await shm_store.wait_hello(conn)
+        if conn.closed:   # it went away while answering our hello
+            self.resolve(self.epoch)
+            return
         self.conn = conn
         self.state = "ready"
         self.pump()
@@ -839,6 +842,9 @@ class _TaskPool:
                 raise
             lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
             await shm_store.wait_hello(lease.conn)
+            if lease.conn.closed:   # the worker went away while answering our hello
+                await rpc.call(self.core.head, "return_lease", lease.lease_id)
+                raise DDLFError("the leased worker closed its connection")
             self.leases.append(lease)
         except UnschedulableError as e:
             while self.queue:

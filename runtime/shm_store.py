@@ -136,10 +136,11 @@ def _get() -> _Store | None:
 
 def reset() -> None:
     """Forget this process's store without touching its files (after fork; tests)."""
-    global _store, _tried
+    global _store, _tried, _copier
     with _state_lock:
         _store = None
         _tried = False
+        _copier = None   # its threads do not survive a fork
 
 
 os.register_at_fork(after_in_child=reset)
@@ -345,9 +346,32 @@ def _write(segs):
     views = []
     for (off, n), b in zip(layout, bufs):
         dst = base[off:off + n]
-        np.copyto(dst, np.frombuffer(b, np.uint8))
+        _copy(dst, np.frombuffer(b, np.uint8))
         views.append(_register(memoryview(dst).toreadonly(), block.name, off, n))
     return block.name, layout, views
+
+
+_copier = None
+_PAR_MIN = 16 << 20     # buffers at least this large are copied by several threads
+
+
+def _copy(dst, src) -> None:
+    """``dst[:] = src``; large buffers in parallel chunks (as Ray's memcopy_threads)."""
+    global _copier
+    k = config.SHM_COPY_THREADS
+    n = src.nbytes
+    if k <= 1 or n < _PAR_MIN:
+        np.copyto(dst, src)
+        return
+    if _copier is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _copier = ThreadPoolExecutor(k - 1, thread_name_prefix="ddlf-shm-copy")
+    step = -(-n // k // _ALIGN) * _ALIGN
+    futs = [_copier.submit(np.copyto, dst[i:i + step], src[i:i + step]) for i in range(step, n, step)]
+    np.copyto(dst[:step], src[:step])   # numpy releases the GIL while copying
+    for f in futs:
+        f.result()
 
 
 def store(segs):
@@ -497,14 +521,19 @@ async def wait_hello(conn) -> None:
     import asyncio
 
     fut = conn.info["hello_waiter"] = conn.loop.create_future()
-    try:
-        await asyncio.wait_for(fut, _HELLO_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        log.debug("no hello from %s: objects go to it over TCP", conn.peer)
+    deadline = time.monotonic() + _HELLO_TIMEOUT_S
+    while not fut.done() and not conn.closed:   # the caller checks conn.closed after us
+        if time.monotonic() > deadline:
+            log.debug("no hello from %s: objects go to it over TCP", conn.peer)
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), 0.1)
+        except asyncio.TimeoutError:
+            pass
 
 
 def send_hello(conn) -> None:
-    """Worker: greet a caller that just connected (``serve(on_open=...)``)."""
+    """Worker: answer a caller's hello with ours (only callers that greet get one)."""
     from .serialization import dumps
 
     conn.send_msg(protocol.PUSH, 0, dumps(("hello", {"shm": local_info()})))

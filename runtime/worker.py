@@ -274,6 +274,7 @@ class Worker:
             if event == "hello":
                 apply_sys_path(data.get("sys_path", ()), data.get("cwd"))
                 conn.info["shm_peer"] = shm_store.same_host(data.get("shm"))
+                shm_store.send_hello(conn)   # the caller waits for ours before its first call
         elif kind == protocol.OBJ_SHM:
             obj_id, obj_segs = shm_store.worker_object(conn, segs)
             if obj_segs is not None:
@@ -450,7 +451,7 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
     worker = Worker(loop, node_id, worker_id, head_address, token)
 
     async def start():
-        worker.server = await serve(listen_host, 0, token, worker, on_open=shm_store.send_hello)
+        worker.server = await serve(listen_host, 0, token, worker)
         port = worker.server.sockets[0].getsockname()[1]
         worker.node_conn = await connect(node_host, node_port, token, rpc.RpcHandler(worker))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, _pid_now(), port)
