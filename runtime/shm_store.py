@@ -135,7 +135,7 @@ def _get() -> _Store | None:
 
 
 def reset() -> None:
-    """Forget this process's store without touching its files (after fork; tests)."""
+    """Forget this process's store without touching its files (tests)."""
     global _store, _tried, _copier
     with _state_lock:
         _store = None
@@ -143,7 +143,14 @@ def reset() -> None:
         _copier = None   # its threads do not survive a fork
 
 
-os.register_at_fork(after_in_child=reset)
+def _after_fork() -> None:
+    # No lock here: another thread of the parent may have held it at fork time.
+    global _store, _tried, _copier, _state_lock
+    _state_lock = threading.Lock()
+    _store, _tried, _copier = None, False, None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def enabled() -> bool:
