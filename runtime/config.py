@@ -58,6 +58,27 @@ REJECT_LOG_INTERVAL_S = _env_float("DDLF_REJECT_LOG_INTERVAL_S", 10.0)
 # CPU. Each extra worker costs about 30 MB RSS, so 32 bounds that at about 1 GB a node.
 MAX_LENT_TASKS_PER_NODE = _env_int("DDLF_MAX_LENT_TASKS_PER_NODE", 32)
 
+# Same-host objects in shared memory (see shm_store). DDLF_SHM=0 turns the path off.
+SHM_ENABLED = os.environ.get("DDLF_SHM", "1") not in ("0", "false", "no", "off")
+SHM_ROOT = os.environ.get("DDLF_SHM_ROOT") or "/dev/shm"
+# Objects whose out-of-band buffers add up to at least this go through shared memory.
+SHM_MIN_BYTES = _env_int("DDLF_SHM_MIN_BYTES", 1 << 20)
+# Bound on all of this user's segments on the host (30 % of RAM by default, like Ray's
+# object store). Past it, objects fall back to the in-process / TCP path.
+SHM_CAPACITY = _env_int("DDLF_SHM_CAPACITY", 0) or int(0.3 * (
+    os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 8 << 30))
+# A process keeps segments nobody uses any more for reuse (fresh shared-memory pages
+# cost far more than the copy): at most this many bytes, for at most this long.
+SHM_POOL_BYTES = _env_int("DDLF_SHM_POOL_BYTES", 1 << 30)
+SHM_POOL_IDLE_S = _env_float("DDLF_SHM_POOL_IDLE_S", 10.0)
+# Threads that copy one large buffer (>= 16 MB) into shared memory, as Ray's memcopy_threads.
+SHM_COPY_THREADS = max(1, _env_int("DDLF_SHM_COPY_THREADS", min(4, os.cpu_count() or 1)))
+# How often node daemons unlink the segments of processes that died.
+SHM_SWEEP_INTERVAL_S = _env_float("DDLF_SHM_SWEEP_INTERVAL_S", 2.0)
+# Two processes use shared memory between them only if their host ids match. Default:
+# boot id + the shared-memory file system + user; set it to tell same-host nodes apart.
+SHM_HOST_ID = os.environ.get("DDLF_SHM_HOST_ID", "")
+
 
 def session_root() -> str:
     """Per-user folder for token files and session records, created with mode 0700.

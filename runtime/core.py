@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import __version__, protocol, rpc
+from . import __version__, protocol, rpc, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -129,6 +129,7 @@ class Core:
         self.closed = False
         self.closing = False
         self.hello = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+        self.hello["shm"] = shm_store.local_info()   # same host: objects go through shared memory
 
     # -- connection to the head ------------------------------------------------------------
     def connect(self, timeout: float = 30.0) -> None:
@@ -239,9 +240,10 @@ class Core:
         if isinstance(value, ObjectRef):
             raise TypeError("ddlf.put() of an ObjectRef is not allowed: pass the ref itself")
         # put() snapshots the value, as Ray's does: later changes to the caller's array
-        # must not leak into what workers receive.
+        # must not leak into what workers receive. Large buffers are copied into shared
+        # memory instead (that copy is the snapshot), unless it is off or full.
         segs, contained = dumps_with_refs(value)
-        segs = snapshot(segs)
+        segs = shm_store.store(segs) or snapshot(segs)
         ref = self.new_ref()
         e = self.objects[ref.id]
         e.segments = segs
@@ -600,6 +602,7 @@ class Core:
         with self.cond:
             self.cond.notify_all()
         self.io.stop()
+        shm_store.release_all()
 
     async def _close(self):
         for pool in self.pools.values():
@@ -653,7 +656,8 @@ def _ship_deps(core: Core, conn, refs) -> None:
         if conn not in e.sent_to:
             if e.contained:
                 _ship_deps(core, conn, e.contained)
-            conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
+            if not shm_store.ship(conn, ref.id, e.segments):
+                conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
             e.sent_to.add(conn)
 
 
@@ -842,6 +846,10 @@ class _ActorClient:
             self.resolve(self.epoch)
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
+        await shm_store.wait_hello(conn)
+        if conn.closed:   # it went away while answering our hello
+            self.resolve(self.epoch)
+            return
         self.conn = conn
         self.state = "ready"
         self.pump()
@@ -926,7 +934,10 @@ class _ActorClient:
         kind, msg_id = protocol.parse_header(segs[0])
         if kind == protocol.PUSH:
             event, data = loads(segs[1:])
-            if event == "exiting" and conn is self.conn:
+            if event != "exiting":
+                shm_store.client_frame(conn, kind, segs)   # the worker's hello
+                return
+            if conn is self.conn:
                 # The actor called sys.exit/exit_actor: its replies so far still arrive
                 # here, but later calls wait for the head's next view of the actor
                 # (restarted or dead), resolved when this connection closes.
@@ -939,6 +950,10 @@ class _ActorClient:
                         del self.inflight[data["msg_id"]]
                         self._retry([call])
             return
+        if kind >= protocol.RESULT_SHM:
+            kind, segs = shm_store.client_frame(conn, kind, segs)
+            if kind is None:
+                return
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
@@ -1092,6 +1107,10 @@ class _TaskPool:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise
             lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
+            await shm_store.wait_hello(lease.conn)
+            if lease.conn.closed:   # the worker went away while answering our hello
+                await rpc.call(self.core.head, "return_lease", lease.lease_id)
+                raise DDLFError("the leased worker closed its connection")
             self.leases.append(lease)
         except UnschedulableError as e:
             while self.queue:
@@ -1166,6 +1185,10 @@ class _LeaseHandler:
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
+            kind, segs = shm_store.client_frame(conn, kind, segs)
+            if kind is None:
+                return
         task = self.lease.inflight.pop(msg_id, None)
         if task is None:
             return

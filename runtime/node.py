@@ -30,7 +30,7 @@ import uuid
 
 import psutil
 
-from . import __version__, config, rpc
+from . import __version__, config, rpc, shm_store
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
@@ -106,6 +106,7 @@ class NodeDaemon:
         await self._register()
         self.loop.create_task(self._heartbeat())
         self.loop.create_task(self._tail_logs())
+        self.loop.create_task(self._sweep_shm())
         self._refill()
 
     async def _register(self) -> None:
@@ -178,6 +179,7 @@ class NodeDaemon:
             except Exception:
                 pass
         self._drain_logs()
+        _sweep_quietly()   # the workers are gone: so are their segments (and a dead driver's)
         if self.server is not None:
             self.server.close()
         if self.head_conn is not None:
@@ -197,6 +199,12 @@ class NodeDaemon:
                 pass  # e.g. out of descriptors: the beat itself matters more than its stats
             rpc.push(self.head_conn, "heartbeat", beat)
             await asyncio.sleep(config.HEARTBEAT_INTERVAL_S)
+
+    async def _sweep_shm(self):
+        """The janitor of this host's shared memory: unlink dead processes' segments."""
+        while not self.stopping:
+            _sweep_quietly()
+            await asyncio.sleep(config.SHM_SWEEP_INTERVAL_S)
 
     # -- workers -----------------------------------------------------------------------------
     def _spawn(self) -> WorkerProc:
@@ -511,6 +519,13 @@ def _drop_parent_pipe(process) -> None:
         os.close(args[0])
     except OSError:
         pass
+
+
+def _sweep_quietly() -> None:
+    try:
+        shm_store.sweep()
+    except Exception as e:  # a janitor must not take the node down
+        log.warning("shared-memory sweep failed: %s", e)
 
 
 def _signal(pid, sig) -> None:

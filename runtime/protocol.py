@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
-           "OBJ", "FREE", "FUNC", "RESULT_REFS", "RESULT_MULTI",
-           "header", "parse_header"]
+           "OBJ", "FREE", "FUNC", "RESULT_REFS", "RESULT_MULTI", "RESULT_SHM", "OBJ_SHM",
+           "SHM_ACK", "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -25,6 +25,10 @@ RESULT_REFS = 11  # a return value that contains ObjectRefs: seg1 = pickled [(id
                   # then each contained object's n segments, then the value's segments
 RESULT_MULTI = 12  # num_returns=k: seg1 = pickled [(kind, n)] (kind: RESULT_OK/_REFS/_ERR),
                    # then each return value's n segments, in order
+# Same-host shared memory (shm_store): descriptors instead of bytes.
+RESULT_SHM = 13  # seg1 = pickle payload, seg2 = descriptor (segment name, pin id, layout)
+OBJ_SHM = 14     # seg1 = object id, seg2 = pickle payload, seg3 = descriptor
+SHM_ACK = 15     # the receiver has mapped a descriptor: seg1 = its pin id
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

@@ -38,7 +38,7 @@ import traceback
 
 import psutil
 
-from . import context, protocol, rpc
+from . import context, protocol, rpc, shm_store
 from . import core as core_mod
 from .connection import connect, serve
 from .errors import ActorDiedError, ActorExit, SerializationError
@@ -221,9 +221,13 @@ class Executor:
             except BaseException:  # jobs report their own errors; this is a bug guard
                 traceback.print_exc()
                 continue
+            # Waiting for the next job must not keep this call's arguments (or result)
+            # alive: they may be large, or map a shared-memory object its owner freed.
+            job = None
             if completion is None:
                 continue
             done.append(completion)
+            completion = None
             # Same wake-once pattern as the client core: the loop clears the flag before
             # draining, so a completion appended after the drain schedules a new one.
             if not self._wake_pending:
@@ -347,6 +351,15 @@ class Worker:
             event, data = loads(segs[1:])
             if event == "hello":
                 apply_sys_path(data.get("sys_path", ()), data.get("cwd"))
+                conn.info["shm_peer"] = shm_store.same_host(data.get("shm"))
+                shm_store.send_hello(conn)   # the caller waits for ours before its first call
+        elif kind == protocol.OBJ_SHM:
+            obj_id, obj_segs = shm_store.worker_object(conn, segs)
+            if obj_segs is not None:
+                self.objects.add(obj_id, obj_segs)
+                conn.info.setdefault("objects", set()).add(obj_id)
+        elif kind == protocol.SHM_ACK:
+            shm_store.on_ack(conn, segs)
         else:
             conn.abort()
 
@@ -354,6 +367,7 @@ class Worker:
         self.callers.discard(conn)
         for obj_id in conn.info.get("objects", ()):
             self.objects.drop(obj_id)
+        conn.info.pop("shm_pins", None)
 
     def _outcome(self, fn, args, kwargs, where: str, nret: int = 1):
         """Run ``fn`` and serialize what it returns or raises: (frame kind, segments).
@@ -440,6 +454,7 @@ class Worker:
             kind, segs = self._outcome(fn, args, kwargs, where, nret)
             if kind == _EXIT:
                 return lambda: self._exit_reply(conn, msg_id, segs)
+            kind, segs = shm_store.wrap_result(conn, kind, segs)
             return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
         return job
 
@@ -448,12 +463,18 @@ class Worker:
             return
         out = _encode(value, nret, where, can_block=False)
         if out is not None:
-            conn.send_msg(out[0], msg_id, out[1])
+            kind, segs = shm_store.wrap_result(conn, *out)
+            conn.send_msg(kind, msg_id, segs)
             return
         # The value holds refs still pending: wait for them off the loop.
         fut = self.loop.run_in_executor(None, _encode, value, nret, where)
-        fut.add_done_callback(
-            lambda f: conn.closed or conn.send_msg(f.result()[0], msg_id, f.result()[1]))
+
+        def send(f):
+            if not conn.closed:
+                kind, segs = shm_store.wrap_result(conn, *f.result())
+                conn.send_msg(kind, msg_id, segs)
+
+        fut.add_done_callback(send)
 
     def _reply_error(self, conn, msg_id, exc, where):
         if not conn.closed:
