@@ -395,9 +395,10 @@ class Head:
             a = self.actors.get(actor_id)
             if a is not None and a.worker_id == data["worker_id"] and a.state == ALIVE:
                 code = data.get("exitcode")
-                if code == 0:
-                    # Only sys.exit(0) or exit_actor() end an actor with status 0 (a
-                    # crash or a signal does not): it left on purpose, as in Ray.
+                if data.get("on_purpose"):
+                    # sys.exit(0) or exit_actor(), announced by the worker: it left on
+                    # purpose, as in Ray. A bare os._exit(0) is not announced, so it is
+                    # a crash and restarts.
                     a.killed = True
                     self._actor_lost(a, f"it exited on purpose (sys.exit(0) or exit_actor(), "
                                         f"pid {data.get('pid')}); it is not restarted")

@@ -48,7 +48,7 @@ _REJOIN_REFUSED_TRIES = 3   # "connection refused" this many times: the head is 
 
 class WorkerProc:
     __slots__ = ("worker_id", "process", "pid", "address", "conn", "state", "actor_id", "ready",
-                 "log_prefix", "offsets", "partial", "name", "job_id", "exited")
+                 "log_prefix", "offsets", "partial", "name", "job_id", "exited", "on_purpose")
 
     def __init__(self, worker_id, log_prefix):
         self.worker_id = worker_id
@@ -65,6 +65,7 @@ class WorkerProc:
         self.name = "worker"
         self.job_id = None
         self.exited = False
+        self.on_purpose = False   # the actor said it exits on purpose (exit_actor/sys.exit(0))
 
 
 class NodeDaemon:
@@ -275,7 +276,7 @@ class NodeDaemon:
         if not self.stopping and self.head_conn is not None:
             rpc.push(self.head_conn, "worker_died", {
                 "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": prev,
-                "pid": w.pid,
+                "pid": w.pid, "on_purpose": w.on_purpose and code == 0,
             })
             self._refill()
 
@@ -390,7 +391,9 @@ class NodeDaemon:
             for wid, w in self.workers.items()}}
 
     def on_push(self, conn, event, data):
-        pass
+        w = conn.info.get("worker")
+        if event == "exiting_on_purpose" and w is not None:
+            w.on_purpose = True
 
     def on_closed(self, conn, exc):
         w = conn.info.pop("worker", None)

@@ -423,6 +423,10 @@ class Worker:
                 ("exiting", {"status": self.exit_status, "msg_id": msg_id})))
         if not conn.closed:
             conn.send_msg(protocol.RESULT_ERR, msg_id, segs)
+        if self.exit_status == 0 and self.node_conn is not None and not self.node_conn.closed:
+            # Status 0 alone does not mean "on purpose" (os._exit(0) is a crash, as in
+            # Ray): say so to the node, which tells the head not to restart us.
+            rpc.push(self.node_conn, "exiting_on_purpose", {})
         self._exit_after_replies()
 
     def _exit_after_replies(self) -> None:
@@ -430,10 +434,11 @@ class Worker:
         deadline = time.monotonic() + 2.0
 
         def check():
-            for c in self.callers:
-                if not c.closed:
+            for c in [*self.callers, self.node_conn]:
+                if c is not None and not c.closed:
                     c.flush()
-            busy = [c for c in self.callers if c.transport is not None
+            busy = [c for c in [*self.callers, self.node_conn] if c is not None
+                    and c.transport is not None
                     and not c.transport.is_closing() and c.transport.get_write_buffer_size()]
             if busy and time.monotonic() < deadline:
                 self.loop.call_later(0.01, check)

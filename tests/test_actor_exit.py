@@ -26,6 +26,9 @@ class Leaver:
     def leave_on_purpose(self):
         ddlf.actor.exit_actor()
 
+    def hard_exit(self):
+        os._exit(0)
+
     def slow(self, s):
         time.sleep(s)
         return s
@@ -99,6 +102,15 @@ def test_sys_exit_zero_does_not_restart(cluster):
         ddlf.get(a.leave.remote(0), timeout=30)
     with pytest.raises(ActorDiedError, match="on purpose"):
         ddlf.get(a.pid.remote(), timeout=30)
+
+
+def test_os_exit_zero_is_a_crash_and_restarts(cluster):
+    # Only an announced exit (sys.exit(0), exit_actor) is on purpose, as in Ray.
+    a = Leaver.options(max_restarts=1).remote()
+    pid = ddlf.get(a.pid.remote())
+    with pytest.raises(ActorDiedError):
+        ddlf.get(a.hard_exit.remote(), timeout=30)
+    assert ddlf.get(a.pid.remote(), timeout=30) != pid
 
 
 def test_sys_exit_in_an_async_method(cluster):
