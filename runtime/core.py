@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import __version__, protocol, rpc, shm_store
+from . import __version__, context, protocol, rpc, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -37,7 +37,7 @@ from .errors import (
     WorkerCrashedError,
 )
 from .eventloop import LoopThread
-from .object_ref import ForeignObjectRef, ObjectRef, collecting_refs, resolving_refs
+from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_refs
 from .refs import ArgRef
 from .remote_error import decode_error, encode_error
 from .serialization import dumps, loads, snapshot
@@ -80,8 +80,7 @@ class ActorSpec:
 
 def dumps_with_refs(value) -> tuple[list, list]:
     """``dumps(value)`` and the distinct ``ObjectRef``s found inside it."""
-    with collecting_refs() as found:
-        segs = dumps(value)
+    segs, found = collect_refs(dumps, value)
     if not found:
         return segs, found
     distinct = {}
@@ -369,16 +368,12 @@ class Core:
         queue for one: with 2 CPUs, ``top -> 2 x mid -> leaf`` deadlocks. The head lends
         at most a bounded number per node (``config.MAX_LENT_TASKS_PER_NODE``).
         """
-        from . import context
-
         if not context.running_task() or self.head is None or context.current is None:
             return False
         self._submit(self._push_head, "task_blocked", {"worker_id": context.current.worker_id})
         return True
 
     def _take_cpu_back(self) -> None:
-        from . import context
-
         # As in Ray, the task resumes at once; its node may run over its CPU count until
         # the work started meanwhile finishes.
         self._submit(self._push_head, "task_unblocked",
@@ -1213,8 +1208,6 @@ def get_core(auto: bool = True) -> Core | None:
     """The current core; inside a worker, connect one on first use (as Ray workers are)."""
     if _core is not None or not auto:
         return _core
-    from . import context
-
     ctx = context.current
     if ctx is None:
         return None

@@ -2,7 +2,7 @@
 
 Refs nested inside values (``f.remote([r1, r2])``, a method returning ``ddlf.put(x)``)
 travel as refs, as in Ray. Pickling a ref only writes its id; the runtime learns which
-refs a value contains through :func:`collecting_refs`, ships their objects alongside it,
+refs a value contains through :func:`collect_refs`, ships their objects alongside it,
 and while unpickling turns each id back into a ref through :func:`resolving_refs`.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-__all__ = ["ObjectRef", "ForeignObjectRef", "collecting_refs", "resolving_refs",
+__all__ = ["ObjectRef", "ForeignObjectRef", "collect_refs", "resolving_refs",
            "set_default_resolver"]
 
 # Per thread, so concurrent pickling in several threads of one process cannot mix up
@@ -61,7 +61,7 @@ class ObjectRef:
 
     def __reduce__(self):
         # Only the id is pickled; the runtime ships the object itself next to the value
-        # that contains the ref (see collecting_refs).
+        # that contains the ref (see collect_refs).
         sink = getattr(_tls, "sink", None)
         if sink is not None:
             sink.append(self)
@@ -102,15 +102,15 @@ def _foreign_ref(obj_id: bytes):
     return ForeignObjectRef(obj_id)
 
 
-@contextlib.contextmanager
-def collecting_refs():
-    """Within the block, every ``ObjectRef`` pickled on this thread is appended to the
-    yielded list (duplicates included)."""
+def collect_refs(fn, value):
+    """``(fn(value), refs)``: every ``ObjectRef`` pickled on this thread while ``fn`` runs
+    (duplicates included). A plain function, not a context manager: it wraps every
+    remote call and every result."""
     found: list = []
     outer = getattr(_tls, "sink", None)
     _tls.sink = found
     try:
-        yield found
+        return fn(value), found
     finally:
         _tls.sink = outer
 

@@ -7,9 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-import psutil
 import pytest
-from helpers_modules.util import wait_gone
+from helpers_modules.util import kill_leftovers, wait_gone
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import AlreadyInitializedError, DDLFError
@@ -52,14 +51,8 @@ def test_first_use_starts_a_cluster_and_exit_stops_it(first_call, no_leaks):
         assert len(kids) >= 2, (out, err)   # at least the head and the node
         assert not wait_gone(kids, timeout=20.0), "the auto-started cluster outlived its driver"
     finally:
-        for pid in kids:   # only if the test failed: end what it started, by pid
-            try:
-                psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_leftovers(proc, kids)  # only if the test failed: end what it started, by pid
+        proc.communicate()          # closes the pipes
 
 
 def test_get_without_init_starts_a_cluster_in_process(no_leaks):

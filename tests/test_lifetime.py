@@ -8,8 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-import psutil
-from helpers_modules.util import wait_gone
+from helpers_modules.util import kill_leftovers, wait_gone
 
 DRIVER = textwrap.dedent("""
     import os, sys, time, psutil
@@ -41,14 +40,7 @@ def _run(mode):
 
 
 def _cleanup(proc, kids):
-    for pid in kids:  # only if the test failed: end what it started, by pid
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
+    kill_leftovers(proc, kids)  # only if the test failed: end what it started, by pid
     proc.stdout.close()
 
 

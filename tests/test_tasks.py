@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from helpers_modules.util import crash_once
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import UnschedulableError, WorkerCrashedError
@@ -42,16 +43,6 @@ def sleep_then(seconds, value):
 @ddlf.remote
 def crash():
     os._exit(1)
-
-
-@ddlf.remote
-def crash_once(marker_path):
-    """Crash the first time (no marker file yet), succeed when retried."""
-    if not os.path.exists(marker_path):
-        with open(marker_path, "w") as f:
-            f.write(str(os.getpid()))
-        os._exit(1)
-    return "recovered"
 
 
 @ddlf.remote

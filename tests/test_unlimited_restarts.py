@@ -13,6 +13,7 @@ import signal
 import time
 
 import pytest
+from helpers_modules.util import crash_once
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError
@@ -22,16 +23,6 @@ from ddlf_actors.errors import ActorDiedError
 class Pid:
     def pid(self):
         return os.getpid()
-
-
-@ddlf.remote
-def crash_once(marker_path):
-    """Crash the first time (no marker file yet), succeed when retried."""
-    if not os.path.exists(marker_path):
-        with open(marker_path, "w") as f:
-            f.write(str(os.getpid()))
-        os._exit(1)
-    return "recovered"
 
 
 def _pid_after_restart(actor, old_pid, timeout=10.0):

@@ -8,6 +8,8 @@ import time
 
 import psutil
 
+import ddlf_actors as ddlf
+
 
 def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):
     """Call ``predicate`` until it returns a truthy value or ``timeout`` passes.
@@ -49,3 +51,27 @@ def recorded_tree(session) -> set[int]:
         except psutil.Error:
             pass
     return pids
+
+
+def kill_leftovers(proc, kids) -> None:
+    """End a child driver and the pids it reported, if a test failed before they exited."""
+    for pid in kids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+@ddlf.remote
+def crash_once(marker_path):
+    """Crash the first time (no marker file yet), succeed when retried."""
+    import os
+
+    if not os.path.exists(marker_path):
+        with open(marker_path, "w") as f:
+            f.write(str(os.getpid()))
+        os._exit(1)
+    return "recovered"

@@ -73,7 +73,6 @@ _REASONS = {
     "util.check_serialize": "not provided",
     "util.scheduling_strategies.PlacementGroupSchedulingStrategy": "DDLF has no placement groups",
     "util.scheduling_strategies.NodeLabelSchedulingStrategy": "DDLF has no node labels",
-    "actor.exit_actor": "not provided yet; raise SystemExit inside the actor or ddlf.kill it",
     "get_runtime_context().current_actor": "not provided yet",
 }
 
