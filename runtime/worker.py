@@ -261,7 +261,7 @@ class Worker:
         self.loaded: dict[bytes, object] = {}
         self.is_actor = False
         self.exit_status = None
-        self.callers: set = set()     # open data connections, flushed before an exit
+        self.callers: set = set()     # open caller connections, flushed before an exit
         self.instance = None
         self.actor_name = ""
         self.methods: dict[str, tuple] = {}
@@ -329,7 +329,6 @@ class Worker:
         if kind == protocol.CALL:
             if self.exit_status is not None:
                 return  # exiting: the connection closes soon, failing this call
-            self.callers.add(conn)
             if self.is_actor:
                 self._actor_call(conn, msg_id, segs)
             else:
@@ -650,7 +649,8 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
     worker = Worker(loop, node_id, worker_id, head_address, token)
 
     async def start():
-        worker.server = await serve(listen_host, 0, token, worker)
+        # Callers are tracked once, when they authenticate, not on every call.
+        worker.server = await serve(listen_host, 0, token, worker, on_open=worker.callers.add)
         port = worker.server.sockets[0].getsockname()[1]
         worker.node_conn = await connect(node_host, node_port, token, rpc.RpcHandler(worker))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, _pid_now(), port)
