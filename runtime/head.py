@@ -38,6 +38,7 @@ log = logging.getLogger("ddlf.head")
 PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
 _WAIT_ACTOR_MAX_S = 30.0
 _WAIT_GROUP_MAX_S = 30.0
+_REMOVED_GROUPS_KEPT = 1000
 
 
 class NodeRecord:
@@ -415,6 +416,18 @@ class Head:
         """True if no amount of waiting lets ``g`` fit the nodes alive now."""
         return placement.plan(g.bundles, g.strategy, self._alive_nodes(), use_total=True) is None
 
+    def _group_view(self, g: placement.Group) -> dict:
+        """``g.view()`` plus Ray's ``stats.scheduling_state``: FINISHED, REMOVED,
+        NO_RESOURCES (waits for resources to free up) or INFEASIBLE (waits for a node that
+        can hold it to join)."""
+        view = g.view()
+        if g.state in (placement.CREATED, placement.REMOVED):
+            state = "FINISHED" if g.state == placement.CREATED else "REMOVED"
+        else:
+            state = "INFEASIBLE" if self._infeasible(g) else "NO_RESOURCES"
+        view["stats"] = {"scheduling_state": state}
+        return view
+
     def rpc_create_placement_group(self, conn, spec: dict):
         """Register a group and reserve it if it fits now; ``{"id", "state", "infeasible"}``.
 
@@ -470,6 +483,9 @@ class Head:
         g.release()
         g.touch()
         log.info("placement group %s removed: %s", g.group_id, why)
+        removed = [gid for gid, x in self.groups.items() if x.state == placement.REMOVED]
+        for gid in removed[:max(0, len(removed) - _REMOVED_GROUPS_KEPT)]:
+            del self.groups[gid]   # the table keeps the newest removed groups only
         self._retry_pending()   # waiters in the group fail; others may use what it held
 
     async def rpc_wait_placement_group(self, conn, group_id: str, timeout: float):
@@ -481,7 +497,7 @@ class Head:
                 return None
             left = deadline - time.monotonic()
             if g.state in (placement.CREATED, placement.REMOVED) or left <= 0:
-                return g.view()
+                return self._group_view(g)
             try:
                 await asyncio.wait_for(g.changed.wait(), left)
             except asyncio.TimeoutError:
@@ -490,12 +506,12 @@ class Head:
     def rpc_placement_group_table(self, conn, group_id: str | None = None):
         if group_id is not None:
             g = self.groups.get(group_id)
-            return g.view() if g is not None else None
-        return {gid: g.view() for gid, g in self.groups.items()}
+            return self._group_view(g) if g is not None else None
+        return {gid: self._group_view(g) for gid, g in self.groups.items()}
 
     def rpc_get_placement_group(self, conn, name: str):
         group_id = self.group_names.get(name)
-        return self.groups[group_id].view() if group_id is not None else None
+        return self._group_view(self.groups[group_id]) if group_id is not None else None
 
     # -- actors ------------------------------------------------------------------------------
     def _claim_name(self, name: str, actor_id: str) -> None:
