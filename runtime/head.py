@@ -134,6 +134,7 @@ class Head:
         self.lent: set[str] = set()   # leases whose task waits in get; resources lent out
         self.pending: list[tuple] = []              # (demand, future) waiting for resources
         self.groups: dict[str, placement.Group] = {}   # placement groups, oldest first
+        self.waiting_groups: dict[str, placement.Group] = {}   # PENDING or RESCHEDULING ones
         self.group_names: dict[str, str] = {}          # name -> group id
         self._spread_next = 0                          # SPREAD's round-robin cursor
         self.server = None
@@ -264,6 +265,7 @@ class Head:
                 self.lent.discard(lease_id)
         for g in self.groups.values():
             if g.drop_node(node):
+                self.waiting_groups[g.group_id] = g
                 log.info("placement group %s lost bundles on node %s; placing them again",
                          g.group_id, node.node_id)
         self._push_all_cores("node_dead", {"node_id": node.node_id, "why": why})
@@ -400,15 +402,14 @@ class Head:
     def _place_groups(self) -> None:
         """Reserve every group that waits and now fits (oldest first; one that does not fit
         does not hold up the others)."""
-        nodes = None
-        for g in self.groups.values():
-            if g.state not in (placement.PENDING, placement.RESCHEDULING):
-                continue
-            if nodes is None:
-                nodes = self._alive_nodes()
+        if not self.waiting_groups:
+            return   # the common case, on every resource release: nothing to do
+        nodes = self._alive_nodes()
+        for g in list(self.waiting_groups.values()):
             chosen = placement.plan(g.bundles, g.strategy, nodes, g.placed_nodes())
             if chosen is not None:
                 g.commit(chosen)
+                del self.waiting_groups[g.group_id]
                 log.info("placement group %s placed on %s", g.group_id,
                          sorted({n.node_id for n in chosen}))
 
@@ -444,6 +445,7 @@ class Head:
         g = placement.Group(uuid.uuid4().hex[:16], bundles, strategy, name,
                             owner=conn.info.get("owner_id"), detached=bool(spec.get("detached")))
         self.groups[g.group_id] = g
+        self.waiting_groups[g.group_id] = g
         if name:
             self.group_names[name] = g.group_id
         self._place_groups()
@@ -464,6 +466,7 @@ class Head:
     def _remove_group(self, g: placement.Group, why: str) -> None:
         """Kill the group's actors and leased workers, give its bundles back, fail waiters."""
         g.state = placement.REMOVED
+        self.waiting_groups.pop(g.group_id, None)
         if g.name and self.group_names.get(g.name) == g.group_id:
             self.group_names.pop(g.name, None)
         reason = f"its placement group {g.group_id} was removed ({why})"
