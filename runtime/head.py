@@ -307,7 +307,9 @@ class Head:
         """Reserve ``demand``; return (node, charge). Wait while it can fit but has no room now.
 
         Raises ``UnschedulableError`` when it can never fit, and a
-        ``PlacementGroupRemovedError`` when its placement group is gone.
+        ``PlacementGroupRemovedError`` when its placement group is gone. Anything handed
+        out per placement (device ids such as GPUs) belongs with the charge returned here,
+        so that it is given back by ``_free`` with the rest.
         """
         while True:
             got = self._try_place(demand, what, sched, load_key)
