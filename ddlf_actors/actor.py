@@ -12,6 +12,7 @@ from ddlf_actors.runtime.serialization import dumps
 
 from .errors import ActorNameTakenError
 from .options import ACTOR_OPTIONS, METHOD_OPTIONS, validate
+from .util import scheduling_strategies
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
@@ -126,6 +127,7 @@ class ActorClass:
 
     def _create_new(self, core, spec, options, args, kwargs) -> ActorHandle:
         options = {k: v for k, v in options.items() if k != "get_if_exists"}
+        options = scheduling_strategies.resolve(options)
         actor_id = uuid.uuid4().hex[:16]
         core.create_actor(actor_id, spec, args, kwargs, options)
         return ActorHandle(actor_id, spec.class_name, spec.methods)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "validate"]
 
-_COMMON = {"num_cpus", "resources", "name"}
+_COMMON = {"num_cpus", "resources", "name", "scheduling_strategy"}
 ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id",
                            "get_if_exists", "max_task_retries"}
 TASK_OPTIONS = _COMMON | {"max_retries", "num_returns"}
@@ -50,4 +50,12 @@ def validate(options: dict, allowed: set, what: str) -> dict:
     lt = options.get("lifetime")
     if lt not in (None, "detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lt!r}")
+    strategy = options.get("scheduling_strategy")
+    if strategy is not None:
+        from ddlf_actors.util import scheduling_strategies
+
+        scheduling_strategies.check(strategy)
+        if options.get("node_id") is not None:
+            raise ValueError("give either node_id=... or scheduling_strategy=..., not both "
+                             "(NodeAffinitySchedulingStrategy(node_id, soft) pins to a node)")
     return options

@@ -8,6 +8,7 @@ from ddlf_actors.runtime.serialization import dumps
 
 from .actor import _require_core
 from .options import TASK_OPTIONS, validate
+from .util import scheduling_strategies
 
 __all__ = ["RemoteFunction"]
 
@@ -44,7 +45,8 @@ class RemoteFunction:
 
     def _submit(self, options, args, kwargs):
         core = _require_core()
-        return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs, options)
+        return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs,
+                                scheduling_strategies.resolve(options))
 
     def __repr__(self):
         return f"RemoteFunction({self.__module__}.{self.__qualname__})"

@@ -27,12 +27,14 @@ import sys
 import threading
 import time
 
-from . import __version__, context, protocol, rpc, shm_store
+from . import __version__, context, placement, protocol, rpc, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
+    ActorPlacementGroupRemovedError,
     DDLFError,
     GetTimeoutError,
+    PlacementGroupRemovedError,
     UnschedulableError,
     WorkerCrashedError,
 )
@@ -457,7 +459,12 @@ class Core:
     def create_actor(self, actor_id: str, spec: ActorSpec, args, kwargs, options: dict) -> None:
         self._check_open()
         demand = _demand(options, default_cpus=0.0)
-        if self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
+        sched = options.get("scheduling")
+        if sched and sched.get("group_id"):
+            # Its demand comes out of a bundle, which must be able to hold it.
+            placement.check_bundle_fit(demand, sched["bundles"], sched.get("bundle_index", -1),
+                                       f"actor {spec.class_name}")
+        elif self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
             raise UnschedulableError(
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
@@ -472,6 +479,7 @@ class Core:
             "max_concurrency": options.get("max_concurrency", 1), "name": options.get("name"),
             "max_task_retries": options.get("max_task_retries", 0),
             "detached": options.get("lifetime") == "detached", "node_id": options.get("node_id"),
+            "scheduling": sched,
             "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
             "job_id": self.job_id,
         }
@@ -561,28 +569,60 @@ class Core:
                     options: dict) -> ObjectRef:
         self._check_open()
         demand = _demand(options, default_cpus=1.0)
-        if self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
-            raise UnschedulableError(
-                f"task {fn_name} asks for {demand}, more than any node has "
-                f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
+        sched = options.get("scheduling")
+        group = None
+        if sched and sched.get("group_id"):
+            placement.check_bundle_fit(demand, sched["bundles"], sched.get("bundle_index", -1),
+                                       f"task {fn_name}")
+            # What the worker needs for get_current_placement_group() and for capturing.
+            group = {"group_id": sched["group_id"], "bundles": sched["bundles"],
+                     "capture": bool(sched.get("capture"))}
+        # A demand no node can meet is not refused here: as in Ray, .remote() returns a
+        # ref; the head's UnschedulableError reaches the caller at get (at once).
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
         args, kwargs, refs = _split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
-        payload, nested = dumps_with_refs(body if nret == 1 else (*body, nret))
+        if group is not None:
+            body = (*body, nret, group)
+        elif nret != 1:
+            body = (*body, nret)
+        payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
         out = ref if nret == 1 else self._split_returns(ref, nret)
-        key = tuple(sorted(demand.items()))
+        key = (tuple(sorted(demand.items())), _sched_key(sched))
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
-        self._submit(self._route_task, key, demand, task)
+        self._submit(self._route_task, key, demand, task, sched)
         return out
 
-    def _route_task(self, key, demand, task):
+    def _route_task(self, key, demand, task, sched=None):
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _TaskPool(self, demand)
+            pool = self.pools[key] = _TaskPool(self, demand, sched)
         pool.add(task)
+
+    # -- refs settled by the I/O loop ------------------------------------------------------
+    def ref_from_async(self, make_coro) -> ObjectRef:
+        """A ref settled by the coroutine ``make_coro()`` run on the I/O loop: its return
+        value, or the exception it raises (e.g. a placement group's ``ready()``)."""
+        self._check_open()
+        ref = self.new_ref()
+        obj_id = ref.id
+
+        async def run():
+            try:
+                value = await make_coro()
+            except BaseException as e:
+                self._fail(obj_id, e)
+                return
+            try:
+                self._complete(obj_id, OK, dumps(value))
+            except BaseException as e:
+                self._fail(obj_id, e)
+
+        self._submit(lambda: self.loop.create_task(run()))
+        return ref
 
     # -- shutdown --------------------------------------------------------------------------
     def close(self) -> None:
@@ -626,6 +666,13 @@ def _demand(options: dict, default_cpus: float) -> dict:
     for k, v in (options.get("resources") or {}).items():
         demand[k] = float(v)
     return {k: v for k, v in demand.items() if v > 0}
+
+
+def _sched_key(sched: dict | None) -> tuple:
+    """What separates task pools besides the demand: where their leases may come from."""
+    if not sched:
+        return ()
+    return tuple(sorted((k, v) for k, v in sched.items() if k not in ("bundles", "capture")))
 
 
 def _fits(demand: dict, total: dict) -> bool:
@@ -861,6 +908,9 @@ class _ActorClient:
                 reason = f"{reason} (its error could not be loaded here: {e})"
         if err.get("unschedulable"):
             return UnschedulableError(reason)
+        if err.get("pg_removed"):
+            return ActorPlacementGroupRemovedError(
+                f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
         return ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
 
     def _die_with(self, exc: BaseException) -> None:
@@ -1011,9 +1061,10 @@ class _Lease:
 class _TaskPool:
     """Tasks of one resource shape: a queue, and the worker leases that run them."""
 
-    def __init__(self, core: Core, demand: dict):
+    def __init__(self, core: Core, demand: dict, sched: dict | None = None):
         self.core = core
         self.demand = demand
+        self.sched = sched
         self.queue: collections.deque = collections.deque()
         self.leases: list[_Lease] = []
         self.requesting = False
@@ -1089,7 +1140,7 @@ class _TaskPool:
 
     async def _request(self, wait: bool):
         try:
-            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait)
+            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched)
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
                 return
@@ -1107,7 +1158,7 @@ class _TaskPool:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise DDLFError("the leased worker closed its connection")
             self.leases.append(lease)
-        except UnschedulableError as e:
+        except (UnschedulableError, PlacementGroupRemovedError) as e:
             while self.queue:
                 self.core._fail(self.queue.popleft().obj_id, e)
         except Exception as e:

@@ -286,6 +286,10 @@ class Worker:
         ctx = context.current
         ctx.actor_id = spec["actor_id"]
         ctx.job_id = spec.get("job_id")
+        sched = spec.get("scheduling") or {}
+        if sched.get("group_id"):
+            ctx.placement = {"group_id": sched["group_id"], "bundles": sched.get("bundles"),
+                             "capture": bool(sched.get("capture"))}
         self.actor_name = spec["class_name"]
         _log_marker(f"actor:{self.actor_name}:{ctx.job_id or ''}")
         for obj_id, segs in spec.get("objects", {}).items():
@@ -535,6 +539,7 @@ class Worker:
         try:
             fn_id, fn_name, job_id, args, kwargs, *extra = loads(segs[1:])
             nret = extra[0] if extra else 1
+            group = extra[1] if len(extra) > 1 else None   # its placement group, if any
             fn = self.loaded.get(fn_id)
             if fn is None:
                 code = self.functions.get(fn_id)
@@ -550,6 +555,7 @@ class Worker:
         def enter():
             # Whose output follows: the node's log tailer prefixes lines by this marker.
             context.current.job_id = job_id
+            context.current.placement = group
             _log_marker(f"task:{fn_name}:{job_id or ''}")
 
         if inspect.iscoroutinefunction(fn):

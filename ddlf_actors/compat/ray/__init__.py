@@ -178,8 +178,12 @@ class RuntimeContext:
         return core.job_id if core is not None else None
 
     def get_node_id(self):
+        """The node this code runs on; in a driver, as in Ray, the node on its own host
+        (None if the cluster has no live node on this host)."""
         ctx = _ctx()
-        return ctx.node_id if ctx else None
+        if ctx is not None:
+            return ctx.node_id
+        return _local_node_id()
 
     def get_worker_id(self):
         ctx = _ctx()
@@ -200,6 +204,27 @@ class RuntimeContext:
         if name.startswith("__"):
             raise AttributeError(name)
         raise missing(f"get_runtime_context().{name}")
+
+
+def _local_node_id():
+    from ddlf_actors.runtime.core import get_core
+
+    core = get_core(auto=False)
+    if core is None:
+        return None
+    import psutil
+
+    local = {"localhost"}
+    try:
+        for addrs in psutil.net_if_addrs().values():
+            local.update(a.address for a in addrs)
+    except (OSError, psutil.Error):
+        pass
+    for n in core.head_call("nodes"):
+        host = n["address"].rpartition(":")[0]
+        if n["alive"] and (host in local or host.startswith("127.")):
+            return n["node_id"]
+    return None
 
 
 def _ctx():
