@@ -43,7 +43,6 @@ _UNSUPPORTED = {
     "placement_group_bundle_index": "placement groups",
     "placement_group_capture_child_tasks": "placement groups",
     "concurrency_groups": "concurrency groups",
-    "_generator_backpressure_num_objects": "generator tasks",
     "tensor_transport": "GPU tensor transport",
 }
 
@@ -172,9 +171,6 @@ def remote(*args, **options):
 def _make(obj, options: dict):
     if inspect.isclass(obj):
         return RayActorClass(obj, options)
-    if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
-        raise NotImplementedError(f"@ray.remote on generator function {obj.__name__}: DDLF "
-                                  "has no generator tasks; return a list instead")
     if callable(obj):
         return RayRemoteFunction(obj, options)
     raise TypeError(f"@ray.remote applies to classes and functions, not {type(obj).__name__}")
