@@ -228,7 +228,6 @@ class Core:
         e.refs -= 1
         if e.refs <= 0:
             self.objects.pop(obj_id, None)
-            self.streams.pop(obj_id, None)
             if e.sent_to and not self.closed:
                 self._submit(self._send_free, obj_id, e.sent_to)
 
@@ -498,7 +497,7 @@ class Core:
         self._check_open()
         what = f"{class_name}.{method}"
         nret = _check_num_returns(num_returns, what)
-        backpressure = check_backpressure(backpressure, what)
+        backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
         args, kwargs, refs = _split_refs(args, kwargs)
         body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
@@ -515,6 +514,9 @@ class Core:
         if type(nret) is int:
             return self._split_returns(ref, nret)
         stream = Stream(ref.id, nret, backpressure if nret == STREAMING else -1)
+        # The stream keeps the call's ref (so its entry, and the callback below) alive until
+        # the call ends, whatever the caller drops meanwhile.
+        stream.call_ref = ObjectRef(ref.id, self)
         self.streams[ref.id] = stream
         # Whatever settles the call's ref (the end frame, a lost worker, a failed
         # dependency) ends the stream.
@@ -539,7 +541,14 @@ class Core:
             # Mapped (and acknowledged) even when discarded, so the worker unpins it.
             item_kind, item = shm_store.client_frame(conn, item_kind, item)
         if stream is None:
-            return   # the caller dropped the generator: its items are discarded, as in Ray
+            return
+        if stream.released:
+            # The caller dropped the generator: its items are discarded, as in Ray, and a
+            # paused generator (this run, or a retried one) is told to go on to its end.
+            if stream.limit > 0 and conn is not stream.conn:
+                stream.conn, stream.msg_id = conn, msg_id
+                self._send_credit(stream)
+            return
         stream.conn, stream.msg_id = conn, msg_id
         if index < len(stream.items):
             # A retried call replays what it yielded before: keep the first copies, and
@@ -568,6 +577,7 @@ class Core:
     def _stream_closed(self, stream: Stream) -> None:
         self.streams.pop(stream.parent_id, None)
         self._stream_changed(stream, ended=True)
+        stream.call_ref = None
 
     def _stream_changed(self, stream: Stream, ended: bool = False) -> None:
         with self._cb_lock:
@@ -613,9 +623,8 @@ class Core:
         self._submit(self._release_stream, stream)
 
     def _release_stream(self, stream: Stream) -> None:
-        self.streams.pop(stream.parent_id, None)
         if stream.limit > 0:
-            self._send_credit(stream)
+            self._send_credit(stream)   # or at its next item, if none has come yet
 
     def _send_credit(self, stream: Stream) -> None:
         conn = stream.conn
@@ -692,8 +701,10 @@ class Core:
                 f"task {fn_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
+        # Only a streaming call has a reader to pace the generator by.
         backpressure = check_backpressure(
-            options.get("_generator_backpressure_num_objects", -1), fn_name)
+            options.get("_generator_backpressure_num_objects", -1), fn_name
+        ) if nret == STREAMING else -1
         args, kwargs, refs = _split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
         payload, nested = dumps_with_refs(body if nret == 1 else (*body, nret, backpressure))

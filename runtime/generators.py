@@ -31,7 +31,7 @@ class Stream:
     """
 
     __slots__ = ("parent_id", "mode", "items", "ended", "limit", "consumed", "conn",
-                 "msg_id", "wakers", "released")
+                 "msg_id", "wakers", "released", "call_ref")
 
     def __init__(self, parent_id: bytes, mode: str, limit: int):
         self.parent_id = parent_id
@@ -44,6 +44,7 @@ class Stream:
         self.msg_id = 0
         self.wakers: list = []       # callables run (on the I/O thread) at the next change
         self.released = False        # backpressure lifted: the caller dropped the stream
+        self.call_ref = None         # the call's ObjectRef, held until the call ends
 
 
 class ObjectRefGenerator:

@@ -317,6 +317,20 @@ def test_backpressure_pauses_the_generator_until_the_caller_consumes(gen_cluster
     assert wait_for(lambda: _lines(log) == 10, timeout=T)
 
 
+def test_backpressure_never_stalls_a_call_without_a_reader(gen_cluster, tmp_path):
+    # "dynamic" has no reader to pace it: the option must not pause it forever.
+    log = str(tmp_path / "log")
+    ref = logged.options(num_returns="dynamic", _generator_backpressure_num_objects=1).remote(
+        4, log)
+    assert ddlf.get(list(ddlf.get(ref, timeout=T)), timeout=T) == [0, 1, 2, 3]
+    # A dropped generator whose completed() ref is still held settles it at the end.
+    gen = logged.options(_generator_backpressure_num_objects=1).remote(4, log)
+    done = gen.completed()
+    del gen
+    gc.collect()
+    assert ddlf.get(done, timeout=T) is None
+
+
 def test_backpressure_on_actor_methods(gen_cluster, tmp_path):
     s = Streamer.remote()
     gen = s.async_gen.options(_generator_backpressure_num_objects=1).remote(5)
