@@ -45,6 +45,10 @@ from ddlf_actors.api import (  # noqa: E402
 from ddlf_actors.cluster import Cluster, WorkerProxy, read_config  # noqa: E402
 from ddlf_actors.remote_function import RemoteFunction  # noqa: E402
 from ddlf_actors.runtime import __version__  # noqa: E402
+from ddlf_actors.runtime.generators import (  # noqa: E402
+    DynamicObjectRefGenerator,
+    ObjectRefGenerator,
+)
 from ddlf_actors.runtime.object_ref import ObjectRef  # noqa: E402
 
 __all__ = [
@@ -63,6 +67,8 @@ __all__ = [
     "available_resources",
     "method",
     "ObjectRef",
+    "ObjectRefGenerator",
+    "DynamicObjectRefGenerator",
     "ActorHandle",
     "ActorClass",
     "ActorMethod",

@@ -11,7 +11,7 @@ from ddlf_actors.runtime.errors import ActorExit
 from ddlf_actors.runtime.serialization import dumps
 
 from .errors import ActorNameTakenError
-from .options import ACTOR_OPTIONS, METHOD_OPTIONS, validate
+from .options import ACTOR_OPTIONS, BACKPRESSURE, METHOD_OPTIONS, validate
 from .util import scheduling_strategies
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
@@ -24,24 +24,28 @@ _GET_IF_EXISTS_TRIES = 5
 def method(*args, **kwargs):
     """Annotate an actor method, as ``@ray.method(...)`` does: ``@ddlf.method(num_returns=2)``
     makes each call return two refs (the method returns a tuple or list of 2 values).
-    ``handle.m.options(num_returns=k)`` sets it per call.
+    ``handle.m.options(num_returns=k)`` sets it per call. A generator method streams
+    (``num_returns="streaming"``, the default for one) or returns one ref to all its refs
+    (``"dynamic"``); ``_generator_backpressure_num_objects=n`` pauses it while ``n`` of
+    its values wait unconsumed.
     """
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
     if args:
         raise TypeError("use @ddlf.method(num_returns=k) on an actor method")
-    unknown = set(kwargs) - {"num_returns"}
+    unknown = set(kwargs) - METHOD_OPTIONS
     if unknown:
         raise NotImplementedError(
             f"@ddlf.method does not support {sorted(unknown)}: DDLF has no concurrency groups "
-            "or per-method retry options yet; num_returns is supported")
-    n = kwargs.get("num_returns", 1)
-    if n in ("dynamic", "streaming") or isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"@ddlf.method(num_returns={n!r}): give an int >= 1 (generators are "
-                         "not supported yet)")
+            f"or per-method retry options yet; {sorted(METHOD_OPTIONS)} are supported")
+    validate(dict(kwargs), METHOD_OPTIONS, "@ddlf.method")
+    n = kwargs.get("num_returns")
 
     def annotate(fn):
-        fn.__ddlf_num_returns__ = n
+        if n is not None:
+            fn.__ddlf_num_returns__ = n
+        if kwargs.get(BACKPRESSURE) is not None:
+            fn.__ddlf_backpressure__ = kwargs[BACKPRESSURE]
         return fn
 
     return annotate
@@ -98,10 +102,15 @@ class ActorClass:
                 if name.startswith("__") and name != "__call__":
                     continue
                 methods[name] = inspect.iscoroutinefunction(fn)
-                n = getattr(fn, "__ddlf_num_returns__", 1)
-                if n != 1:
+                n = getattr(fn, "__ddlf_num_returns__", None)
+                if n is None:   # a generator method streams unless told otherwise, as in Ray
+                    n = "streaming" if (inspect.isgeneratorfunction(fn)
+                                        or inspect.isasyncgenfunction(fn)) else 1
+                bp = getattr(fn, "__ddlf_backpressure__", -1)
+                if n != 1 or bp != -1:
                     # Opaque to the head; handles in any process read it from here.
-                    methods[name] = {"is_async": methods[name], "num_returns": n}
+                    methods[name] = {"is_async": methods[name], "num_returns": n,
+                                     "backpressure": bp}
             segs = [bytes(s) for s in dumps(self._cls)]
             self._spec = ActorSpec(self._cls.__name__, segs, methods, self._options)
         return self._spec
@@ -166,25 +175,29 @@ class _BoundActorClass:
 
 
 class ActorMethod:
-    __slots__ = ("_handle", "_name", "_num_returns")
+    __slots__ = ("_handle", "_name", "_num_returns", "_backpressure")
 
-    def __init__(self, handle: ActorHandle, name: str, num_returns: int | None = None):
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int | str | None = None,
+                 backpressure: int | None = None):
         self._handle = handle
         self._name = name
-        if num_returns is None:
-            info = handle._methods.get(name)
-            num_returns = info.get("num_returns", 1) if isinstance(info, dict) else 1
-        self._num_returns = num_returns
+        info = handle._methods.get(name)
+        info = info if isinstance(info, dict) else {}
+        self._num_returns = info.get("num_returns", 1) if num_returns is None else num_returns
+        self._backpressure = info.get("backpressure", -1) if backpressure is None else backpressure
 
     def remote(self, *args, **kwargs):
         h = self._handle
         return _require_core().submit_actor_call(h._actor_id, h._class_name, self._name, args,
-                                                 kwargs, self._num_returns)
+                                                 kwargs, self._num_returns, self._backpressure)
 
     def options(self, **options) -> ActorMethod:
-        """This method with per-call options (``num_returns=k``), as in Ray."""
+        """This method with per-call options (``num_returns``,
+        ``_generator_backpressure_num_objects``), as in Ray."""
         validate(options, METHOD_OPTIONS, f"method {self._handle._class_name}.{self._name}")
-        return ActorMethod(self._handle, self._name, options.get("num_returns", self._num_returns))
+        return ActorMethod(self._handle, self._name,
+                           options.get("num_returns", self._num_returns),
+                           options.get(BACKPRESSURE, self._backpressure))
 
     def __call__(self, *args, **kwargs):
         raise TypeError(

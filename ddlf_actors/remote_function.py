@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from ddlf_actors.runtime.serialization import dumps
@@ -17,6 +18,9 @@ class RemoteFunction:
     def __init__(self, fn, options: dict):
         self._fn = fn
         self._options = validate(dict(options), TASK_OPTIONS, f"remote function {fn.__name__}")
+        if "num_returns" not in self._options and (
+                inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
+            self._options["num_returns"] = "streaming"   # Ray's default for a generator (2.8+)
         self._fn_id = os.urandom(16)
         self._segments: list | None = None
         self.__name__ = fn.__name__

@@ -39,13 +39,14 @@ from .errors import (
     WorkerCrashedError,
 )
 from .eventloop import LoopThread
+from .generators import DYNAMIC, STREAMING, DynamicObjectRefGenerator, ObjectRefGenerator, Stream
 from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_refs
 from .refs import ArgRef
 from .remote_error import decode_error, encode_error
 from .serialization import dumps, loads, snapshot
 
 __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
-           "unbundle_refs"]
+           "unbundle_refs", "check_backpressure"]
 
 log = logging.getLogger("ddlf.core")
 
@@ -123,6 +124,7 @@ class Core:
         self._counter = itertools.count(1)
         self._msg_ids = itertools.count(1)
         self.actors: dict[str, _ActorClient] = {}
+        self.streams: dict[bytes, Stream] = {}   # generator calls still running, by call ref id
         self.pools: dict[tuple, _TaskPool] = {}
         self.head = None
         self.job_id = job_id
@@ -386,10 +388,14 @@ class Core:
             rpc.push(self.head, event, data)
 
     def wait(self, refs, num_returns: int, timeout: float | None):
-        entries = [self._entry(r) for r in refs]
+        # A streaming generator is ready when next() on it would not block (Ray's rule).
+        entries = [r if type(r) is ObjectRefGenerator else self._entry(r) for r in refs]
+
+        def ready(e) -> bool:
+            return e._settled() if type(e) is ObjectRefGenerator else e.state != PENDING
 
         def enough():
-            return sum(e.state != PENDING for e in entries) >= num_returns
+            return sum(ready(e) for e in entries) >= num_returns
 
         if not enough():
             lent = self._lend_cpu()
@@ -400,10 +406,10 @@ class Core:
             finally:
                 if lent:
                     self._take_cpu_back()
-        ready, not_ready = [], []
+        ready_refs, not_ready = [], []
         for r, e in zip(refs, entries):
-            (ready if e.state != PENDING and len(ready) < num_returns else not_ready).append(r)
-        return ready, not_ready
+            (ready_refs if ready(e) and len(ready_refs) < num_returns else not_ready).append(r)
+        return ready_refs, not_ready
 
     def _wait_until(self, predicate, timeout, pending_count, total) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -492,18 +498,147 @@ class Core:
         self._submit(client.create, wire, refs)
 
     def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs,
-                          num_returns: int = 1):
-        """Submit a method call; its ref, or a list of ``num_returns`` refs."""
+                          num_returns: int | str = 1, backpressure: int = -1):
+        """Submit a method call; its ref, a list of ``num_returns`` refs, or for a
+        generator method an ``ObjectRefGenerator`` (``"streaming"``) or the ref of a
+        ``DynamicObjectRefGenerator`` (``"dynamic"``)."""
         self._check_open()
-        nret = _check_num_returns(num_returns, f"{class_name}.{method}")
+        what = f"{class_name}.{method}"
+        nret = _check_num_returns(num_returns, what)
+        backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
         args, kwargs, refs = _split_refs(args, kwargs)
-        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret)
+        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
-        out = ref if nret == 1 else self._split_returns(ref, nret)
+        out = self._returns(ref, nret, backpressure)
         self._submit(self._route_call, actor_id, class_name, ref.id, method, payload, refs)
         return out
+
+    def _returns(self, ref: ObjectRef, nret, backpressure: int):
+        """What ``.remote()`` gives back for a call whose reply settles ``ref``."""
+        if nret == 1:
+            return ref
+        if type(nret) is int:
+            return self._split_returns(ref, nret)
+        stream = Stream(ref.id, nret, backpressure if nret == STREAMING else -1)
+        # The stream keeps the call's ref (so its entry, and the callback below) alive until
+        # the call ends, whatever the caller drops meanwhile.
+        stream.call_ref = ObjectRef(ref.id, self)
+        self.streams[ref.id] = stream
+        # Whatever settles the call's ref (the end frame, a lost worker, a failed
+        # dependency) ends the stream.
+        self._on_done(self.objects[ref.id], lambda: self._stream_closed(stream))
+        return ObjectRefGenerator(ref, stream, self) if nret == STREAMING else ref
+
+    # -- generator calls (see generators.py) ------------------------------------------------
+    def _stream_frame(self, conn, kind: int, msg_id: int, obj_id: bytes, segs) -> None:
+        """A STREAM_ITEM or STREAM_END frame of the generator call ``obj_id`` (I/O thread)."""
+        stream = self.streams.get(obj_id)
+        if kind == protocol.STREAM_END:
+            if stream is not None:
+                self._stream_end(stream)
+            return
+        try:
+            index, item_kind = _ITEM.unpack(segs[1])
+        except Exception:
+            conn.abort()   # a malformed frame: this connection cannot be trusted further
+            return
+        item = [None, *segs[2:]]
+        if item_kind == protocol.RESULT_SHM:
+            # Mapped (and acknowledged) even when discarded, so the worker unpins it.
+            item_kind, item = shm_store.client_frame(conn, item_kind, item)
+        if stream is None:
+            return
+        if stream.released:
+            # The caller dropped the generator: its items are discarded, as in Ray, and a
+            # paused generator (this run, or a retried one) is told to go on to its end.
+            if stream.limit > 0 and conn is not stream.conn:
+                stream.conn, stream.msg_id = conn, msg_id
+                self._send_credit(stream)
+            return
+        stream.conn, stream.msg_id = conn, msg_id
+        if index < len(stream.items):
+            # A retried call replays what it yielded before: keep the first copies, and
+            # tell the new run how far the caller has got.
+            if stream.limit > 0 and stream.consumed:
+                self._send_credit(stream)
+            return
+        if index != len(stream.items) or item_kind not in (
+                protocol.RESULT_OK, protocol.RESULT_REFS, protocol.RESULT_ERR):
+            conn.abort()
+            return
+        ref = self.new_ref()
+        self._complete_result(ref.id, item_kind, item)
+        with self._cb_lock:
+            stream.items.append(ref)
+        self._stream_changed(stream)
+
+    def _stream_end(self, stream: Stream) -> None:
+        self.streams.pop(stream.parent_id, None)
+        if stream.mode == DYNAMIC:
+            segs, contained = dumps_with_refs(DynamicObjectRefGenerator(stream.items))
+            self._complete(stream.parent_id, OK, segs, contained=contained)
+        else:
+            self._complete(stream.parent_id, OK, _NONE)
+
+    def _stream_closed(self, stream: Stream) -> None:
+        self.streams.pop(stream.parent_id, None)
+        self._stream_changed(stream, ended=True)
+        stream.call_ref = None
+
+    def _stream_changed(self, stream: Stream, ended: bool = False) -> None:
+        with self._cb_lock:
+            if ended:
+                stream.ended = True
+            wakers, stream.wakers = stream.wakers, []
+        for wake in wakers:
+            try:
+                wake()
+            except Exception:
+                log.exception("error waking a generator's reader")
+        if self.waiters:
+            with self.cond:
+                self.cond.notify_all()
+
+    def wait_stream(self, predicate, timeout: float | None) -> None:
+        """Block a user thread until ``predicate()`` (a stream changed) or ``timeout``."""
+        lent = self._lend_cpu()
+        try:
+            self._wait_until(predicate, timeout, None, 0)
+        except GetTimeoutError:
+            pass
+        finally:
+            if lent:
+                self._take_cpu_back()
+
+    def failed(self, ref: ObjectRef) -> bool:
+        e = self.objects.get(ref.id)
+        return e is not None and e.state != PENDING and e.state != OK
+
+    def stream_consumed(self, stream: Stream, count: int) -> None:
+        """The caller took ``count`` refs so far: under backpressure, let the worker go on."""
+        stream.consumed = count
+        if stream.limit > 0 and not stream.released:
+            self._submit(self._send_credit, stream)
+
+    def stream_dropped(self, stream: Stream) -> None:
+        """The ObjectRefGenerator is gone: discard later items, lift the backpressure (the
+        generator runs to its end, as in Ray)."""
+        if self.closed or stream.ended:
+            return
+        stream.released = True
+        self._submit(self._release_stream, stream)
+
+    def _release_stream(self, stream: Stream) -> None:
+        if stream.limit > 0:
+            self._send_credit(stream)   # or at its next item, if none has come yet
+
+    def _send_credit(self, stream: Stream) -> None:
+        conn = stream.conn
+        if conn is not None and not conn.closed:
+            credit = -1 if stream.released else stream.consumed
+            conn.send_msg(protocol.STREAM_ITEM, stream.msg_id, [_CREDIT.pack(credit)])
 
     def _split_returns(self, parent: ObjectRef, nret: int) -> list:
         """``nret`` refs completed from the RESULT_MULTI that will settle ``parent``.
@@ -580,16 +715,20 @@ class Core:
         # A demand no node can meet is not refused here: as in Ray, .remote() returns a
         # ref; the head's UnschedulableError reaches the caller at get (at once).
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
+        # Only a streaming call has a reader to pace the generator by.
+        backpressure = check_backpressure(
+            options.get("_generator_backpressure_num_objects", -1), fn_name
+        ) if nret == STREAMING else -1
         args, kwargs, refs = _split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
         if group is not None:
-            body = (*body, nret, group)
+            body = (*body, nret, backpressure, group)
         elif nret != 1:
-            body = (*body, nret)
+            body = (*body, nret, backpressure)
         payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
-        out = ref if nret == 1 else self._split_returns(ref, nret)
+        out = self._returns(ref, nret, backpressure)
         key = (tuple(sorted(demand.items())), _sched_key(sched))
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
@@ -649,15 +788,31 @@ class Core:
         await asyncio.sleep(0)
 
 
-def _check_num_returns(n, what: str) -> int:
+_ITEM = protocol.STREAM_ITEM_HEAD
+_CREDIT = protocol.STREAM_CREDIT
+_NONE = dumps(None)   # the value of a streaming call's own ref once it has ended
+
+
+def _check_num_returns(n, what: str) -> int | str:
     if n == 1:
         return 1
-    if n in ("dynamic", "streaming"):
-        raise NotImplementedError(
-            f"{what}: num_returns={n!r} (generators) is not supported by DDLF yet; return a "
-            "list, or use a fixed num_returns=k")
+    if n == STREAMING or n == DYNAMIC:
+        return n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{what}: num_returns must be an int >= 1, got {n!r}")
+        raise ValueError(f"{what}: num_returns must be an int >= 1, 'streaming' or 'dynamic', "
+                         f"got {n!r}")
+    return n
+
+
+def check_backpressure(n, what: str) -> int:
+    """``_generator_backpressure_num_objects``: -1 (off, Ray's default) or an int >= 1."""
+    if n is None or n == -1:
+        return -1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            f"{what}: _generator_backpressure_num_objects must be an int >= 1 (how many "
+            f"yielded values may wait unconsumed before the generator pauses) or -1 for no "
+            f"limit; got {n!r} (0 is not allowed: the generator could never yield)")
     return n
 
 
@@ -995,6 +1150,13 @@ class _ActorClient:
                         del self.inflight[data["msg_id"]]
                         self._retry([call])
             return
+        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
+            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
+                msg_id, None)
+            if entry is not None:
+                self.core._stream_frame(conn, kind, msg_id, entry.obj_id if isinstance(
+                    entry, _Call) else entry, segs)
+            return
         if kind >= protocol.RESULT_SHM:
             kind, segs = shm_store.client_frame(conn, kind, segs)
             if kind is None:
@@ -1019,9 +1181,10 @@ class _ActorClient:
         if self.core.closed:
             return
         retry = [c for c in inflight.values() if isinstance(c, _Call) and c.retries != 0]
+        # Chosen before _retry counts the attempt down: max_task_retries=1 retries once.
+        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
         if retry:
             self._retry(retry)
-        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
         if lost:
             why = str(exc) if isinstance(exc, ActorDiedError) else (
                 "its connection closed (the process exited or was killed)")
@@ -1231,6 +1394,14 @@ class _LeaseHandler:
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
+            inflight = self.lease.inflight
+            task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
+            if task is not None:
+                self.pool.core._stream_frame(conn, kind, msg_id, task.obj_id, segs)
+                if kind == protocol.STREAM_END:
+                    self.pool.task_done(self.lease)
+            return
         if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
             kind, segs = shm_store.client_frame(conn, kind, segs)
             if kind is None:

@@ -1,7 +1,8 @@
 """Ray Core's public API over DDLF: ``import ddlf_actors.compat.ray as ray``.
 
 The names a Ray program uses most (``init``, ``remote``, ``get``, ``wait``, ``put``,
-``kill``, ``get_actor``, ``nodes``, ``method``, ``ObjectRef``, ``exceptions``, ``util``)
+``kill``, ``get_actor``, ``nodes``, ``method``, ``ObjectRef``, ``ObjectRefGenerator``,
+``DynamicObjectRefGenerator``, ``exceptions``, ``util``)
 map onto DDLF; a Ray name DDLF lacks raises an error naming it and saying why
 (docs/ray-compat.md lists every name). ``python -m ddlf_actors.compat.ray script.py``
 runs an unmodified Ray script: ``import ray`` then resolves to this package.
@@ -14,6 +15,7 @@ import sys
 
 import ddlf_actors as _ddlf
 from ddlf_actors.api import ClusterInfo as _ClusterInfo
+from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ddlf_actors.runtime.object_ref import ObjectRef
 
 from . import exceptions
@@ -25,7 +27,8 @@ from ._remote import remote
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
     "get_actor", "nodes", "cluster_resources", "available_resources", "method",
-    "get_runtime_context", "ObjectRef", "exceptions", "util", "actor", "RayContext",
+    "get_runtime_context", "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator",
+    "exceptions", "util", "actor", "RayContext",
     "NotProvidedError",
 ]
 
@@ -239,7 +242,7 @@ def get_runtime_context() -> RuntimeContext:
 
 def __getattr__(name: str):
     # Submodules load on first use, as in Ray (ray.util, ray.actor).
-    if name in ("util", "actor", "remote_function", "runtime_context"):
+    if name in ("util", "actor", "remote_function", "runtime_context", "_raylet"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -31,8 +31,6 @@ _REASONS = {
     "cancel": "DDLF cannot cancel a task or actor call yet",
     "timeline": "DDLF records no task timeline",
     "get_gpu_ids": "DDLF does not assign GPU ids to tasks and actors",
-    "ObjectRefGenerator": "DDLF has no generator tasks (num_returns='streaming')",
-    "DynamicObjectRefGenerator": "DDLF has no generator tasks (num_returns='dynamic')",
     "cpp_function": "DDLF runs Python only", "java_function": "DDLF runs Python only",
     "java_actor_class": "DDLF runs Python only", "Language": "DDLF runs Python only",
     "cross_language": "DDLF runs Python only",

@@ -49,7 +49,6 @@ _LEGACY_PLACEMENT = ("placement_group", "placement_group_bundle_index",
 # Ray options that would change a program's meaning: refuse them by name.
 _UNSUPPORTED = {
     "concurrency_groups": "concurrency groups",
-    "_generator_backpressure_num_objects": "generator tasks",
     "tensor_transport": "GPU tensor transport",
 }
 
@@ -164,9 +163,6 @@ def remote(*args, **options):
 def _make(obj, options: dict):
     if inspect.isclass(obj):
         return RayActorClass(obj, options)
-    if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
-        raise NotImplementedError(f"@ray.remote on generator function {obj.__name__}: DDLF "
-                                  "has no generator tasks; return a list instead")
     if callable(obj):
         return RayRemoteFunction(obj, options)
     raise TypeError(f"@ray.remote applies to classes and functions, not {type(obj).__name__}")
