@@ -780,6 +780,14 @@ class _ActorClient:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
             self._release_name(wire)
             return
+        if self.state == "dead" and view.get("state") != "DEAD":
+            # ddlf.kill() ran while the arguments were pending: the head did not know
+            # the actor yet, so the kill must follow the creation.
+            try:
+                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
+            except Exception as e:
+                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
+            return
         await self._apply(view)
 
     def _release_name(self, wire: dict) -> None:
@@ -842,6 +850,9 @@ class _ActorClient:
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
         await shm_store.wait_hello(conn)
+        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
+            conn.close()
+            return
         if conn.closed:   # it went away while answering our hello
             self.resolve(self.epoch)
             return
