@@ -19,6 +19,7 @@ class WorkerContext:
         self.worker_id = worker_id
         self.actor_id: str | None = None
         self.job_id: str | None = None
+        self.address: str | None = None   # this worker's server, once it listens
 
 
 current: WorkerContext | None = None

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import __version__, context, protocol, rpc, shm_store
+from . import __version__, context, oob, protocol, rpc, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -320,10 +320,7 @@ class Core:
 
     def _entry(self, ref) -> _Entry:
         if type(ref) is ForeignObjectRef:
-            raise DDLFError(
-                f"ObjectRef {ref.id.hex()} reached this process without its object: it was "
-                "pickled outside a DDLF call (saved to a file, sent over another channel). Pass "
-                "refs to other processes as arguments or return values of remote calls.")
+            raise ref._error()
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}: {ref!r}")
         if ref._core is not self:
@@ -606,6 +603,7 @@ class Core:
             client.close()
         if self.head is not None and not self.head.closed:
             self.head.close()
+        oob.close_driver_server(self)
         await asyncio.sleep(0)
 
 

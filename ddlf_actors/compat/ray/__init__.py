@@ -214,7 +214,7 @@ def get_runtime_context() -> RuntimeContext:
 
 def __getattr__(name: str):
     # Submodules load on first use, as in Ray (ray.util, ray.actor).
-    if name in ("util", "actor", "remote_function", "runtime_context", "dag"):
+    if name in ("util", "actor", "remote_function", "runtime_context", "dag", "_private"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
