@@ -25,7 +25,7 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
         _os.path.join(_root, "runtime", "core.py")):
     __path__.append(_root)  # noqa: F821 - __path__ is defined for packages
 
-from ddlf_actors import errors, util  # noqa: E402
+from ddlf_actors import dag, errors, util  # noqa: E402
 from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod, method  # noqa: E402
 from ddlf_actors.api import (  # noqa: E402
     ClusterInfo,
@@ -79,5 +79,6 @@ __all__ = [
     "read_config",
     "errors",
     "util",
+    "dag",
     "__version__",
 ]

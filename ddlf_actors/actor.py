@@ -123,6 +123,12 @@ class ActorClass:
     def remote(self, *args, **kwargs) -> ActorHandle:
         return self._create(self._options, args, kwargs)
 
+    def bind(self, *args, **kwargs):
+        """A lazy actor for a DAG (``ddlf_actors.dag``): each ``execute()`` creates one."""
+        from .dag.class_node import ClassNode
+
+        return ClassNode(self, args, kwargs, self._options)
+
     def _create(self, options, args, kwargs) -> ActorHandle:
         if options.get("get_if_exists") and not options.get("name"):
             # Checked before _require_core: a mistake must not start a cluster.
@@ -173,6 +179,11 @@ class _BoundActorClass:
     def remote(self, *args, **kwargs) -> ActorHandle:
         return self._actor_class._create(self._options, args, kwargs)
 
+    def bind(self, *args, **kwargs):
+        from .dag.class_node import ClassNode
+
+        return ClassNode(self._actor_class, args, kwargs, self._options)
+
 
 class ActorMethod:
     __slots__ = ("_handle", "_name", "_num_returns", "_backpressure")
@@ -190,6 +201,16 @@ class ActorMethod:
         h = self._handle
         return _require_core().submit_actor_call(h._actor_id, h._class_name, self._name, args,
                                                  kwargs, self._num_returns, self._backpressure)
+
+    def bind(self, *args, **kwargs):
+        """A lazy call of this method for a DAG (``ddlf_actors.dag``), on this actor."""
+        from .dag.class_node import ClassMethodNode
+
+        h = self._handle
+        info = h._methods.get(self._name)
+        default = info.get("num_returns", 1) if isinstance(info, dict) else 1
+        options = {} if self._num_returns == default else {"num_returns": self._num_returns}
+        return ClassMethodNode(h, self._name, args, kwargs, options)
 
     def options(self, **options) -> ActorMethod:
         """This method with per-call options (``num_returns``,

@@ -47,6 +47,12 @@ class RemoteFunction:
     def remote(self, *args, **kwargs):
         return self._submit(self._options, args, kwargs)
 
+    def bind(self, *args, **kwargs):
+        """A lazy call for a DAG (``ddlf_actors.dag``): nothing runs until ``execute()``."""
+        from .dag.function_node import FunctionNode
+
+        return FunctionNode(self, args, kwargs, self._options)
+
     def _submit(self, options, args, kwargs):
         core = _require_core()
         return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs,
@@ -63,3 +69,8 @@ class _BoundRemoteFunction:
 
     def remote(self, *args, **kwargs):
         return self._fn._submit(self._options, args, kwargs)
+
+    def bind(self, *args, **kwargs):
+        from .dag.function_node import FunctionNode
+
+        return FunctionNode(self._fn, args, kwargs, self._options)

@@ -22,6 +22,7 @@ class WorkerContext:
         # The placement group this actor or task runs in: {"group_id", "bundles",
         # "capture"}, or None. With "capture", work it submits joins the group too.
         self.placement: dict | None = None
+        self.address: str | None = None   # this worker's server, once it listens
 
 
 current: WorkerContext | None = None

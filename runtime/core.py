@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import __version__, context, placement, protocol, rpc, shm_store
+from . import __version__, context, oob, placement, protocol, rpc, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -324,10 +324,7 @@ class Core:
 
     def _entry(self, ref) -> _Entry:
         if type(ref) is ForeignObjectRef:
-            raise DDLFError(
-                f"ObjectRef {ref.id.hex()} reached this process without its object: it was "
-                "pickled outside a DDLF call (saved to a file, sent over another channel). Pass "
-                "refs to other processes as arguments or return values of remote calls.")
+            raise ref._error()
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}: {ref!r}")
         if ref._core is not self:
@@ -785,6 +782,7 @@ class Core:
             client.close()
         if self.head is not None and not self.head.closed:
             self.head.close()
+        oob.close_driver_server(self)
         await asyncio.sleep(0)
 
 
@@ -982,6 +980,14 @@ class _ActorClient:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
             self._release_name(wire)
             return
+        if self.state == "dead" and view.get("state") != "DEAD":
+            # ddlf.kill() ran while the arguments were pending: the head did not know
+            # the actor yet, so the kill must follow the creation.
+            try:
+                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
+            except Exception as e:
+                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
+            return
         await self._apply(view)
 
     def _release_name(self, wire: dict) -> None:
@@ -1044,6 +1050,9 @@ class _ActorClient:
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
         await shm_store.wait_hello(conn)
+        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
+            conn.close()
+            return
         if conn.closed:   # it went away while answering our hello
             self.resolve(self.epoch)
             return

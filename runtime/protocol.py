@@ -7,7 +7,7 @@ import struct
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
            "OBJ", "FREE", "FUNC", "RESULT_REFS", "RESULT_MULTI", "RESULT_SHM", "OBJ_SHM",
            "SHM_ACK", "STREAM_ITEM", "STREAM_END", "STREAM_ITEM_HEAD", "STREAM_CREDIT",
-           "STREAM_COUNT", "header", "parse_header"]
+           "STREAM_COUNT", "FETCH", "FETCH_REPLY", "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -39,6 +39,9 @@ STREAM_END = 17   # worker -> caller: the generator finished. seg1 = STREAM_COUN
 STREAM_ITEM_HEAD = struct.Struct("!QB")
 STREAM_CREDIT = struct.Struct("!q")
 STREAM_COUNT = struct.Struct("!Q")
+# A ref pickled out of band, fetched from the worker that pinned it (runtime/oob.py).
+FETCH = 24        # seg1 = object id
+FETCH_REPLY = 25  # seg1 = outcome byte (oob.VALUE/REFS/ERROR/MISSING), then the object's segments
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

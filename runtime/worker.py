@@ -38,7 +38,7 @@ import traceback
 
 import psutil
 
-from . import context, protocol, rpc, shm_store
+from . import context, oob, protocol, rpc, shm_store
 from . import core as core_mod
 from .connection import connect, serve
 from .errors import ActorDiedError, ActorExit, SerializationError
@@ -478,6 +478,8 @@ class Worker:
                 return
             if out is not None:
                 out.credit(consumed)
+        elif kind == protocol.FETCH:
+            oob.serve_fetch(conn, msg_id, segs, self.loop)
         else:
             conn.abort()
 
@@ -886,6 +888,7 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
         # Callers are tracked once, when they authenticate, not on every call.
         worker.server = await serve(listen_host, 0, token, worker, on_open=worker.callers.add)
         port = worker.server.sockets[0].getsockname()[1]
+        context.current.address = f"{listen_host}:{port}"   # named by out-of-band refs
         worker.node_conn = await connect(node_host, node_port, token, rpc.RpcHandler(worker))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, _pid_now(), port)
 

@@ -242,7 +242,8 @@ def get_runtime_context() -> RuntimeContext:
 
 def __getattr__(name: str):
     # Submodules load on first use, as in Ray (ray.util, ray.actor).
-    if name in ("util", "actor", "remote_function", "runtime_context", "_raylet"):
+    if name in ("util", "actor", "remote_function", "runtime_context", "_raylet", "dag",
+                "_private"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -134,9 +134,6 @@ class RayActorClass(ActorClass):
     def options(self, **options):
         return super().options(**translate_options(options, for_actor=True))
 
-    def bind(self, *args, **kwargs):
-        raise NotImplementedError("ActorClass.bind: DDLF has no lazy task graphs (ray.dag)")
-
 
 class RayRemoteFunction(RemoteFunction):
     """A ``RemoteFunction`` whose ``.options()`` takes Ray's keywords."""
@@ -146,9 +143,6 @@ class RayRemoteFunction(RemoteFunction):
 
     def options(self, **options):
         return super().options(**translate_options(options, for_actor=False))
-
-    def bind(self, *args, **kwargs):
-        raise NotImplementedError("RemoteFunction.bind: DDLF has no lazy task graphs (ray.dag)")
 
 
 def remote(*args, **options):
