@@ -871,7 +871,7 @@ class FuzzCluster:
 
     def __init__(self, log_path: str, num_cpus: int = 2):
         from ddlf_actors.runtime.auth import read_token_file
-        from ddlf_actors.runtime.local_cluster import _start
+        from ddlf_actors.runtime.process import start_child as _start
 
         self.procs: list[subprocess.Popen] = []
         self.log = open(log_path, "ab")
@@ -891,17 +891,9 @@ class FuzzCluster:
             raise
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            with contextlib.suppress(Exception):
-                p.stdin.close()
-        for p in reversed(self.procs):
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            with contextlib.suppress(Exception):
-                p.stdout.close()
+        from ddlf_actors.runtime.process import stop_children
+
+        stop_children(reversed(self.procs), 15)
         self.procs = []
         self.log.close()
 

@@ -7,6 +7,7 @@ import os
 import threading
 
 from ddlf_actors.runtime import config
+from ddlf_actors.runtime.address import split_address
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.local_cluster import LocalCluster
@@ -112,9 +113,8 @@ def _first_reachable(addresses: list[str]) -> str:
     import socket
 
     for addr in addresses:
-        host, port = addr.rsplit(":", 1)
         try:
-            socket.create_connection((host, int(port)), timeout=2).close()
+            socket.create_connection(split_address(addr), timeout=2).close()
             return addr
         except OSError:
             continue

@@ -25,6 +25,7 @@ import inspect
 import os
 import types
 
+from ddlf_actors.runtime.address import host_of
 from ddlf_actors.runtime.errors import DDLFError
 
 from . import api
@@ -185,7 +186,7 @@ class Cluster:
         nodes = [n for n in api.nodes() if n["alive"]]
         if self.hosts is not None:
             wanted = set(self.hosts)
-            nodes = [n for n in nodes if n["address"].rsplit(":", 1)[0] in wanted] or nodes
+            nodes = [n for n in nodes if host_of(n["address"]) in wanted] or nodes
         index = 0
         for n in nodes:
             per = self.workers_per_node

@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 
-from . import __version__, context, protocol, rpc, shm_store
+from . import context, process, protocol, rpc, shm_store
+from .address import split_address
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -135,11 +136,10 @@ class Core:
         self.io.run(self._connect(timeout), timeout + 5)
 
     async def _connect(self, timeout):
-        host, port = self.head_address.rsplit(":", 1)
-        self.head = await connect(host, int(port), self.token, rpc.RpcHandler(self), timeout=timeout)
+        host, port = split_address(self.head_address)
+        self.head = await connect(host, port, self.token, rpc.RpcHandler(self), timeout=timeout)
         info = await rpc.call(self.head, "hello_driver", {
-            "version": __version__, "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-            "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
+            **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
         }, timeout=timeout)
         self.job_id = info["job_id"]
         self.node_totals = info["node_totals"]
@@ -828,10 +828,10 @@ class _ActorClient:
             return
         self.epoch = view["epoch"]
         self.max_task_retries = view.get("max_task_retries") or 0
-        host, port = view["address"].rsplit(":", 1)
+        host, port = split_address(view["address"])
         for attempt in range(_RECONNECT_TRIES):
             try:
-                conn = await connect(host, int(port), self.core.token, self)
+                conn = await connect(host, port, self.core.token, self)
                 break
             except (OSError, asyncio.TimeoutError, DDLFError) as e:
                 last = e
@@ -1093,11 +1093,11 @@ class _TaskPool:
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
                 return
-            host, port = reply["address"].rsplit(":", 1)
+            host, port = split_address(reply["address"])
             lease = _Lease(reply["lease_id"], reply["worker_id"], reply.get("node_id"), None)
             handler = _LeaseHandler(self, lease)
             try:
-                lease.conn = await connect(host, int(port), self.core.token, handler)
+                lease.conn = await connect(host, port, self.core.token, handler)
             except Exception:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise

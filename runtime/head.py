@@ -9,18 +9,16 @@ to actors never pass through it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import signal
 import sys
 import time
 import uuid
 
-from . import __version__, config, rpc, scheduling
+from . import config, process, rpc, scheduling
 from .auth import generate_token, write_token_file
 from .connection import serve
-from .errors import ActorNameTakenError, UnschedulableError, VersionMismatchError
+from .errors import ActorNameTakenError, UnschedulableError
 from .eventloop import new_event_loop
 
 __all__ = ["Head", "main"]
@@ -120,16 +118,8 @@ class Head:
         return f"{self.host}:{self.port}"
 
     # -- registration ------------------------------------------------------------------------
-    def _check_version(self, info: dict, who: str):
-        py = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        if info.get("version") != __version__ or info.get("python") != py:
-            raise VersionMismatchError(
-                f"{who} runs DDLF {info.get('version')} on Python {info.get('python')}, but the head "
-                f"runs DDLF {__version__} on Python {py}. Install the same DDLF and Python "
-                "major.minor on every host.")
-
     def rpc_register_node(self, conn, info: dict):
-        self._check_version(info, f"node {info.get('address')}")
+        process.check_versions(info, f"node {info.get('address')}")
         rec = NodeRecord(info, conn)
         self.nodes[rec.node_id] = rec
         conn.info["node"] = rec
@@ -139,7 +129,7 @@ class Head:
         return {"head_address": self.address}
 
     def rpc_hello_driver(self, conn, info: dict):
-        self._check_version(info, "this driver")
+        process.check_versions(info, "this driver")
         # job id: whose logs these are (workers calling actors inherit their driver's);
         # owner id: whose actors die with this connection.
         job_id = info.get("job_id") or uuid.uuid4().hex[:8]
@@ -611,7 +601,7 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     config.raise_open_file_limit()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    token = token or os.environ.get("DDLF_AUTH_TOKEN") or generate_token()
+    token = process.resolve_token(token) or generate_token()
     head = Head(loop, token, host, port)
     loop.run_until_complete(head.start())
     session = os.path.join(config.session_root(), f"head-{head.port}")
@@ -622,19 +612,10 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     def stop(*_):
         loop.create_task(head.rpc_shutdown(None))
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    if stdin_lifeline:
-        from .node import _watch_stdin
-
-        _watch_stdin(loop, stop)
+    process.stop_on_signals(loop, stop, stdin_lifeline)
     if ready_out is not None:
-        ready_out.write("DDLF_READY " + json.dumps({"address": head.address, "token_file": token_file,
-                                                    "pid": os.getpid()}) + "\n")
-        ready_out.flush()
-        # Nobody reads our stdout after the ready line: send later output to stderr so a
-        # full pipe can never block this process.
-        os.dup2(2, 1)
+        process.announce_ready(ready_out, {"address": head.address, "token_file": token_file,
+                                           "pid": os.getpid()})
     loop.run_until_complete(head.stopped)
     try:
         os.unlink(token_file)

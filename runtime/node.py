@@ -30,7 +30,8 @@ import uuid
 
 import psutil
 
-from . import __version__, config, rpc, shm_store
+from . import config, process, rpc, shm_store
+from .address import split_address
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
@@ -111,13 +112,12 @@ class NodeDaemon:
         self._refill()
 
     async def _register(self) -> None:
-        hhost, hport = self.head_address.rsplit(":", 1)
-        conn = await connect(hhost, int(hport), self.token, rpc.RpcHandler(_HeadLink(self)))
+        hhost, hport = split_address(self.head_address)
+        conn = await connect(hhost, hport, self.token, rpc.RpcHandler(_HeadLink(self)))
         try:
             await rpc.call(conn, "register_node", {
                 "node_id": self.node_id, "address": self.address, "resources": self.resources,
-                "pid": os.getpid(), "version": __version__,
-                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+                "pid": os.getpid(), **process.versions(),
             }, timeout=30)
         except BaseException:
             conn.close()
@@ -214,11 +214,11 @@ class NodeDaemon:
         wid = uuid.uuid4().hex[:12]
         w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"))
         w.ready = self.loop.create_future()
-        host, port = self.address.rsplit(":", 1)
+        host, port = split_address(self.address)
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         w.process = self._ctx.Process(
             target=worker_main, name=f"ddlf-worker-{wid}", daemon=False,
-            args=(host, int(port), self.token, self.node_id, wid, self.head_address,
+            args=(host, port, self.token, self.node_id, wid, self.head_address,
                   self.host, w.log_prefix, env, os.getpid()),
         )
         self.workers[wid] = w
@@ -551,10 +551,7 @@ def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, n
     def stop(*_):
         loop.create_task(node.shutdown())
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    if stdin_lifeline:
-        _watch_stdin(loop, stop)
+    process.stop_on_signals(loop, stop, stdin_lifeline)
     try:
         loop.run_until_complete(node.start())
     except (DDLFError, OSError) as e:
@@ -565,35 +562,14 @@ def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, n
         loop.run_until_complete(node.shutdown())
         sys.exit(1)
     if ready_out is not None:
-        ready_out.write("DDLF_READY " + json.dumps({"node_id": node.node_id, "address": node.address,
-                                                    "pid": os.getpid()}) + "\n")
-        ready_out.flush()
-        # Nobody reads our stdout after the ready line: send later output to stderr so a
-        # full pipe can never block this process.
-        os.dup2(2, 1)
+        process.announce_ready(ready_out, {"node_id": node.node_id, "address": node.address,
+                                           "pid": os.getpid()})
     loop.run_until_complete(node.stopped)
     loop.run_until_complete(asyncio.sleep(0.05))
 
 
-def _watch_stdin(loop, stop) -> None:
-    """Embedded clusters: the parent driver holds our stdin; EOF means it is gone."""
-
-    def on_readable():
-        try:
-            data = os.read(0, 4096)
-        except OSError:
-            data = b""
-        if not data:
-            loop.remove_reader(0)
-            stop()
-
-    loop.add_reader(0, on_readable)
-
-
 def main(argv=None) -> None:
     import argparse
-
-    from .auth import read_token_file
 
     p = argparse.ArgumentParser(prog="python -m ddlf_actors.runtime.node")
     p.add_argument("--address", required=True, help="head host:port")
@@ -609,8 +585,7 @@ def main(argv=None) -> None:
     if a.token:
         print("ddlf node: warning: --token is visible to every local user in the process list; "
               "pass the token in DDLF_AUTH_TOKEN or with --token-file instead", file=sys.stderr)
-    token = a.token or os.environ.get("DDLF_AUTH_TOKEN") or (
-        read_token_file(a.token_file) if a.token_file else None)
+    token = process.resolve_token(a.token, a.token_file)
     if not token:
         p.error("no token: pass --token, --token-file or set DDLF_AUTH_TOKEN")
     run_node(a.address, token, host=a.host, num_cpus=a.num_cpus, resources=json.loads(a.resources),

@@ -8,7 +8,9 @@ import os
 import psutil
 
 from . import config
+from .address import split_address
 from .auth import read_token_file
+from .process import resolve_token
 
 __all__ = ["head_record", "find_token"]
 
@@ -38,14 +40,16 @@ def head_record() -> dict | None:
 
 def find_token(address: str | None, explicit: str | None = None) -> str | None:
     """The token from --token, DDLF_AUTH_TOKEN, or the head's token file on this host."""
-    if explicit:
-        return explicit
-    if os.environ.get("DDLF_AUTH_TOKEN"):
-        return os.environ["DDLF_AUTH_TOKEN"]
+    token = resolve_token(explicit)
+    if token:
+        return token
     if address:
-        port = address.rsplit(":", 1)[-1]
-        path = os.path.join(config.session_root(), f"head-{port}", "token")
-        if os.path.exists(path):
+        try:
+            path = os.path.join(config.session_root(), f"head-{split_address(address)[1]}",
+                                "token")
+        except ValueError:
+            path = None   # not host:port: only the head record below can match it
+        if path is not None and os.path.exists(path):
             return read_token_file(path)
     rec = head_record()
     if rec and (address is None or rec["address"] == address) and os.path.exists(rec["token_file"]):
