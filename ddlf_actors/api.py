@@ -12,7 +12,7 @@ from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
-from ddlf_actors.runtime.session import find_token, head_record
+from ddlf_actors.runtime.session import find_token, head_record, read_config
 
 from .actor import ActorClass, ActorHandle
 from .errors import AlreadyInitializedError
@@ -100,8 +100,6 @@ def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
                             "with `ddlf-node start --head`, or pass address='host:port'")
         address = rec["address"]
     elif address.endswith(".toml") and os.path.isfile(address):
-        from .cluster import read_config
-
         hosts, ports = read_config(address)
         address = _first_reachable([f"{h}:{p}" for h, p in zip(hosts, ports)])
     if ":" not in address:

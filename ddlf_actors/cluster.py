@@ -27,6 +27,7 @@ import types
 
 from ddlf_actors.runtime.address import host_of
 from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.session import read_config
 
 from . import api
 from .actor import ActorHandle
@@ -126,30 +127,6 @@ class WorkerProxy:
 
 def _name_of(method) -> str:
     return method if isinstance(method, str) else method.__name__
-
-
-def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
-    """The paper's ``read_config()``: ``(hosts, ports)`` from a TOML file such as
-
-        hosts = ["10.0.0.5:6380", "10.0.0.6:6380"]
-    """
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        import tomli as tomllib
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
-    entries = data.get("hosts") or data.get("cluster", {}).get("hosts")
-    if not entries or not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a list of 'host:port' strings under 'hosts'")
-    hosts, ports = [], []
-    for entry in entries:
-        host, sep, port = str(entry).rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"{path}: {entry!r} is not 'host:port'")
-        hosts.append(host)
-        ports.append(int(port))
-    return hosts, ports
 
 
 class Cluster:

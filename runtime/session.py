@@ -12,7 +12,7 @@ from .address import split_address
 from .auth import read_token_file
 from .process import resolve_token
 
-__all__ = ["head_record", "find_token"]
+__all__ = ["head_record", "find_token", "read_config"]
 
 
 def _procs_dir() -> str:
@@ -66,3 +66,27 @@ def _is_ours(pid) -> bool:
     except psutil.Error:
         return False
     return "ddlf_actors.runtime" in cmd
+
+
+def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
+    """The paper's ``read_config()``: ``(hosts, ports)`` from a TOML file such as
+
+        hosts = ["10.0.0.5:6380", "10.0.0.6:6380"]
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    entries = data.get("hosts") or data.get("cluster", {}).get("hosts")
+    if not entries or not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a list of 'host:port' strings under 'hosts'")
+    hosts, ports = [], []
+    for entry in entries:
+        host, sep, port = str(entry).rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"{path}: {entry!r} is not 'host:port'")
+        hosts.append(host)
+        ports.append(int(port))
+    return hosts, ports
