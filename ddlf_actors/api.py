@@ -82,7 +82,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         try:
             core.connect()
         except BaseException:
-            core.io.stop()
+            core.close()
             if cluster is not None:
                 cluster.stop()
             raise
@@ -129,12 +129,8 @@ def shutdown() -> None:
         set_core(None)
         _info = None
         cluster = core.cluster
-        core.closing = True
         if cluster is not None:
-            try:
-                core.head_call("shutdown", timeout=15)
-            except Exception:
-                pass
+            core.stop_cluster(timeout=15)
         core.close()
         if cluster is not None:
             cluster.stop()

@@ -257,7 +257,6 @@ def cmd_status(a) -> int:
         print(f"ddlf-node status: could not query {address}: {e}", file=sys.stderr)
         return 1
     finally:
-        core.closing = True
         core.close()
     print(format_status(address, nodes, actors))
     return 0

@@ -585,7 +585,21 @@ class Core:
         pool.add(task)
 
     # -- shutdown --------------------------------------------------------------------------
+    def stop_cluster(self, timeout: float = 15.0) -> None:
+        """Ask the head to stop every node (so every worker) and then itself.
+
+        Best effort, for the embedded cluster at shutdown: whoever started the processes
+        stops them anyway afterwards. The head connection then closes on purpose, so its
+        closing is not reported as lost.
+        """
+        self.closing = True
+        try:
+            self.head_call("shutdown", timeout=timeout)
+        except Exception as e:
+            log.debug("asking the head to shut down failed: %s", e)
+
     def close(self) -> None:
+        """Close every connection and stop the I/O thread; safe after a failed connect()."""
         if self.closed:
             return
         self.closing = True

@@ -37,3 +37,37 @@ def test_read_config_is_still_public():
 
     assert ddlf_actors.read_config is read_config
     assert "read_config" in ddlf_actors.__all__
+
+
+def _attributes_used(path: str) -> set[str]:
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def test_api_layer_uses_only_public_core_methods():
+    """The API layer and the CLI stop a core with its own methods (close, stop_cluster),
+    not by reaching into its I/O thread or its closing flag."""
+    runtime_dir = os.path.join(os.path.dirname(_PKG), "runtime")
+    files = [os.path.join(root, f) for root, _, names in os.walk(_PKG) for f in names
+             if f.endswith(".py")]
+    if os.path.isdir(runtime_dir):
+        files.append(os.path.join(runtime_dir, "cli.py"))
+    offenders = {p: used for p in files
+                 if (used := _attributes_used(p) & {"io", "closing"})}
+    assert not offenders, offenders
+
+
+def test_failed_init_stops_the_io_thread():
+    import threading
+
+    import pytest
+
+    from ddlf_actors.runtime.errors import DDLFError
+
+    before = {t for t in threading.enumerate() if t.name == "ddlf-io"}
+    with pytest.raises((OSError, DDLFError)):
+        ddlf_actors.init(address="127.0.0.1:1", token="not-used")
+    left = {t for t in threading.enumerate() if t.name == "ddlf-io"} - before
+    assert not any(t.is_alive() for t in left)
+    assert not ddlf_actors.is_initialized()
