@@ -72,11 +72,10 @@ class _Entry:
 class ActorSpec:
     """What the driver knows about an actor class (shipped once per class)."""
 
-    def __init__(self, class_name: str, class_segments: list, methods: dict, options: dict):
+    def __init__(self, class_name: str, class_segments: list, methods: dict):
         self.class_name = class_name
         self.class_segments = class_segments
         self.methods = methods
-        self.options = options
 
 
 def dumps_with_refs(value) -> tuple[list, list]:
@@ -494,7 +493,7 @@ class Core:
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
         out = ref if nret == 1 else self._split_returns(ref, nret)
-        self._submit(self._route_call, actor_id, class_name, ref.id, method, payload, refs)
+        self._submit(self._route_call, actor_id, class_name, ref.id, payload, refs)
         return out
 
     def _split_returns(self, parent: ObjectRef, nret: int) -> list:
@@ -535,12 +534,12 @@ class Core:
             run()
         return children
 
-    def _route_call(self, actor_id, class_name, obj_id, method, payload, refs):
+    def _route_call(self, actor_id, class_name, obj_id, payload, refs):
         client = self.actors.get(actor_id)
         if client is None:
             client = self.actors[actor_id] = _ActorClient(self, actor_id, class_name)
             client.resolve(0)
-        client.enqueue(_Call(obj_id, method, payload, refs))
+        client.enqueue(_Call(obj_id, payload, refs))
 
     def kill_actor(self, actor_id: str, no_restart: bool = True) -> None:
         self.head_call("kill_actor", actor_id, no_restart)
@@ -747,11 +746,10 @@ def unbundle_refs(core: Core, segs):
 
 
 class _Call:
-    __slots__ = ("obj_id", "method", "payload", "refs", "retries")
+    __slots__ = ("obj_id", "payload", "refs", "retries")
 
-    def __init__(self, obj_id, method, payload, refs):
+    def __init__(self, obj_id, payload, refs):
         self.obj_id = obj_id
-        self.method = method
         self.payload = payload
         self.refs = refs
         self.retries = None   # set from the actor's max_task_retries when first sent

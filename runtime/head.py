@@ -41,7 +41,6 @@ class NodeRecord:
         self.last_heartbeat = time.monotonic()   # last time anything arrived from it
         self.missed = 0                          # head ticks since then
         self.actors: set[str] = set()
-        self.stats: dict = {}
 
     def heard(self) -> None:
         self.last_heartbeat = time.monotonic()
@@ -148,7 +147,6 @@ class Head:
             n = self.nodes.get(data["node_id"])
             if n is not None:
                 n.heard()
-                n.stats = data
         elif event == "worker_died":
             self._worker_died(conn.info.get("node"), data)
         elif event == "task_blocked":

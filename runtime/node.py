@@ -72,7 +72,7 @@ class WorkerProc:
 class NodeDaemon:
     def __init__(self, loop, head_address: str, token: str, *, host: str = "127.0.0.1",
                  num_cpus: float | None = None, resources: dict | None = None,
-                 node_id: str | None = None, log_dir: str | None = None):
+                 node_id: str | None = None):
         self.loop = loop
         self.head_address = head_address
         self.token = token
@@ -82,7 +82,7 @@ class NodeDaemon:
         total.update({k: float(v) for k, v in (resources or {}).items()})
         total.setdefault(f"node:{host}", 1.0)
         self.resources = total
-        self.log_dir = log_dir or os.path.join(config.session_root(), f"node-{self.node_id}")
+        self.log_dir = os.path.join(config.session_root(), f"node-{self.node_id}")
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.workers: dict[str, WorkerProc] = {}
         self.idle_fresh: list[WorkerProc] = []
@@ -369,12 +369,6 @@ class NodeDaemon:
             self.idle_task.append(w)
         return None
 
-    def rpc_kill_worker(self, conn, worker_id):
-        w = self.workers.get(worker_id)
-        if w is not None:
-            _signal(w.pid, signal.SIGKILL)
-        return None
-
     def rpc_kill_actor(self, conn, actor_id):
         for w in list(self.workers.values()):
             if w.actor_id == actor_id:
@@ -384,11 +378,6 @@ class NodeDaemon:
     async def rpc_shutdown(self, conn):
         self.loop.call_soon(lambda: self.loop.create_task(self.shutdown()))
         return None
-
-    def rpc_info(self, conn):
-        return {"node_id": self.node_id, "workers": {
-            wid: {"pid": w.pid, "state": w.state, "actor_id": w.actor_id}
-            for wid, w in self.workers.items()}}
 
     def on_push(self, conn, event, data):
         w = conn.info.get("worker")

@@ -98,13 +98,9 @@ class RpcHandler:
             event, data = loads(segs[1:])
             self.target.on_push(conn, event, data)
         else:
-            on_frame = getattr(self.target, "on_frame", None)
-            if on_frame is None:
-                # A data-plane frame on a control port: a confused or hostile peer.
-                # Drop the connection quietly instead of logging a traceback per frame.
-                conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
-                return
-            on_frame(conn, kind, msg_id, segs)
+            # A data-plane frame on a control port: a confused or hostile peer. Drop the
+            # connection quietly instead of logging a traceback per frame.
+            conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
 
     def _reply_task(self, conn, msg_id, task):
         if task.cancelled():

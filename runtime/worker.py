@@ -252,9 +252,6 @@ class Worker:
 
     def __init__(self, loop, node_id: str, worker_id: str, head_address: str, token: str):
         self.loop = loop
-        self.node_id = node_id
-        self.worker_id = worker_id
-        self.token = token
         self.objects = ObjectCache()
         set_default_resolver(_adopt_shipped(self.objects))
         self.functions: dict[bytes, list] = {}   # function id -> segments, then loaded fn
@@ -312,9 +309,6 @@ class Worker:
 
         self.executor.submit(construct)
         return await done
-
-    def rpc_ping(self, conn):
-        return _pid
 
     def on_push(self, conn, event, data):
         pass
