@@ -71,3 +71,18 @@ def test_failed_init_stops_the_io_thread():
     left = {t for t in threading.enumerate() if t.name == "ddlf-io"} - before
     assert not any(t.is_alive() for t in left)
     assert not ddlf_actors.is_initialized()
+
+
+def test_only_runtime_and_apps_are_subpackages_from_the_repository_root():
+    """ddlf_actors used to append the repository root to its __path__, which made every
+    folder there a subpackage: ddlf_actors.tests, even ddlf_actors.ddlf_actors."""
+    import importlib
+    import importlib.util
+
+    for name in ("ddlf_actors.tests", "ddlf_actors.ddlf_actors", "ddlf_actors.benchmarks",
+                 "ddlf_actors.examples"):
+        assert importlib.util.find_spec(name) is None, name
+    assert ddlf_actors.__path__ == [_PKG]
+    runtime = importlib.import_module("ddlf_actors.runtime")
+    apps = importlib.util.find_spec("ddlf_actors.apps")
+    assert runtime.__file__ and apps is not None and apps.submodule_search_locations
