@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import context, process, protocol, rpc, shm_store
+from . import config, context, process, protocol, rpc, shm_store
 from .address import split_address
 from .connection import connect
 from .errors import (
@@ -49,9 +49,6 @@ __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bund
 log = logging.getLogger("ddlf.core")
 
 PENDING, OK, ERR, LOCAL_ERR = 0, 1, 2, 3
-_TASK_DEPTH = 16          # tasks pipelined to one leased worker
-_LEASE_IDLE_S = 0.5       # an idle lease is returned after this long
-_RECONNECT_TRIES = 5
 
 
 class _Entry:
@@ -841,7 +838,7 @@ class _ActorClient:
         self.epoch = view["epoch"]
         self.max_task_retries = view.get("max_task_retries") or 0
         host, port = split_address(view["address"])
-        for attempt in range(_RECONNECT_TRIES):
+        for attempt in range(config.ACTOR_CONNECT_TRIES):
             try:
                 conn = await connect(host, port, self.core.token, self)
                 break
@@ -1049,7 +1046,7 @@ class _TaskPool:
         """Send queued tasks to leases.
 
         An idle lease takes a task at once. A busy lease takes more (pipelined, up to
-        ``_TASK_DEPTH``) only once the head has said that no CPU is free: otherwise a
+        ``config.TASK_PIPELINE_DEPTH``) only once the head has said that no CPU is free: otherwise a
         fast task could queue behind a slow one while another CPU sits idle.
         """
         queue = self.queue
@@ -1066,7 +1063,7 @@ class _TaskPool:
                 if not self._saturated():
                     self._maybe_request()
                     break
-                if len(best.inflight) >= _TASK_DEPTH:
+                if len(best.inflight) >= config.TASK_PIPELINE_DEPTH:
                     break
             self._send(best, queue.popleft())
         if queue and not any(not lease.conn.closed for lease in self.leases):
@@ -1138,7 +1135,7 @@ class _TaskPool:
         if self.queue:
             self.pump()
         elif not lease.inflight and lease.idle_timer is None:
-            lease.idle_timer = self.core.loop.call_later(_LEASE_IDLE_S, self._return, lease)
+            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
 
     def _return(self, lease: _Lease) -> None:
         lease.idle_timer = None

@@ -26,7 +26,6 @@ __all__ = ["Head", "main"]
 log = logging.getLogger("ddlf.head")
 
 PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
-_WAIT_ACTOR_MAX_S = 30.0
 
 
 class NodeRecord:
@@ -403,7 +402,7 @@ class Head:
 
     async def rpc_wait_actor(self, conn, actor_id: str, after_epoch: int):
         """Return the actor's view once its epoch passes ``after_epoch`` or it is dead."""
-        deadline = time.monotonic() + _WAIT_ACTOR_MAX_S
+        deadline = time.monotonic() + config.WAIT_ACTOR_MAX_S
         while True:
             a = self.actors.get(actor_id)
             r = self.reserved.get(actor_id) if a is None else None

@@ -40,11 +40,7 @@ __all__ = ["NodeDaemon", "main"]
 
 log = logging.getLogger("ddlf.node")
 
-_PRESTART = 2          # idle fresh workers kept ready for actor creation
-_LOG_POLL_S = 0.05
-_LOG_POLL_MAX_S = 0.4   # worst added delay for the first line after a quiet spell
 _MARKER = "\x00ddlf:"
-_REJOIN_REFUSED_TRIES = 3   # "connection refused" this many times: the head is gone
 
 
 class WorkerProc:
@@ -141,7 +137,7 @@ class NodeDaemon:
             except (OSError, asyncio.TimeoutError, ConnectionLostError) as e:
                 why = f"{type(e).__name__}: {e}"
                 refused = refused + 1 if isinstance(e, ConnectionRefusedError) else 0
-                if refused >= _REJOIN_REFUSED_TRIES or time.monotonic() > deadline:
+                if refused >= config.REJOIN_REFUSED_TRIES or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
@@ -303,7 +299,7 @@ class NodeDaemon:
         if self.stopping or self._refilling:
             return
         starting = sum(1 for w in self.workers.values() if w.state == "starting")
-        for _ in range(max(0, _PRESTART - len(self.idle_fresh) - starting)):
+        for _ in range(max(0, config.PRESTART_WORKERS - len(self.idle_fresh) - starting)):
             w = self._spawn()
             self.loop.create_task(self._park(w))
 
@@ -394,9 +390,9 @@ class NodeDaemon:
     async def _tail_logs(self):
         # Poll fast while workers print, back off while they are quiet: a node with
         # hundreds of idle actors must not spend its CPU looking at empty files.
-        delay = _LOG_POLL_S
+        delay = config.LOG_POLL_S
         while not self.stopping:
-            delay = _LOG_POLL_S if self._drain_logs() else min(_LOG_POLL_MAX_S, delay * 2)
+            delay = config.LOG_POLL_S if self._drain_logs() else min(config.LOG_POLL_MAX_S, delay * 2)
             await asyncio.sleep(delay)
 
     def _drain_logs(self) -> bool:

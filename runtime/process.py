@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from . import config
 from .auth import read_token_file
 from .errors import DDLFError, VersionMismatchError
 
@@ -30,7 +31,6 @@ READY_PREFIX = "DDLF_READY "
 TOKEN_ENV = "DDLF_AUTH_TOKEN"
 # Pickles (and so every peer) must agree on the Python major.minor.
 PYTHON_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
-_START_TIMEOUT_S = 60.0
 
 
 # -- the ready line ------------------------------------------------------------------------------
@@ -63,14 +63,14 @@ def start_child(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
     """Start ``python -m args`` and wait for its ready line; return (process, its info).
 
     ``prefix`` goes before the interpreter, e.g. ``["ip", "netns", "exec", "h1"]``.
-    Raises ``DDLFError`` with the child's exit code and last output if it exits or
-    stays silent for 60 s (it is killed then).
+    Raises ``DDLFError`` with the child's exit code and last output if it exits first,
+    or stays silent for ``config.START_TIMEOUT_S`` (it is killed then).
     """
     proc = subprocess.Popen(
         [*(prefix or []), sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE,
         stderr=stderr, env={**child_env(), **(env or {})}, start_new_session=new_session,
     )
-    deadline = time.monotonic() + _START_TIMEOUT_S
+    deadline = time.monotonic() + config.START_TIMEOUT_S
     marker = READY_PREFIX.encode()
     buf = b""
     while time.monotonic() < deadline:
