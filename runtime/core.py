@@ -42,6 +42,7 @@ from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_ref
 from .refs import ArgRef
 from .remote_error import decode_error, encode_error
 from .serialization import dumps, loads, snapshot
+from .taskgroup import TaskGroup
 
 __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
            "unbundle_refs"]
@@ -108,6 +109,7 @@ class Core:
         self.cluster = cluster          # the embedded cluster we started, if any
         self.io = LoopThread()
         self.loop = self.io.loop
+        self.background = TaskGroup(self.loop, "core")
         self.objects: dict[bytes, _Entry] = {}
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
@@ -616,6 +618,7 @@ class Core:
             client.close()
         if self.head is not None and not self.head.closed:
             self.head.close()
+        self.background.close()
         await asyncio.sleep(0)
 
 
@@ -772,7 +775,7 @@ class _ActorClient:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, wire: dict, refs) -> None:
-        self.core.loop.create_task(self._create(wire, refs))
+        self.core.background.spawn(self._create(wire, refs))
 
     async def _create(self, wire, refs):
         try:
@@ -813,7 +816,7 @@ class _ActorClient:
 
     def resolve(self, after_epoch: int) -> None:
         self.state = "resolving"
-        self.core.loop.create_task(self._resolve(after_epoch))
+        self.core.background.spawn(self._resolve(after_epoch))
 
     async def _resolve(self, after_epoch):
         for _attempt in range(1000):
@@ -1094,7 +1097,7 @@ class _TaskPool:
         if self.requesting or self.core.closed:
             return
         self.requesting = True
-        self.core.loop.create_task(self._request(wait=not self.leases))
+        self.core.background.spawn(self._request(wait=not self.leases))
 
     async def _request(self, wait: bool):
         try:
@@ -1143,7 +1146,7 @@ class _TaskPool:
             return
         self.leases.remove(lease)
         lease.conn.close()
-        self.core.loop.create_task(self._return_remote(lease.lease_id))
+        self.core.background.spawn(self._return_remote(lease.lease_id))
 
     async def _return_remote(self, lease_id):
         try:

@@ -20,6 +20,7 @@ from .auth import generate_token, write_token_file
 from .connection import serve
 from .errors import ActorNameTakenError, UnschedulableError
 from .eventloop import new_event_loop
+from .taskgroup import TaskGroup
 
 __all__ = ["Head", "main"]
 
@@ -105,11 +106,12 @@ class Head:
         self.stopping = False
         self.stopped = loop.create_future()
         self.handler = _HeadRpcHandler(self)
+        self.background = TaskGroup(loop, "head")
 
     async def start(self):
         self.server = await serve(self.host, self.port, self.token, self.handler)
         self.port = self.server.sockets[0].getsockname()[1]
-        self.loop.create_task(self._watch_nodes())
+        self.background.spawn(self._watch_nodes())
 
     @property
     def address(self) -> str:
@@ -372,7 +374,7 @@ class Head:
             a.address = None
             a.touch()
             log.info("restarting actor %s (%s); %d restarts left", a.class_name, why, a.restarts_left)
-            self.loop.create_task(self._start_actor(a))
+            self.background.spawn(self._start_actor(a))
         else:
             self._set_dead(a, why)
 
@@ -450,7 +452,7 @@ class Head:
             a.killed = True
             self._set_dead(a, why)
         if node is not None and node.alive:
-            self.loop.create_task(self._safe_call(node.conn, "kill_actor", a.actor_id))
+            self.background.spawn(self._safe_call(node.conn, "kill_actor", a.actor_id))
 
     async def _safe_call(self, conn, method, *args):
         try:
@@ -493,7 +495,7 @@ class Head:
             return
         node, demand, worker_id, _ = entry
         if node.alive:
-            self.loop.create_task(self._safe_call(node.conn, "release_worker", worker_id))
+            self.background.spawn(self._safe_call(node.conn, "release_worker", worker_id))
         if lease_id in self.lent:
             self.lent.discard(lease_id)  # already given back when it was lent
             return
@@ -564,6 +566,7 @@ class Head:
         return None
 
     def _stop(self):
+        self.background.close()
         if self.server is not None:
             self.server.close()
         if not self.stopped.done():
@@ -607,7 +610,7 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     write_token_file(token_file, token)
 
     def stop(*_):
-        loop.create_task(head.rpc_shutdown(None))
+        head.background.spawn(head.rpc_shutdown(None))
 
     process.stop_on_signals(loop, stop, stdin_lifeline)
     if ready_out is not None:

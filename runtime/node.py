@@ -35,6 +35,7 @@ from .address import split_address
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
+from .taskgroup import TaskGroup
 
 __all__ = ["NodeDaemon", "main"]
 
@@ -89,6 +90,7 @@ class NodeDaemon:
         self.stopping = False
         self._starting: set = set()
         self.stopped = loop.create_future()
+        self.background = TaskGroup(loop, "node")
         self._ctx = multiprocessing.get_context("forkserver")
         # uvloop too: importing it costs each new worker 3 ms of CPU otherwise.
         self._ctx.set_forkserver_preload(
@@ -102,9 +104,9 @@ class NodeDaemon:
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.host}:{port}"
         await self._register()
-        self.loop.create_task(self._heartbeat())
-        self.loop.create_task(self._tail_logs())
-        self.loop.create_task(self._sweep_shm())
+        self.background.spawn(self._heartbeat())
+        self.background.spawn(self._tail_logs())
+        self.background.spawn(self._sweep_shm())
         self._refill()
 
     async def _register(self) -> None:
@@ -181,6 +183,7 @@ class NodeDaemon:
             self.server.close()
         if self.head_conn is not None:
             self.head_conn.close()
+        self.background.close()
         if not self.stopped.done():
             self.stopped.set_result(None)
 
@@ -218,7 +221,7 @@ class NodeDaemon:
                   self.host, w.log_prefix, env, os.getpid()),
         )
         self.workers[wid] = w
-        task = self.loop.create_task(self._start_process(w))
+        task = self.background.spawn(self._start_process(w))
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
         return w
@@ -301,7 +304,7 @@ class NodeDaemon:
         starting = sum(1 for w in self.workers.values() if w.state == "starting")
         for _ in range(max(0, config.PRESTART_WORKERS - len(self.idle_fresh) - starting)):
             w = self._spawn()
-            self.loop.create_task(self._park(w))
+            self.background.spawn(self._park(w))
 
     async def _park(self, w: WorkerProc):
         try:
@@ -372,7 +375,7 @@ class NodeDaemon:
         return None
 
     async def rpc_shutdown(self, conn):
-        self.loop.call_soon(lambda: self.loop.create_task(self.shutdown()))
+        self.loop.call_soon(lambda: self.background.spawn(self.shutdown()))
         return None
 
     def on_push(self, conn, event, data):
@@ -480,7 +483,7 @@ class _HeadLink:
         if not node.stopping and conn is node.head_conn:
             log.warning("lost the head connection (%s); killing this node's workers and "
                         "registering again", exc or "closed by the head")
-            node.loop.create_task(node._head_lost())
+            node.background.spawn(node._head_lost())
 
 
 def _drop_parent_pipe(process) -> None:
@@ -534,7 +537,7 @@ def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, n
                       resources=resources, node_id=node_id)
 
     def stop(*_):
-        loop.create_task(node.shutdown())
+        node.background.spawn(node.shutdown())
 
     process.stop_on_signals(loop, stop, stdin_lifeline)
     try:

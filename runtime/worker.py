@@ -47,6 +47,7 @@ from .object_ref import set_default_resolver
 from .refs import ArgRef
 from .remote_error import encode_error
 from .serialization import dumps, loads
+from .taskgroup import TaskGroup
 
 __all__ = ["worker_main", "apply_sys_path"]
 
@@ -252,6 +253,7 @@ class Worker:
 
     def __init__(self, loop, node_id: str, worker_id: str, head_address: str, token: str):
         self.loop = loop
+        self.background = TaskGroup(loop, "worker")
         self.objects = ObjectCache()
         set_default_resolver(_adopt_shipped(self.objects))
         self.functions: dict[bytes, list] = {}   # function id -> segments, then loaded fn
@@ -496,7 +498,7 @@ class Worker:
             self._reply_error(conn, msg_id, e, f"{self.actor_name} (pid {_pid})")
             return
         if is_async:
-            self.loop.create_task(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
+            self.background.spawn(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
         else:
             self.executor.submit(self._run_job(
                 conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})", nret))
@@ -548,7 +550,7 @@ class Worker:
 
         if inspect.iscoroutinefunction(fn):
             enter()
-            self.loop.create_task(
+            self.background.spawn(
                 self._finish_async_task(conn, msg_id, fn(*args, **kwargs), where, nret))
             return
 
