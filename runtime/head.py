@@ -20,13 +20,16 @@ from .auth import generate_token, write_token_file
 from .connection import serve
 from .errors import ActorNameTakenError, UnschedulableError
 from .eventloop import new_event_loop
+from .states import ActorState
 from .taskgroup import TaskGroup
 
 __all__ = ["Head", "main"]
 
 log = logging.getLogger("ddlf.head")
 
-PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
+# Short names for the states this module compares against all the time.
+PENDING, ALIVE, RESTARTING, DEAD = (ActorState.PENDING, ActorState.ALIVE, ActorState.RESTARTING,
+                                    ActorState.DEAD)
 
 
 class NodeRecord:
@@ -74,7 +77,7 @@ class ActorRecord:
         self.changed = asyncio.Event()
 
     def view(self) -> dict:
-        return {"actor_id": self.actor_id, "state": self.state, "epoch": self.epoch,
+        return {"actor_id": self.actor_id, "state": str(self.state), "epoch": self.epoch,
                 "address": self.address, "pid": self.pid, "name": self.name,
                 "class_name": self.class_name, "error": self.error,
                 "node_id": self.node.node_id if self.node else None,
@@ -413,10 +416,11 @@ class Head:
                 try:
                     await asyncio.wait_for(r["created"].wait(), max(0.0, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
-                    return {"actor_id": actor_id, "state": PENDING, "epoch": 0, "address": None}
+                    return {"actor_id": actor_id, "state": ActorState.RESERVED.value, "epoch": 0,
+                            "address": None}
                 continue
             if a is None:
-                return {"actor_id": actor_id, "state": DEAD, "epoch": 0, "address": None,
+                return {"actor_id": actor_id, "state": DEAD.value, "epoch": 0, "address": None,
                         "error": {"reason": "no such actor in this cluster (it may have been "
                                   "created by a driver that has since disconnected)",
                                   "creation_error": None, "unschedulable": False}}

@@ -35,6 +35,7 @@ from .address import split_address
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
+from .states import WorkerState
 from .taskgroup import TaskGroup
 
 __all__ = ["NodeDaemon", "main"]
@@ -54,7 +55,7 @@ class WorkerProc:
         self.pid = None
         self.address = None
         self.conn = None
-        self.state = "starting"   # starting | idle | task | actor | dead
+        self.state = WorkerState.STARTING
         self.actor_id = None
         self.ready: asyncio.Future | None = None
         self.log_prefix = log_prefix
@@ -262,7 +263,7 @@ class NodeDaemon:
         w.process.join(0)
         code = w.process.exitcode
         prev = w.state
-        w.state = "dead"
+        w.state = WorkerState.DEAD
         self.workers.pop(w.worker_id, None)
         for pool in (self.idle_fresh, self.idle_task):
             if w in pool:
@@ -274,7 +275,7 @@ class NodeDaemon:
         self._release(w, close_process=not self.stopping)
         if not self.stopping and self.head_conn is not None:
             rpc.push(self.head_conn, "worker_died", {
-                "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": prev,
+                "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": str(prev),
                 "pid": w.pid, "on_purpose": w.on_purpose and code == 0,
             })
             self._refill()
@@ -301,7 +302,7 @@ class NodeDaemon:
     def _refill(self):
         if self.stopping or self._refilling:
             return
-        starting = sum(1 for w in self.workers.values() if w.state == "starting")
+        starting = sum(1 for w in self.workers.values() if w.state == WorkerState.STARTING)
         for _ in range(max(0, config.PRESTART_WORKERS - len(self.idle_fresh) - starting)):
             w = self._spawn()
             self.background.spawn(self._park(w))
@@ -311,26 +312,26 @@ class NodeDaemon:
             await w.ready
         except Exception:
             return
-        if w.state == "starting":
-            w.state = "idle"
+        if w.state == WorkerState.STARTING:
+            w.state = WorkerState.IDLE
             self.idle_fresh.append(w)
 
     async def _fresh_worker(self) -> WorkerProc:
         if self.idle_fresh:
             w = self.idle_fresh.pop(0)
         else:
-            starting = [w for w in self.workers.values() if w.state == "starting"]
+            starting = [w for w in self.workers.values() if w.state == WorkerState.STARTING]
             w = starting[0] if starting else self._spawn()
-            w.state = "claimed"
+            w.state = WorkerState.CLAIMED
             await w.ready
-        w.state = "claimed"
+        w.state = WorkerState.CLAIMED
         self._refill()
         return w
 
     # -- requests from the head --------------------------------------------------------------
     async def rpc_start_actor(self, conn, spec: dict):
         w = await self._fresh_worker()
-        w.state = "actor"
+        w.state = WorkerState.ACTOR
         w.actor_id = spec["actor_id"]
         w.name = spec["class_name"]
         w.job_id = spec.get("job_id")
@@ -355,7 +356,7 @@ class NodeDaemon:
             w = self.idle_task.pop()
         else:
             w = await self._fresh_worker()
-        w.state = "task"
+        w.state = WorkerState.TASK
         if conn.closed:  # the head that asked for it is gone: nobody would release it
             _signal(w.pid, signal.SIGKILL)
             raise DDLFError("the head connection closed while leasing a worker")
@@ -363,8 +364,8 @@ class NodeDaemon:
 
     def rpc_release_worker(self, conn, worker_id):
         w = self.workers.get(worker_id)
-        if w is not None and w.state == "task":
-            w.state = "idle"
+        if w is not None and w.state == WorkerState.TASK:
+            w.state = WorkerState.IDLE
             self.idle_task.append(w)
         return None
 
