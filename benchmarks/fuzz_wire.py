@@ -77,8 +77,8 @@ CASE_TIMEOUT_S = config.HANDSHAKE_TIMEOUT_S + 8.0
 SAFE_REQUESTS = {
     "head": ["nodes", "list_actors", "cluster_resources", "available_resources", "get_actor",
              "wait_actor", "return_lease", "hello_driver", "rpc_nodes", "no_such_request"],
-    "node": ["info", "worker_ready", "release_worker", "no_such_request"],
-    "worker": ["ping", "no_such_request"],
+    "node": ["worker_ready", "release_worker", "no_such_request"],
+    "worker": ["no_such_request"],
 }
 SAFE_EVENTS = ["heartbeat", "worker_died", "release_name", "hello", "no_such_event"]
 SAFE_METHODS = ["add", "pid", "no_such_method", "__len__"]
@@ -601,8 +601,10 @@ async def _control(c, rng, peer, token) -> bytes:
         a, b = rng.randint(-1000, 1000), rng.randint(-1000, 1000)
         segs = [protocol.header(protocol.CALL, msg_id), *dumps(("add", (a, b), {}))]
         return frame_bytes(segs), msg_id, protocol.RESULT_OK, a + b
-    method = "nodes" if c.target == "head" else "info"
-    segs = [protocol.header(protocol.REQUEST, msg_id), *dumps((method, ()))]
+    # Harmless requests with a known answer: the head's node list, or the node releasing a
+    # worker it does not have (which it ignores, replying None).
+    request = ("nodes", ()) if c.target == "head" else ("release_worker", ("no-such-worker",))
+    segs = [protocol.header(protocol.REQUEST, msg_id), *dumps(request)]
     return frame_bytes(segs), msg_id, protocol.REPLY_OK, None
 
 
@@ -871,7 +873,7 @@ class FuzzCluster:
 
     def __init__(self, log_path: str, num_cpus: int = 2):
         from ddlf_actors.runtime.auth import read_token_file
-        from ddlf_actors.runtime.local_cluster import _start
+        from ddlf_actors.runtime.process import start_child as _start
 
         self.procs: list[subprocess.Popen] = []
         self.log = open(log_path, "ab")
@@ -891,17 +893,9 @@ class FuzzCluster:
             raise
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            with contextlib.suppress(Exception):
-                p.stdin.close()
-        for p in reversed(self.procs):
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            with contextlib.suppress(Exception):
-                p.stdout.close()
+        from ddlf_actors.runtime.process import stop_children
+
+        stop_children(reversed(self.procs), 15)
         self.procs = []
         self.log.close()
 

@@ -123,7 +123,7 @@ def _run_ddlf_netns(quick: bool) -> dict:
     from netns_cluster import NetnsHosts, netns_unavailable
 
     from ddlf_actors.runtime.auth import generate_token
-    from ddlf_actors.runtime.local_cluster import _start
+    from ddlf_actors.runtime.process import start_child as _start
 
     why = netns_unavailable()
     if why:

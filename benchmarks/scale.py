@@ -31,7 +31,9 @@ import psutil
 
 import ddlf_actors as ddlf
 from ddlf_actors.runtime.auth import read_token_file
-from ddlf_actors.runtime.local_cluster import _child_env, _start
+from ddlf_actors.runtime.process import child_env as _child_env
+from ddlf_actors.runtime.process import start_child as _start
+from ddlf_actors.runtime.process import stop_children
 
 
 @ddlf.remote(num_cpus=0)
@@ -148,15 +150,7 @@ def main() -> int:
     finally:
         with contextlib.suppress(Exception):
             ddlf.shutdown()
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.stdin.close()
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_children(procs, 30)
 
     width = max(len(r[0]) for r in rows)
     print(f"\nScale: {a.nodes} node daemons, {a.actors} actors (num_cpus=0), "

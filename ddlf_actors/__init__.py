@@ -16,14 +16,48 @@
     print(ddlf.get([c.incr.remote() for _ in range(3)]))   # [1, 2, 3]
 """
 
-import os as _os
 
-# In a source checkout, runtime/ and apps/ sit next to this folder rather than inside
-# it (setuptools maps them at install time). Let the checkout import itself too.
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
-        _os.path.join(_root, "runtime", "core.py")):
-    __path__.append(_root)  # noqa: F821 - __path__ is defined for packages
+def _find_checkout_subpackages() -> None:
+    """In a source checkout, find ``ddlf_actors.runtime`` and ``ddlf_actors.apps``.
+
+    There the folders runtime/ and apps/ sit next to this package rather than inside it
+    (setuptools maps them at install time, editable installs included). A finder for
+    exactly those two names lets a checkout on ``PYTHONPATH`` import itself, and the
+    nodes and workers it starts import the same code. It goes first on ``sys.meta_path``
+    so that it also wins over an editable install of another checkout. Appending the
+    repository root to ``__path__`` instead made every folder there a subpackage
+    (``ddlf_actors.tests``, even ``ddlf_actors.ddlf_actors``).
+    """
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if (os.path.isdir(os.path.join(here, "runtime"))
+            or not os.path.isfile(os.path.join(root, "pyproject.toml"))
+            or not os.path.isfile(os.path.join(root, "runtime", "core.py"))):
+        return   # an installed package: its subpackages are inside it
+
+    class CheckoutFinder:
+        folders = {"ddlf_actors.runtime": os.path.join(root, "runtime"),
+                   "ddlf_actors.apps": os.path.join(root, "apps")}
+
+        @classmethod
+        def find_spec(cls, fullname, path=None, target=None):
+            folder = cls.folders.get(fullname)
+            if folder is None:
+                return None
+            return importlib.util.spec_from_file_location(
+                fullname, os.path.join(folder, "__init__.py"),
+                submodule_search_locations=[folder])
+
+    CheckoutFinder.ddlf_checkout = root
+    if not any(getattr(f, "ddlf_checkout", None) == root for f in sys.meta_path):
+        sys.meta_path.insert(0, CheckoutFinder)
+
+
+_find_checkout_subpackages()
 
 from ddlf_actors import dag, errors, util  # noqa: E402
 from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod, method  # noqa: E402

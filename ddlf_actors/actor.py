@@ -112,7 +112,7 @@ class ActorClass:
                     methods[name] = {"is_async": methods[name], "num_returns": n,
                                      "backpressure": bp}
             segs = [bytes(s) for s in dumps(self._cls)]
-            self._spec = ActorSpec(self._cls.__name__, segs, methods, self._options)
+            self._spec = ActorSpec(self._cls.__name__, segs, methods)
         return self._spec
 
     def options(self, **options) -> _BoundActorClass:

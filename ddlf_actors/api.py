@@ -7,11 +7,12 @@ import os
 import threading
 
 from ddlf_actors.runtime import config
+from ddlf_actors.runtime.address import split_address
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
-from ddlf_actors.runtime.session import find_token, head_record
+from ddlf_actors.runtime.session import find_token, head_record, read_config
 
 from .actor import ActorClass, ActorHandle
 from .errors import AlreadyInitializedError
@@ -81,7 +82,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         try:
             core.connect()
         except BaseException:
-            core.io.stop()
+            core.close()
             if cluster is not None:
                 cluster.stop()
             raise
@@ -99,8 +100,6 @@ def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
                             "with `ddlf-node start --head`, or pass address='host:port'")
         address = rec["address"]
     elif address.endswith(".toml") and os.path.isfile(address):
-        from .cluster import read_config
-
         hosts, ports = read_config(address)
         address = _first_reachable([f"{h}:{p}" for h, p in zip(hosts, ports)])
     if ":" not in address:
@@ -112,9 +111,8 @@ def _first_reachable(addresses: list[str]) -> str:
     import socket
 
     for addr in addresses:
-        host, port = addr.rsplit(":", 1)
         try:
-            socket.create_connection((host, int(port)), timeout=2).close()
+            socket.create_connection(split_address(addr), timeout=2).close()
             return addr
         except OSError:
             continue
@@ -131,12 +129,8 @@ def shutdown() -> None:
         set_core(None)
         _info = None
         cluster = core.cluster
-        core.closing = True
         if cluster is not None:
-            try:
-                core.head_call("shutdown", timeout=15)
-            except Exception:
-                pass
+            core.stop_cluster(timeout=15)
         core.close()
         if cluster is not None:
             cluster.stop()

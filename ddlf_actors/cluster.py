@@ -25,7 +25,9 @@ import inspect
 import os
 import types
 
+from ddlf_actors.runtime.address import host_of
 from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.session import read_config
 
 from . import api
 from .actor import ActorHandle
@@ -127,30 +129,6 @@ def _name_of(method) -> str:
     return method if isinstance(method, str) else method.__name__
 
 
-def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
-    """The paper's ``read_config()``: ``(hosts, ports)`` from a TOML file such as
-
-        hosts = ["10.0.0.5:6380", "10.0.0.6:6380"]
-    """
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        import tomli as tomllib
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
-    entries = data.get("hosts") or data.get("cluster", {}).get("hosts")
-    if not entries or not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a list of 'host:port' strings under 'hosts'")
-    hosts, ports = [], []
-    for entry in entries:
-        host, sep, port = str(entry).rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"{path}: {entry!r} is not 'host:port'")
-        hosts.append(host)
-        ports.append(int(port))
-    return hosts, ports
-
-
 class Cluster:
     """A set of long-lived workers, one per node (or ``workers_per_node`` per node).
 
@@ -185,7 +163,7 @@ class Cluster:
         nodes = [n for n in api.nodes() if n["alive"]]
         if self.hosts is not None:
             wanted = set(self.hosts)
-            nodes = [n for n in nodes if n["address"].rsplit(":", 1)[0] in wanted] or nodes
+            nodes = [n for n in nodes if host_of(n["address"]) in wanted] or nodes
         index = 0
         for n in nodes:
             per = self.workers_per_node

@@ -36,7 +36,7 @@ import psutil
 from . import config, tls
 from .auth import read_token_file
 from .errors import DDLFError, TLSConfigError
-from .local_cluster import _start
+from .process import TOKEN_ENV, start_child, stop_children
 from .session import _is_ours, _logs_dir, _procs_dir, find_token, head_record
 
 __all__ = ["main", "format_status"]
@@ -56,9 +56,10 @@ def _spawn(args: list, what: str, block: bool, log_name: str, env: dict | None =
         if block:
             # In the foreground the children hold a pipe from us: if this process dies
             # by any signal, even SIGKILL, the pipe closes and they stop too.
-            return _start([*args, "--stdin-lifeline"], what, stdin=subprocess.PIPE,
-                          stderr=None, new_session=False, env=env)
-        return _start(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True, env=env)
+            return start_child([*args, "--stdin-lifeline"], what, stdin=subprocess.PIPE,
+                               stderr=None, new_session=False, env=env)
+        return start_child(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True,
+                           env=env)
     except DDLFError as e:
         log.flush()
         with open(path, "rb") as f:
@@ -113,7 +114,7 @@ def cmd_start(a) -> int:
         if a.head:
             head_args = ["ddlf_actors.runtime.head", "--host", a.host, "--port", str(a.port)]
             # Through the environment: a command line is world-readable in /proc.
-            head_env = {**tls_env, **({"DDLF_AUTH_TOKEN": explicit} if explicit else {})}
+            head_env = {**tls_env, **({TOKEN_ENV: explicit} if explicit else {})}
             head, info = _spawn(head_args, "head", a.block, "head.log", env=head_env)
             procs.append(head)
             _record(head, "head", info)
@@ -138,7 +139,7 @@ def cmd_start(a) -> int:
                      "--resources", resources, *node_auth]
         if a.num_cpus is not None:
             node_args += ["--num-cpus", str(a.num_cpus)]
-        node_env = {**tls_env, **({} if a.head else {"DDLF_AUTH_TOKEN": token})}
+        node_env = {**tls_env, **({} if a.head else {TOKEN_ENV: token})}
         node, ninfo = _spawn(node_args, "node", a.block, f"node-{os.getpid()}.log", env=node_env)
         procs.append(node)
         _record(node, "node", ninfo)
@@ -180,12 +181,8 @@ def _block(procs) -> int:
     while all(p.poll() is None for p in procs) and not stopping:
         time.sleep(0.2)
     stop()
+    stop_children(procs, 15)
     for p in procs:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
         _forget(p.pid)
     return 0
 
@@ -260,7 +257,6 @@ def cmd_status(a) -> int:
         print(f"ddlf-node status: could not query {address}: {e}", file=sys.stderr)
         return 1
     finally:
-        core.closing = True
         core.close()
     print(format_status(address, nodes, actors))
     return 0

@@ -11,8 +11,11 @@ from .errors import DDLFError
 
 __all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD_AFTER_S",
            "NODE_DEAD_AFTER_MISSED", "NODE_REJOIN_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S",
-           "REJECT_LOG_INTERVAL_S", "MAX_LENT_TASKS_PER_NODE", "session_root",
-           "raise_open_file_limit"]
+           "REJECT_LOG_INTERVAL_S", "MAX_LENT_TASKS_PER_NODE", "TASK_PIPELINE_DEPTH",
+           "LEASE_IDLE_S", "ACTOR_CONNECT_TRIES", "WAIT_ACTOR_MAX_S", "WAIT_GROUP_MAX_S",
+           "REMOVED_GROUPS_KEPT", "PRESTART_WORKERS",
+           "LOG_POLL_S", "LOG_POLL_MAX_S", "REJOIN_REFUSED_TRIES", "START_TIMEOUT_S",
+           "session_root", "raise_open_file_limit"]
 
 log = logging.getLogger("ddlf.config")
 
@@ -57,6 +60,36 @@ REJECT_LOG_INTERVAL_S = _env_float("DDLF_REJECT_LOG_INTERVAL_S", 10.0)
 # worker. At most this many tasks per node lend at once; past it a waiting task keeps its
 # CPU. Each extra worker costs about 30 MB RSS, so 32 bounds that at about 1 GB a node.
 MAX_LENT_TASKS_PER_NODE = _env_int("DDLF_MAX_LENT_TASKS_PER_NODE", 32)
+
+# -- the client core (core.py) --
+# Tasks pipelined to one leased worker, once the head has said no CPU is free.
+TASK_PIPELINE_DEPTH = max(1, _env_int("DDLF_TASK_PIPELINE_DEPTH", 16))
+# An idle task lease goes back to the head after this long.
+LEASE_IDLE_S = _env_float("DDLF_LEASE_IDLE_S", 0.5)
+# Attempts to connect to an actor's address the head gave, before asking the head again.
+ACTOR_CONNECT_TRIES = max(1, _env_int("DDLF_ACTOR_CONNECT_TRIES", 5))
+
+# -- the head (head.py) --
+# The longest one wait_actor request waits for an actor to change; callers then ask again.
+WAIT_ACTOR_MAX_S = _env_float("DDLF_WAIT_ACTOR_MAX_S", 30.0)
+# Likewise for a wait_placement_group request.
+WAIT_GROUP_MAX_S = _env_float("DDLF_WAIT_GROUP_MAX_S", 30.0)
+# Removed placement groups placement_group_table() still lists (oldest dropped first).
+REMOVED_GROUPS_KEPT = _env_int("DDLF_REMOVED_GROUPS_KEPT", 1000)
+
+# -- node daemons (node.py) --
+# Idle fresh workers a node keeps started, so creating an actor does not start Python.
+PRESTART_WORKERS = max(0, _env_int("DDLF_PRESTART_WORKERS", 2))
+# Worker output is polled this often while workers print, backing off to LOG_POLL_MAX_S
+# while they are quiet (the worst added delay for the first line after a quiet spell).
+LOG_POLL_S = _env_float("DDLF_LOG_POLL_S", 0.05)
+LOG_POLL_MAX_S = _env_float("DDLF_LOG_POLL_MAX_S", 0.4)
+# A node that lost its head and is refused this many times in a row takes it to be gone.
+REJOIN_REFUSED_TRIES = max(1, _env_int("DDLF_REJOIN_REFUSED_TRIES", 3))
+
+# -- starting processes (process.py) --
+# A head or node that has not printed its ready line by then is killed and reported.
+START_TIMEOUT_S = _env_float("DDLF_START_TIMEOUT_S", 60.0)
 
 # Same-host objects in shared memory (see shm_store). DDLF_SHM=0 turns the path off.
 SHM_ENABLED = os.environ.get("DDLF_SHM", "1") not in ("0", "false", "no", "off")

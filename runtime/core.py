@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 
-from . import __version__, context, oob, placement, protocol, rpc, shm_store
+from . import config, context, oob, placement, process, protocol, rpc, shm_store
+from .address import split_address
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -44,6 +45,7 @@ from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_ref
 from .refs import ArgRef
 from .remote_error import decode_error, encode_error
 from .serialization import dumps, loads, snapshot
+from .taskgroup import TaskGroup
 
 __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
            "unbundle_refs", "check_backpressure"]
@@ -51,9 +53,6 @@ __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bund
 log = logging.getLogger("ddlf.core")
 
 PENDING, OK, ERR, LOCAL_ERR = 0, 1, 2, 3
-_TASK_DEPTH = 16          # tasks pipelined to one leased worker
-_LEASE_IDLE_S = 0.5       # an idle lease is returned after this long
-_RECONNECT_TRIES = 5
 
 
 class _Entry:
@@ -74,11 +73,10 @@ class _Entry:
 class ActorSpec:
     """What the driver knows about an actor class (shipped once per class)."""
 
-    def __init__(self, class_name: str, class_segments: list, methods: dict, options: dict):
+    def __init__(self, class_name: str, class_segments: list, methods: dict):
         self.class_name = class_name
         self.class_segments = class_segments
         self.methods = methods
-        self.options = options
 
 
 def dumps_with_refs(value) -> tuple[list, list]:
@@ -114,6 +112,7 @@ class Core:
         self.cluster = cluster          # the embedded cluster we started, if any
         self.io = LoopThread()
         self.loop = self.io.loop
+        self.background = TaskGroup(self.loop, "core")
         self.objects: dict[bytes, _Entry] = {}
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
@@ -139,11 +138,10 @@ class Core:
         self.io.run(self._connect(timeout), timeout + 5)
 
     async def _connect(self, timeout):
-        host, port = self.head_address.rsplit(":", 1)
-        self.head = await connect(host, int(port), self.token, rpc.RpcHandler(self), timeout=timeout)
+        host, port = split_address(self.head_address)
+        self.head = await connect(host, port, self.token, rpc.RpcHandler(self), timeout=timeout)
         info = await rpc.call(self.head, "hello_driver", {
-            "version": __version__, "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-            "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
+            **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
         }, timeout=timeout)
         self.job_id = info["job_id"]
         self.node_totals = info["node_totals"]
@@ -509,7 +507,7 @@ class Core:
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
         out = self._returns(ref, nret, backpressure)
-        self._submit(self._route_call, actor_id, class_name, ref.id, method, payload, refs)
+        self._submit(self._route_call, actor_id, class_name, ref.id, payload, refs)
         return out
 
     def _returns(self, ref: ObjectRef, nret, backpressure: int):
@@ -675,12 +673,12 @@ class Core:
             run()
         return children
 
-    def _route_call(self, actor_id, class_name, obj_id, method, payload, refs):
+    def _route_call(self, actor_id, class_name, obj_id, payload, refs):
         client = self.actors.get(actor_id)
         if client is None:
             client = self.actors[actor_id] = _ActorClient(self, actor_id, class_name)
             client.resolve(0)
-        client.enqueue(_Call(obj_id, method, payload, refs))
+        client.enqueue(_Call(obj_id, payload, refs))
 
     def kill_actor(self, actor_id: str, no_restart: bool = True) -> None:
         self.head_call("kill_actor", actor_id, no_restart)
@@ -757,11 +755,25 @@ class Core:
             except BaseException as e:
                 self._fail(obj_id, e)
 
-        self._submit(lambda: self.loop.create_task(run()))
+        self._submit(lambda: self.background.spawn(run()))
         return ref
 
     # -- shutdown --------------------------------------------------------------------------
+    def stop_cluster(self, timeout: float = 15.0) -> None:
+        """Ask the head to stop every node (so every worker) and then itself.
+
+        Best effort, for the embedded cluster at shutdown: whoever started the processes
+        stops them anyway afterwards. The head connection then closes on purpose, so its
+        closing is not reported as lost.
+        """
+        self.closing = True
+        try:
+            self.head_call("shutdown", timeout=timeout)
+        except Exception as e:
+            log.debug("asking the head to shut down failed: %s", e)
+
     def close(self) -> None:
+        """Close every connection and stop the I/O thread; safe after a failed connect()."""
         if self.closed:
             return
         self.closing = True
@@ -783,6 +795,7 @@ class Core:
         if self.head is not None and not self.head.closed:
             self.head.close()
         oob.close_driver_server(self)
+        self.background.close()
         await asyncio.sleep(0)
 
 
@@ -933,11 +946,10 @@ def unbundle_refs(core: Core, segs):
 
 
 class _Call:
-    __slots__ = ("obj_id", "method", "payload", "refs", "retries")
+    __slots__ = ("obj_id", "payload", "refs", "retries")
 
-    def __init__(self, obj_id, method, payload, refs):
+    def __init__(self, obj_id, payload, refs):
         self.obj_id = obj_id
-        self.method = method
         self.payload = payload
         self.refs = refs
         self.retries = None   # set from the actor's max_task_retries when first sent
@@ -963,7 +975,7 @@ class _ActorClient:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, wire: dict, refs) -> None:
-        self.core.loop.create_task(self._create(wire, refs))
+        self.core.background.spawn(self._create(wire, refs))
 
     async def _create(self, wire, refs):
         try:
@@ -1012,7 +1024,7 @@ class _ActorClient:
 
     def resolve(self, after_epoch: int) -> None:
         self.state = "resolving"
-        self.core.loop.create_task(self._resolve(after_epoch))
+        self.core.background.spawn(self._resolve(after_epoch))
 
     async def _resolve(self, after_epoch):
         for _attempt in range(1000):
@@ -1036,10 +1048,10 @@ class _ActorClient:
             return
         self.epoch = view["epoch"]
         self.max_task_retries = view.get("max_task_retries") or 0
-        host, port = view["address"].rsplit(":", 1)
-        for attempt in range(_RECONNECT_TRIES):
+        host, port = split_address(view["address"])
+        for attempt in range(config.ACTOR_CONNECT_TRIES):
             try:
-                conn = await connect(host, int(port), self.core.token, self)
+                conn = await connect(host, port, self.core.token, self)
                 break
             except (OSError, asyncio.TimeoutError, DDLFError) as e:
                 last = e
@@ -1260,7 +1272,7 @@ class _TaskPool:
         """Send queued tasks to leases.
 
         An idle lease takes a task at once. A busy lease takes more (pipelined, up to
-        ``_TASK_DEPTH``) only once the head has said that no CPU is free: otherwise a
+        ``config.TASK_PIPELINE_DEPTH``) only once the head has said that no CPU is free: otherwise a
         fast task could queue behind a slow one while another CPU sits idle.
         """
         queue = self.queue
@@ -1277,7 +1289,7 @@ class _TaskPool:
                 if not self._saturated():
                     self._maybe_request()
                     break
-                if len(best.inflight) >= _TASK_DEPTH:
+                if len(best.inflight) >= config.TASK_PIPELINE_DEPTH:
                     break
             self._send(best, queue.popleft())
         if queue and not any(not lease.conn.closed for lease in self.leases):
@@ -1308,7 +1320,7 @@ class _TaskPool:
         if self.requesting or self.core.closed:
             return
         self.requesting = True
-        self.core.loop.create_task(self._request(wait=not self.leases))
+        self.core.background.spawn(self._request(wait=not self.leases))
 
     async def _request(self, wait: bool):
         try:
@@ -1316,11 +1328,11 @@ class _TaskPool:
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
                 return
-            host, port = reply["address"].rsplit(":", 1)
+            host, port = split_address(reply["address"])
             lease = _Lease(reply["lease_id"], reply["worker_id"], reply.get("node_id"), None)
             handler = _LeaseHandler(self, lease)
             try:
-                lease.conn = await connect(host, int(port), self.core.token, handler)
+                lease.conn = await connect(host, port, self.core.token, handler)
             except Exception:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise
@@ -1349,7 +1361,7 @@ class _TaskPool:
         if self.queue:
             self.pump()
         elif not lease.inflight and lease.idle_timer is None:
-            lease.idle_timer = self.core.loop.call_later(_LEASE_IDLE_S, self._return, lease)
+            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
 
     def _return(self, lease: _Lease) -> None:
         lease.idle_timer = None
@@ -1357,7 +1369,7 @@ class _TaskPool:
             return
         self.leases.remove(lease)
         lease.conn.close()
-        self.core.loop.create_task(self._return_remote(lease.lease_id))
+        self.core.background.spawn(self._return_remote(lease.lease_id))
 
     async def _return_remote(self, lease_id):
         try:

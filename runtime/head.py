@@ -9,15 +9,13 @@ to actors never pass through it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import signal
 import sys
 import time
 import uuid
 
-from . import __version__, config, placement, rpc, scheduling
+from . import config, placement, process, rpc, scheduling
 from .auth import generate_token, write_token_file
 from .connection import serve
 from .errors import (
@@ -27,18 +25,18 @@ from .errors import (
     PlacementGroupRemovedError,
     TaskPlacementGroupRemovedError,
     UnschedulableError,
-    VersionMismatchError,
 )
 from .eventloop import new_event_loop
+from .states import ActorState
+from .taskgroup import TaskGroup
 
 __all__ = ["Head", "main"]
 
 log = logging.getLogger("ddlf.head")
 
-PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
-_WAIT_ACTOR_MAX_S = 30.0
-_WAIT_GROUP_MAX_S = 30.0
-_REMOVED_GROUPS_KEPT = 1000
+# Short names for the states this module compares against all the time.
+PENDING, ALIVE, RESTARTING, DEAD = (ActorState.PENDING, ActorState.ALIVE, ActorState.RESTARTING,
+                                    ActorState.DEAD)
 
 
 class NodeRecord:
@@ -53,7 +51,6 @@ class NodeRecord:
         self.last_heartbeat = time.monotonic()   # last time anything arrived from it
         self.missed = 0                          # head ticks since then
         self.actors: set[str] = set()
-        self.stats: dict = {}
 
     def heard(self) -> None:
         self.last_heartbeat = time.monotonic()
@@ -92,7 +89,7 @@ class ActorRecord:
         self.changed = asyncio.Event()
 
     def view(self) -> dict:
-        return {"actor_id": self.actor_id, "state": self.state, "epoch": self.epoch,
+        return {"actor_id": self.actor_id, "state": str(self.state), "epoch": self.epoch,
                 "address": self.address, "pid": self.pid, "name": self.name,
                 "class_name": self.class_name, "error": self.error,
                 "node_id": self.node.node_id if self.node else None,
@@ -141,27 +138,20 @@ class Head:
         self.stopping = False
         self.stopped = loop.create_future()
         self.handler = _HeadRpcHandler(self)
+        self.background = TaskGroup(loop, "head")
 
     async def start(self):
         self.server = await serve(self.host, self.port, self.token, self.handler)
         self.port = self.server.sockets[0].getsockname()[1]
-        self.loop.create_task(self._watch_nodes())
+        self.background.spawn(self._watch_nodes())
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     # -- registration ------------------------------------------------------------------------
-    def _check_version(self, info: dict, who: str):
-        py = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        if info.get("version") != __version__ or info.get("python") != py:
-            raise VersionMismatchError(
-                f"{who} runs DDLF {info.get('version')} on Python {info.get('python')}, but the head "
-                f"runs DDLF {__version__} on Python {py}. Install the same DDLF and Python "
-                "major.minor on every host.")
-
     def rpc_register_node(self, conn, info: dict):
-        self._check_version(info, f"node {info.get('address')}")
+        process.check_versions(info, f"node {info.get('address')}")
         rec = NodeRecord(info, conn)
         self.nodes[rec.node_id] = rec
         conn.info["node"] = rec
@@ -171,7 +161,7 @@ class Head:
         return {"head_address": self.address}
 
     def rpc_hello_driver(self, conn, info: dict):
-        self._check_version(info, "this driver")
+        process.check_versions(info, "this driver")
         # job id: whose logs these are (workers calling actors inherit their driver's);
         # owner id: whose actors die with this connection.
         job_id = info.get("job_id") or uuid.uuid4().hex[:8]
@@ -190,7 +180,6 @@ class Head:
             n = self.nodes.get(data["node_id"])
             if n is not None:
                 n.heard()
-                n.stats = data
         elif event == "worker_died":
             self._worker_died(conn.info.get("node"), data)
         elif event == "task_blocked":
@@ -483,19 +472,19 @@ class Head:
                 self.leases.pop(lease_id, None)
                 self.lent.discard(lease_id)
                 if lease.node.alive:
-                    self.loop.create_task(
+                    self.background.spawn(
                         self._safe_call(lease.node.conn, "kill_worker", lease.worker_id))
         g.release()
         g.touch()
         log.info("placement group %s removed: %s", g.group_id, why)
         removed = [gid for gid, x in self.groups.items() if x.state == placement.REMOVED]
-        for gid in removed[:max(0, len(removed) - _REMOVED_GROUPS_KEPT)]:
+        for gid in removed[:max(0, len(removed) - config.REMOVED_GROUPS_KEPT)]:
             del self.groups[gid]   # the table keeps the newest removed groups only
         self._retry_pending()   # waiters in the group fail; others may use what it held
 
     async def rpc_wait_placement_group(self, conn, group_id: str, timeout: float):
         """The group's table entry once it is CREATED or REMOVED, or after ``timeout`` s."""
-        deadline = time.monotonic() + min(float(timeout), _WAIT_GROUP_MAX_S)
+        deadline = time.monotonic() + min(float(timeout), config.WAIT_GROUP_MAX_S)
         while True:
             g = self.groups.get(group_id)
             if g is None:
@@ -625,7 +614,7 @@ class Head:
             a.address = None
             a.touch()
             log.info("restarting actor %s (%s); %d restarts left", a.class_name, why, a.restarts_left)
-            self.loop.create_task(self._start_actor(a))
+            self.background.spawn(self._start_actor(a))
         else:
             self._set_dead(a, why)
 
@@ -655,7 +644,7 @@ class Head:
 
     async def rpc_wait_actor(self, conn, actor_id: str, after_epoch: int):
         """Return the actor's view once its epoch passes ``after_epoch`` or it is dead."""
-        deadline = time.monotonic() + _WAIT_ACTOR_MAX_S
+        deadline = time.monotonic() + config.WAIT_ACTOR_MAX_S
         while True:
             a = self.actors.get(actor_id)
             r = self.reserved.get(actor_id) if a is None else None
@@ -664,10 +653,11 @@ class Head:
                 try:
                     await asyncio.wait_for(r["created"].wait(), max(0.0, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
-                    return {"actor_id": actor_id, "state": PENDING, "epoch": 0, "address": None}
+                    return {"actor_id": actor_id, "state": ActorState.RESERVED.value, "epoch": 0,
+                            "address": None}
                 continue
             if a is None:
-                return {"actor_id": actor_id, "state": DEAD, "epoch": 0, "address": None,
+                return {"actor_id": actor_id, "state": DEAD.value, "epoch": 0, "address": None,
                         "error": {"reason": "no such actor in this cluster (it may have been "
                                   "created by a driver that has since disconnected)",
                                   "creation_error": None, "unschedulable": False}}
@@ -703,7 +693,7 @@ class Head:
             a.killed = True
             self._set_dead(a, why, pg_removed=pg_removed)
         if node is not None and node.alive:
-            self.loop.create_task(self._safe_call(node.conn, "kill_actor", a.actor_id))
+            self.background.spawn(self._safe_call(node.conn, "kill_actor", a.actor_id))
 
     async def _safe_call(self, conn, method, *args):
         try:
@@ -733,7 +723,7 @@ class Head:
             raise
         if isinstance(charge, placement.Reservation) and not charge.active:
             # Its group was removed (or its node died) while the node answered.
-            self.loop.create_task(self._safe_call(node.conn, "kill_worker", reply["worker_id"]))
+            self.background.spawn(self._safe_call(node.conn, "kill_worker", reply["worker_id"]))
             return await self.rpc_lease_worker(conn, demand, wait, sched)
         lease_id = uuid.uuid4().hex[:12]
         self.leases[lease_id] = LeaseRecord(node, charge, demand, reply["worker_id"], owner_id)
@@ -748,7 +738,7 @@ class Head:
         if lease is None:
             return
         if lease.node.alive:
-            self.loop.create_task(self._safe_call(lease.node.conn, "release_worker",
+            self.background.spawn(self._safe_call(lease.node.conn, "release_worker",
                                                   lease.worker_id))
         if lease_id in self.lent:
             self.lent.discard(lease_id)  # already given back when it was lent
@@ -826,6 +816,7 @@ class Head:
         return None
 
     def _stop(self):
+        self.background.close()
         if self.server is not None:
             self.server.close()
         if not self.stopped.done():
@@ -860,7 +851,7 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     config.raise_open_file_limit()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    token = token or os.environ.get("DDLF_AUTH_TOKEN") or generate_token()
+    token = process.resolve_token(token) or generate_token()
     head = Head(loop, token, host, port)
     loop.run_until_complete(head.start())
     session = os.path.join(config.session_root(), f"head-{head.port}")
@@ -869,21 +860,12 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     write_token_file(token_file, token)
 
     def stop(*_):
-        loop.create_task(head.rpc_shutdown(None))
+        head.background.spawn(head.rpc_shutdown(None))
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    if stdin_lifeline:
-        from .node import _watch_stdin
-
-        _watch_stdin(loop, stop)
+    process.stop_on_signals(loop, stop, stdin_lifeline)
     if ready_out is not None:
-        ready_out.write("DDLF_READY " + json.dumps({"address": head.address, "token_file": token_file,
-                                                    "pid": os.getpid()}) + "\n")
-        ready_out.flush()
-        # Nobody reads our stdout after the ready line: send later output to stderr so a
-        # full pipe can never block this process.
-        os.dup2(2, 1)
+        process.announce_ready(ready_out, {"address": head.address, "token_file": token_file,
+                                           "pid": os.getpid()})
     loop.run_until_complete(head.stopped)
     try:
         os.unlink(token_file)

@@ -9,64 +9,17 @@ SIGKILL) takes its cluster with it.
 from __future__ import annotations
 
 import json
-import os
-import select
 import subprocess
-import sys
-import time
 
 from . import tls
 from .auth import read_token_file
-from .errors import DDLFError
+from .process import TOKEN_ENV, child_env, start_child, stop_children
 
 __all__ = ["LocalCluster"]
 
-_START_TIMEOUT_S = 60.0
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    # Children must import the same ddlf_actors as this driver, even from a source tree.
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    here = os.path.dirname(os.path.abspath(__file__))
-    roots = {pkg_parent, os.path.dirname(here)}
-    extra = [r for r in roots if os.path.isfile(os.path.join(r, "pyproject.toml"))]
-    if extra:
-        env["PYTHONPATH"] = os.pathsep.join(extra + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else extra)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def _start(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
-           new_session: bool = True, prefix: list | None = None,
-           env: dict | None = None) -> tuple[subprocess.Popen, dict]:
-    """Start ``python -m args`` and wait for its ``DDLF_READY {json}`` line.
-
-    ``prefix`` goes before the interpreter, e.g. ``["ip", "netns", "exec", "h1"]``.
-    """
-    proc = subprocess.Popen(
-        [*(prefix or []), sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE,
-        stderr=stderr, env={**_child_env(), **(env or {})}, start_new_session=new_session,
-    )
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    buf = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            for line in buf.split(b"\n"):
-                if line.startswith(b"DDLF_READY "):
-                    return proc, json.loads(line[len(b"DDLF_READY "):])
-        elif proc.poll() is not None:
-            break
-    proc.kill()
-    proc.wait()
-    where = "printed above" if stderr is None else "in its log file"
-    raise DDLFError(f"the DDLF {what} failed to start (exit code {proc.returncode}); "
-                    f"its error is {where}: {buf.decode(errors='replace').strip()[-500:]}")
+# Older names of start_child and child_env, still imported by scripts and tests.
+_start = start_child
+_child_env = child_env
 
 
 class LocalCluster:
@@ -79,8 +32,8 @@ class LocalCluster:
         head_args = ["ddlf_actors.runtime.head", "--port", "0", "--stdin-lifeline"]
         # The token goes through the environment, never the command line: every local
         # user can read /proc/<pid>/cmdline. The node reads the head's 0600 token file.
-        head, info = _start(head_args, "head",
-                            env={**tls_env, **({"DDLF_AUTH_TOKEN": token} if token else {})})
+        head, info = start_child(head_args, "head",
+                                 env={**tls_env, **({TOKEN_ENV: token} if token else {})})
         self.procs.append(head)
         self.address = info["address"]
         self.token = token or read_token_file(info["token_file"])
@@ -91,7 +44,7 @@ class LocalCluster:
         if resources:
             node_args += ["--resources", json.dumps(resources)]
         try:
-            node, _ = _start(node_args, "node", env=tls_env)
+            node, _ = start_child(node_args, "node", env=tls_env)
         except Exception:
             self.stop()
             raise
@@ -99,18 +52,6 @@ class LocalCluster:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close the children's lifelines and wait; kill whatever is still there."""
-        for p in reversed(self.procs):
-            try:
-                p.stdin.close()
-            except Exception:
-                pass
-        deadline = time.monotonic() + timeout
-        for p in reversed(self.procs):
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            if p.stdout is not None:
-                p.stdout.close()
+        # The node first: it stops its workers before the head goes.
+        stop_children(reversed(self.procs), timeout)
         self.procs = []

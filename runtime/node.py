@@ -30,20 +30,19 @@ import uuid
 
 import psutil
 
-from . import __version__, config, rpc, shm_store
+from . import config, process, rpc, shm_store
+from .address import split_address
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
+from .states import WorkerState
+from .taskgroup import TaskGroup
 
 __all__ = ["NodeDaemon", "main"]
 
 log = logging.getLogger("ddlf.node")
 
-_PRESTART = 2          # idle fresh workers kept ready for actor creation
-_LOG_POLL_S = 0.05
-_LOG_POLL_MAX_S = 0.4   # worst added delay for the first line after a quiet spell
 _MARKER = "\x00ddlf:"
-_REJOIN_REFUSED_TRIES = 3   # "connection refused" this many times: the head is gone
 
 
 class WorkerProc:
@@ -56,7 +55,7 @@ class WorkerProc:
         self.pid = None
         self.address = None
         self.conn = None
-        self.state = "starting"   # starting | idle | task | actor | dead
+        self.state = WorkerState.STARTING
         self.actor_id = None
         self.ready: asyncio.Future | None = None
         self.log_prefix = log_prefix
@@ -71,7 +70,7 @@ class WorkerProc:
 class NodeDaemon:
     def __init__(self, loop, head_address: str, token: str, *, host: str = "127.0.0.1",
                  num_cpus: float | None = None, resources: dict | None = None,
-                 node_id: str | None = None, log_dir: str | None = None):
+                 node_id: str | None = None):
         self.loop = loop
         self.head_address = head_address
         self.token = token
@@ -81,7 +80,7 @@ class NodeDaemon:
         total.update({k: float(v) for k, v in (resources or {}).items()})
         total.setdefault(f"node:{host}", 1.0)
         self.resources = total
-        self.log_dir = log_dir or os.path.join(config.session_root(), f"node-{self.node_id}")
+        self.log_dir = os.path.join(config.session_root(), f"node-{self.node_id}")
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.workers: dict[str, WorkerProc] = {}
         self.idle_fresh: list[WorkerProc] = []
@@ -92,6 +91,7 @@ class NodeDaemon:
         self.stopping = False
         self._starting: set = set()
         self.stopped = loop.create_future()
+        self.background = TaskGroup(loop, "node")
         self._ctx = multiprocessing.get_context("forkserver")
         # uvloop too: importing it costs each new worker 3 ms of CPU otherwise.
         self._ctx.set_forkserver_preload(
@@ -105,19 +105,18 @@ class NodeDaemon:
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.host}:{port}"
         await self._register()
-        self.loop.create_task(self._heartbeat())
-        self.loop.create_task(self._tail_logs())
-        self.loop.create_task(self._sweep_shm())
+        self.background.spawn(self._heartbeat())
+        self.background.spawn(self._tail_logs())
+        self.background.spawn(self._sweep_shm())
         self._refill()
 
     async def _register(self) -> None:
-        hhost, hport = self.head_address.rsplit(":", 1)
-        conn = await connect(hhost, int(hport), self.token, rpc.RpcHandler(_HeadLink(self)))
+        hhost, hport = split_address(self.head_address)
+        conn = await connect(hhost, hport, self.token, rpc.RpcHandler(_HeadLink(self)))
         try:
             await rpc.call(conn, "register_node", {
                 "node_id": self.node_id, "address": self.address, "resources": self.resources,
-                "pid": os.getpid(), "version": __version__,
-                "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
+                "pid": os.getpid(), **process.versions(),
             }, timeout=30)
         except BaseException:
             conn.close()
@@ -141,7 +140,7 @@ class NodeDaemon:
             except (OSError, asyncio.TimeoutError, ConnectionLostError) as e:
                 why = f"{type(e).__name__}: {e}"
                 refused = refused + 1 if isinstance(e, ConnectionRefusedError) else 0
-                if refused >= _REJOIN_REFUSED_TRIES or time.monotonic() > deadline:
+                if refused >= config.REJOIN_REFUSED_TRIES or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 2.0)
@@ -185,6 +184,7 @@ class NodeDaemon:
             self.server.close()
         if self.head_conn is not None:
             self.head_conn.close()
+        self.background.close()
         if not self.stopped.done():
             self.stopped.set_result(None)
 
@@ -214,15 +214,15 @@ class NodeDaemon:
         wid = uuid.uuid4().hex[:12]
         w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"))
         w.ready = self.loop.create_future()
-        host, port = self.address.rsplit(":", 1)
+        host, port = split_address(self.address)
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         w.process = self._ctx.Process(
             target=worker_main, name=f"ddlf-worker-{wid}", daemon=False,
-            args=(host, int(port), self.token, self.node_id, wid, self.head_address,
+            args=(host, port, self.token, self.node_id, wid, self.head_address,
                   self.host, w.log_prefix, env, os.getpid()),
         )
         self.workers[wid] = w
-        task = self.loop.create_task(self._start_process(w))
+        task = self.background.spawn(self._start_process(w))
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
         return w
@@ -263,7 +263,7 @@ class NodeDaemon:
         w.process.join(0)
         code = w.process.exitcode
         prev = w.state
-        w.state = "dead"
+        w.state = WorkerState.DEAD
         self.workers.pop(w.worker_id, None)
         for pool in (self.idle_fresh, self.idle_task):
             if w in pool:
@@ -275,7 +275,7 @@ class NodeDaemon:
         self._release(w, close_process=not self.stopping)
         if not self.stopping and self.head_conn is not None:
             rpc.push(self.head_conn, "worker_died", {
-                "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": prev,
+                "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": str(prev),
                 "pid": w.pid, "on_purpose": w.on_purpose and code == 0,
             })
             self._refill()
@@ -302,36 +302,36 @@ class NodeDaemon:
     def _refill(self):
         if self.stopping or self._refilling:
             return
-        starting = sum(1 for w in self.workers.values() if w.state == "starting")
-        for _ in range(max(0, _PRESTART - len(self.idle_fresh) - starting)):
+        starting = sum(1 for w in self.workers.values() if w.state == WorkerState.STARTING)
+        for _ in range(max(0, config.PRESTART_WORKERS - len(self.idle_fresh) - starting)):
             w = self._spawn()
-            self.loop.create_task(self._park(w))
+            self.background.spawn(self._park(w))
 
     async def _park(self, w: WorkerProc):
         try:
             await w.ready
         except Exception:
             return
-        if w.state == "starting":
-            w.state = "idle"
+        if w.state == WorkerState.STARTING:
+            w.state = WorkerState.IDLE
             self.idle_fresh.append(w)
 
     async def _fresh_worker(self) -> WorkerProc:
         if self.idle_fresh:
             w = self.idle_fresh.pop(0)
         else:
-            starting = [w for w in self.workers.values() if w.state == "starting"]
+            starting = [w for w in self.workers.values() if w.state == WorkerState.STARTING]
             w = starting[0] if starting else self._spawn()
-            w.state = "claimed"
+            w.state = WorkerState.CLAIMED
             await w.ready
-        w.state = "claimed"
+        w.state = WorkerState.CLAIMED
         self._refill()
         return w
 
     # -- requests from the head --------------------------------------------------------------
     async def rpc_start_actor(self, conn, spec: dict):
         w = await self._fresh_worker()
-        w.state = "actor"
+        w.state = WorkerState.ACTOR
         w.actor_id = spec["actor_id"]
         w.name = spec["class_name"]
         w.job_id = spec.get("job_id")
@@ -356,7 +356,7 @@ class NodeDaemon:
             w = self.idle_task.pop()
         else:
             w = await self._fresh_worker()
-        w.state = "task"
+        w.state = WorkerState.TASK
         if conn.closed:  # the head that asked for it is gone: nobody would release it
             _signal(w.pid, signal.SIGKILL)
             raise DDLFError("the head connection closed while leasing a worker")
@@ -364,12 +364,13 @@ class NodeDaemon:
 
     def rpc_release_worker(self, conn, worker_id):
         w = self.workers.get(worker_id)
-        if w is not None and w.state == "task":
-            w.state = "idle"
+        if w is not None and w.state == WorkerState.TASK:
+            w.state = WorkerState.IDLE
             self.idle_task.append(w)
         return None
 
     def rpc_kill_worker(self, conn, worker_id):
+        # The head ends a leased worker whose placement group went away (head.py).
         w = self.workers.get(worker_id)
         if w is not None:
             _signal(w.pid, signal.SIGKILL)
@@ -382,13 +383,8 @@ class NodeDaemon:
         return None
 
     async def rpc_shutdown(self, conn):
-        self.loop.call_soon(lambda: self.loop.create_task(self.shutdown()))
+        self.loop.call_soon(lambda: self.background.spawn(self.shutdown()))
         return None
-
-    def rpc_info(self, conn):
-        return {"node_id": self.node_id, "workers": {
-            wid: {"pid": w.pid, "state": w.state, "actor_id": w.actor_id}
-            for wid, w in self.workers.items()}}
 
     def on_push(self, conn, event, data):
         w = conn.info.get("worker")
@@ -405,9 +401,9 @@ class NodeDaemon:
     async def _tail_logs(self):
         # Poll fast while workers print, back off while they are quiet: a node with
         # hundreds of idle actors must not spend its CPU looking at empty files.
-        delay = _LOG_POLL_S
+        delay = config.LOG_POLL_S
         while not self.stopping:
-            delay = _LOG_POLL_S if self._drain_logs() else min(_LOG_POLL_MAX_S, delay * 2)
+            delay = config.LOG_POLL_S if self._drain_logs() else min(config.LOG_POLL_MAX_S, delay * 2)
             await asyncio.sleep(delay)
 
     def _drain_logs(self) -> bool:
@@ -495,7 +491,7 @@ class _HeadLink:
         if not node.stopping and conn is node.head_conn:
             log.warning("lost the head connection (%s); killing this node's workers and "
                         "registering again", exc or "closed by the head")
-            node.loop.create_task(node._head_lost())
+            node.background.spawn(node._head_lost())
 
 
 def _drop_parent_pipe(process) -> None:
@@ -549,12 +545,9 @@ def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, n
                       resources=resources, node_id=node_id)
 
     def stop(*_):
-        loop.create_task(node.shutdown())
+        node.background.spawn(node.shutdown())
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    if stdin_lifeline:
-        _watch_stdin(loop, stop)
+    process.stop_on_signals(loop, stop, stdin_lifeline)
     try:
         loop.run_until_complete(node.start())
     except (DDLFError, OSError) as e:
@@ -565,35 +558,14 @@ def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, n
         loop.run_until_complete(node.shutdown())
         sys.exit(1)
     if ready_out is not None:
-        ready_out.write("DDLF_READY " + json.dumps({"node_id": node.node_id, "address": node.address,
-                                                    "pid": os.getpid()}) + "\n")
-        ready_out.flush()
-        # Nobody reads our stdout after the ready line: send later output to stderr so a
-        # full pipe can never block this process.
-        os.dup2(2, 1)
+        process.announce_ready(ready_out, {"node_id": node.node_id, "address": node.address,
+                                           "pid": os.getpid()})
     loop.run_until_complete(node.stopped)
     loop.run_until_complete(asyncio.sleep(0.05))
 
 
-def _watch_stdin(loop, stop) -> None:
-    """Embedded clusters: the parent driver holds our stdin; EOF means it is gone."""
-
-    def on_readable():
-        try:
-            data = os.read(0, 4096)
-        except OSError:
-            data = b""
-        if not data:
-            loop.remove_reader(0)
-            stop()
-
-    loop.add_reader(0, on_readable)
-
-
 def main(argv=None) -> None:
     import argparse
-
-    from .auth import read_token_file
 
     p = argparse.ArgumentParser(prog="python -m ddlf_actors.runtime.node")
     p.add_argument("--address", required=True, help="head host:port")
@@ -609,8 +581,7 @@ def main(argv=None) -> None:
     if a.token:
         print("ddlf node: warning: --token is visible to every local user in the process list; "
               "pass the token in DDLF_AUTH_TOKEN or with --token-file instead", file=sys.stderr)
-    token = a.token or os.environ.get("DDLF_AUTH_TOKEN") or (
-        read_token_file(a.token_file) if a.token_file else None)
+    token = process.resolve_token(a.token, a.token_file)
     if not token:
         p.error("no token: pass --token, --token-file or set DDLF_AUTH_TOKEN")
     run_node(a.address, token, host=a.host, num_cpus=a.num_cpus, resources=json.loads(a.resources),

@@ -118,7 +118,7 @@ def fetch(obj_id: bytes, owner: str | None):
 
 
 def _start(core, obj_id: bytes, owner: str) -> None:
-    core.loop.create_task(_fetch(core, obj_id, owner))
+    core.background.spawn(_fetch(core, obj_id, owner))
 
 
 async def _fetch(core, obj_id: bytes, owner: str) -> None:

@@ -17,6 +17,7 @@ import traceback
 from . import protocol
 from .errors import ConnectionLostError, DDLFError, FrameError
 from .serialization import dumps, loads
+from .taskgroup import TaskGroup
 
 __all__ = ["RpcHandler", "call", "push", "RemoteRpcError"]
 
@@ -62,6 +63,7 @@ def push(conn, event: str, data) -> None:
 class RpcHandler:
     def __init__(self, target):
         self.target = target
+        self._requests: TaskGroup | None = None   # async requests being answered
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
@@ -77,7 +79,10 @@ class RpcHandler:
                 self._reply_err(conn, msg_id, e)
                 return
             if inspect.isawaitable(result):
-                task = conn.loop.create_task(result)
+                if self._requests is None:
+                    self._requests = TaskGroup(conn.loop, "rpc")
+                # Its outcome is the reply (errors included), so the group need not log it.
+                task = self._requests.spawn(result, log_errors=False)
                 task.add_done_callback(lambda t: self._reply_task(conn, msg_id, t))
             else:
                 self._reply_ok(conn, msg_id, result)
@@ -98,13 +103,9 @@ class RpcHandler:
             event, data = loads(segs[1:])
             self.target.on_push(conn, event, data)
         else:
-            on_frame = getattr(self.target, "on_frame", None)
-            if on_frame is None:
-                # A data-plane frame on a control port: a confused or hostile peer.
-                # Drop the connection quietly instead of logging a traceback per frame.
-                conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
-                return
-            on_frame(conn, kind, msg_id, segs)
+            # A data-plane frame on a control port: a confused or hostile peer. Drop the
+            # connection quietly instead of logging a traceback per frame.
+            conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
 
     def _reply_task(self, conn, msg_id, task):
         if task.cancelled():

@@ -8,9 +8,11 @@ import os
 import psutil
 
 from . import config
+from .address import split_address
 from .auth import read_token_file
+from .process import resolve_token
 
-__all__ = ["head_record", "find_token"]
+__all__ = ["head_record", "find_token", "read_config"]
 
 
 def _procs_dir() -> str:
@@ -38,14 +40,16 @@ def head_record() -> dict | None:
 
 def find_token(address: str | None, explicit: str | None = None) -> str | None:
     """The token from --token, DDLF_AUTH_TOKEN, or the head's token file on this host."""
-    if explicit:
-        return explicit
-    if os.environ.get("DDLF_AUTH_TOKEN"):
-        return os.environ["DDLF_AUTH_TOKEN"]
+    token = resolve_token(explicit)
+    if token:
+        return token
     if address:
-        port = address.rsplit(":", 1)[-1]
-        path = os.path.join(config.session_root(), f"head-{port}", "token")
-        if os.path.exists(path):
+        try:
+            path = os.path.join(config.session_root(), f"head-{split_address(address)[1]}",
+                                "token")
+        except ValueError:
+            path = None   # not host:port: only the head record below can match it
+        if path is not None and os.path.exists(path):
             return read_token_file(path)
     rec = head_record()
     if rec and (address is None or rec["address"] == address) and os.path.exists(rec["token_file"]):
@@ -62,3 +66,27 @@ def _is_ours(pid) -> bool:
     except psutil.Error:
         return False
     return "ddlf_actors.runtime" in cmd
+
+
+def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
+    """The paper's ``read_config()``: ``(hosts, ports)`` from a TOML file such as
+
+        hosts = ["10.0.0.5:6380", "10.0.0.6:6380"]
+    """
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    entries = data.get("hosts") or data.get("cluster", {}).get("hosts")
+    if not entries or not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a list of 'host:port' strings under 'hosts'")
+    hosts, ports = [], []
+    for entry in entries:
+        host, sep, port = str(entry).rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"{path}: {entry!r} is not 'host:port'")
+        hosts.append(host)
+        ports.append(int(port))
+    return hosts, ports

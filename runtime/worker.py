@@ -47,6 +47,7 @@ from .object_ref import set_default_resolver
 from .refs import ArgRef
 from .remote_error import encode_error
 from .serialization import dumps, loads
+from .taskgroup import TaskGroup
 
 __all__ = ["worker_main", "apply_sys_path"]
 
@@ -358,9 +359,7 @@ class Worker:
 
     def __init__(self, loop, node_id: str, worker_id: str, head_address: str, token: str):
         self.loop = loop
-        self.node_id = node_id
-        self.worker_id = worker_id
-        self.token = token
+        self.background = TaskGroup(loop, "worker")
         self.objects = ObjectCache()
         set_default_resolver(_adopt_shipped(self.objects))
         self.functions: dict[bytes, list] = {}   # function id -> segments, then loaded fn
@@ -422,9 +421,6 @@ class Worker:
 
         self.executor.submit(construct)
         return await done
-
-    def rpc_ping(self, conn):
-        return _pid
 
     def on_push(self, conn, event, data):
         pass
@@ -722,14 +718,14 @@ class Worker:
             where = f"{self.actor_name}.{name} (pid {_pid})"
             out = self._open_stream(conn, msg_id, limit)
             if inspect.isasyncgenfunction(fn):
-                self.loop.create_task(
+                self.background.spawn(
                     self._run_async_stream(conn, msg_id, fn, args, kwargs, where, out))
             else:
                 self.executor.submit(
                     self._stream_job(conn, msg_id, fn, args, kwargs, where, out))
             return
         if is_async:
-            self.loop.create_task(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
+            self.background.spawn(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
         else:
             self.executor.submit(self._run_job(
                 conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})", nret))
@@ -790,7 +786,7 @@ class Worker:
 
         if inspect.iscoroutinefunction(fn):
             enter()
-            self.loop.create_task(
+            self.background.spawn(
                 self._finish_async_task(conn, msg_id, fn(*args, **kwargs), where, nret))
             return
 

@@ -6,14 +6,13 @@ stay its descendants, so the leak check in conftest sees every one of them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
 
 from ddlf_actors.runtime.auth import read_token_file
-from ddlf_actors.runtime.local_cluster import _start
+from ddlf_actors.runtime.process import start_child as _start
+from ddlf_actors.runtime.process import stop_children
 
 
 class MultiNodeCluster:
@@ -50,15 +49,4 @@ class MultiNodeCluster:
         os.kill(self.nodes[index]["proc"].pid, sig)
 
     def stop(self) -> None:
-        procs = [n["proc"] for n in self.nodes] + [self.head]
-        for p in procs:
-            with contextlib.suppress(Exception):
-                p.stdin.close()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            with contextlib.suppress(Exception):
-                p.stdout.close()
+        stop_children([n["proc"] for n in self.nodes] + [self.head], 15)

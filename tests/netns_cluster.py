@@ -11,7 +11,6 @@ Needs root and iproute2; ``tests/test_netns.py`` runs it under pytest.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -74,15 +73,9 @@ class NetnsHosts:
         _ip("link", "set", self.veth[i], "down")
 
     def down(self) -> None:
-        for p in self.procs:
-            with contextlib.suppress(Exception):
-                p.stdin.close()
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        from ddlf_actors.runtime.process import stop_children
+
+        stop_children(self.procs, 15)
         for ns in self.ns:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
@@ -91,7 +84,7 @@ class NetnsHosts:
 def run_scenario(dead_after_s: float = 3.0, verbose: bool = False) -> dict:
     """Build the hosts, run the driver in h3, cut h2's link; return the driver's findings."""
     from ddlf_actors.runtime.auth import generate_token
-    from ddlf_actors.runtime.local_cluster import _start
+    from ddlf_actors.runtime.process import start_child as _start
 
     token = generate_token()
     env = {"DDLF_NODE_DEAD_AFTER_S": str(dead_after_s), "DDLF_AUTH_TOKEN": token}

@@ -12,8 +12,9 @@ import time
 from helpers_modules.util import wait_for
 
 from ddlf_actors.runtime import config
+from ddlf_actors.runtime.address import split_address
 from ddlf_actors.runtime.connection import RejectionLog
-from ddlf_actors.runtime.local_cluster import _start
+from ddlf_actors.runtime.process import start_child as _start
 
 _SUMMARY = re.compile(r"(\d+) more connection\(s\) from (\S+) rejected in the last")
 
@@ -47,7 +48,7 @@ def test_a_burst_of_garbage_connections_logs_a_few_lines(tmp_path, no_leaks):
                             env={"DDLF_REJECT_LOG_INTERVAL_S": str(interval),
                                  "DDLF_HANDSHAKE_TIMEOUT_S": "0.5"})
     try:
-        port = int(info["address"].rsplit(":", 1)[1])
+        _, port = split_address(info["address"])
         t0 = time.monotonic()
         for _ in range(200):
             _garbage(port, "127.0.0.1", os.urandom(64))

@@ -201,8 +201,8 @@ def test_logs_from_every_node_reach_the_driver(multi, capfd):
 
 def test_version_mismatch_is_refused(multi):
     driver = textwrap.dedent(f"""
-        import ddlf_actors.runtime.core as core
-        core.__version__ = "0.0.0-old"
+        import ddlf_actors.runtime as runtime
+        runtime.__version__ = "0.0.0-old"
         import ddlf_actors as ddlf
         ddlf.init(address={multi.address!r}, token={multi.token!r})
     """)
@@ -211,8 +211,9 @@ def test_version_mismatch_is_refused(multi):
     assert "VersionMismatchError" in out.stderr and "0.0.0-old" in out.stderr
 
     node = textwrap.dedent(f"""
+        import ddlf_actors.runtime as runtime
         import ddlf_actors.runtime.node as node
-        node.__version__ = "0.0.0-old"
+        runtime.__version__ = "0.0.0-old"
         node.main(["--address", {multi.address!r}, "--token", {multi.token!r}, "--num-cpus", "1"])
     """)
     out = subprocess.run([sys.executable, "-c", node], capture_output=True, text=True, timeout=60)

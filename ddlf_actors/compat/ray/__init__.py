@@ -15,6 +15,7 @@ import sys
 
 import ddlf_actors as _ddlf
 from ddlf_actors.api import ClusterInfo as _ClusterInfo
+from ddlf_actors.runtime.address import host_of as _host_of
 from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ddlf_actors.runtime.object_ref import ObjectRef
 
@@ -52,7 +53,7 @@ class RayContext(dict):
     """
 
     def __init__(self, info: _ClusterInfo):
-        super().__init__(address=info.address, node_ip_address=info.address.rsplit(":", 1)[0],
+        super().__init__(address=info.address, node_ip_address=_host_of(info.address),
                          gcs_address=info.address)
         self.address_info = dict(self)
         self.dashboard_url = None

@@ -1,0 +1,168 @@
+"""Plumbing shared by the head and node processes and whoever starts them.
+
+* The ready line: a started head or node prints ``DDLF_READY {json}`` once it serves
+  (:func:`announce_ready`); its parent waits for that line (:func:`start_child`).
+* How they stop: SIGTERM, SIGINT, and for embedded clusters the end of a stdin
+  "lifeline" held by the parent (:func:`stop_on_signals`); parents close those
+  lifelines, wait, and kill what is left (:func:`stop_children`).
+* Where the token comes from (:func:`resolve_token`) and which versions a peer must
+  match (:func:`versions`, :func:`check_versions`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from . import config
+from .auth import read_token_file
+from .errors import DDLFError, VersionMismatchError
+
+__all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
+           "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
+           "check_versions"]
+
+READY_PREFIX = "DDLF_READY "
+TOKEN_ENV = "DDLF_AUTH_TOKEN"
+# Pickles (and so every peer) must agree on the Python major.minor.
+PYTHON_VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+# -- the ready line ------------------------------------------------------------------------------
+def announce_ready(out, info: dict) -> None:
+    """Print the ready line with ``info`` on ``out``, then stop writing to it."""
+    out.write(READY_PREFIX + json.dumps(info) + "\n")
+    out.flush()
+    # Nobody reads our stdout after the ready line: send later output to stderr so a
+    # full pipe can never block this process.
+    os.dup2(2, 1)
+
+
+def child_env() -> dict:
+    """Our environment for a head or node child, able to import this same ddlf_actors."""
+    env = dict(os.environ)
+    # Children must import the same ddlf_actors as this driver, even from a source tree.
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    here = os.path.dirname(os.path.abspath(__file__))
+    roots = {pkg_parent, os.path.dirname(here)}
+    extra = [r for r in roots if os.path.isfile(os.path.join(r, "pyproject.toml"))]
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(extra + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else extra)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def start_child(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
+                new_session: bool = True, prefix: list | None = None,
+                env: dict | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start ``python -m args`` and wait for its ready line; return (process, its info).
+
+    ``prefix`` goes before the interpreter, e.g. ``["ip", "netns", "exec", "h1"]``.
+    Raises ``DDLFError`` with the child's exit code and last output if it exits first,
+    or stays silent for ``config.START_TIMEOUT_S`` (it is killed then).
+    """
+    proc = subprocess.Popen(
+        [*(prefix or []), sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE,
+        stderr=stderr, env={**child_env(), **(env or {})}, start_new_session=new_session,
+    )
+    deadline = time.monotonic() + config.START_TIMEOUT_S
+    marker = READY_PREFIX.encode()
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            for line in buf.split(b"\n"):
+                if line.startswith(marker):
+                    return proc, json.loads(line[len(marker):])
+        elif proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait()
+    where = "printed above" if stderr is None else "in its log file"
+    raise DDLFError(f"the DDLF {what} failed to start (exit code {proc.returncode}); "
+                    f"its error is {where}: {buf.decode(errors='replace').strip()[-500:]}")
+
+
+# -- stopping ------------------------------------------------------------------------------------
+def stop_children(procs, timeout: float = 15.0) -> None:
+    """Close the children's stdin lifelines, wait up to ``timeout`` s in all, kill the rest.
+
+    Each child sees its stdin end and stops its own children first; only one that is
+    still there at the deadline is killed.
+    """
+    procs = list(procs)
+    for p in procs:
+        try:
+            if p.stdin is not None:
+                p.stdin.close()
+        except Exception:
+            pass   # a broken pipe: that child is gone already
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        try:
+            if p.stdout is not None:
+                p.stdout.close()
+        except Exception:
+            pass
+
+
+def stop_on_signals(loop, stop, stdin_lifeline: bool = False) -> None:
+    """Call ``stop()`` on SIGTERM or SIGINT, and (embedded clusters) at EOF on stdin.
+
+    With ``stdin_lifeline`` the parent holds our stdin: EOF means it is gone, even if it
+    died by SIGKILL, so we must not outlive it.
+    """
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    if not stdin_lifeline:
+        return
+
+    def on_readable():
+        try:
+            data = os.read(0, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            loop.remove_reader(0)
+            stop()
+
+    loop.add_reader(0, on_readable)
+
+
+# -- the token -----------------------------------------------------------------------------------
+def resolve_token(explicit: str | None = None, token_file: str | None = None) -> str | None:
+    """The token given outright, else ``DDLF_AUTH_TOKEN``, else the one in ``token_file``."""
+    return explicit or os.environ.get(TOKEN_ENV) or (
+        read_token_file(token_file) if token_file else None)
+
+
+# -- versions ------------------------------------------------------------------------------------
+def versions() -> dict:
+    """What a peer tells the head about itself: DDLF's version and Python's major.minor."""
+    from . import __version__  # read when called, so a test can pose as another version
+
+    return {"version": __version__, "python": PYTHON_VERSION}
+
+
+def check_versions(info: dict, who: str) -> None:
+    """Raise ``VersionMismatchError`` unless ``info`` (from :func:`versions`) matches ours."""
+    ours = versions()
+    if info.get("version") != ours["version"] or info.get("python") != ours["python"]:
+        raise VersionMismatchError(
+            f"{who} runs DDLF {info.get('version')} on Python {info.get('python')}, but the head "
+            f"runs DDLF {ours['version']} on Python {ours['python']}. Install the same DDLF and "
+            "Python major.minor on every host.")

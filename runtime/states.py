@@ -1,0 +1,42 @@
+"""Named states of actors (kept by the head) and worker processes (kept by node daemons).
+
+Both are ``str`` enums, so a state equals its old string ("ALIVE", "idle"). What goes
+on the wire is always ``.value``, a plain string, as before.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = ["ActorState", "WorkerState"]
+
+
+class ActorState(str, Enum):
+    """Where an actor is in its life, as the head sees it."""
+
+    # Its name was claimed at .remote(); the create_actor request has not arrived yet.
+    # (Only wait_actor answers with it: the head holds no record for the actor then.)
+    RESERVED = "RESERVED"
+    # Created: waiting for resources, or its node is starting it.
+    PENDING = "PENDING"
+    ALIVE = "ALIVE"
+    # Its process died and max_restarts allows another: being placed and started again.
+    RESTARTING = "RESTARTING"
+    DEAD = "DEAD"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class WorkerState(str, Enum):
+    """What a node daemon's worker process is doing."""
+
+    STARTING = "starting"   # its process is starting; not yet ready
+    IDLE = "idle"           # ready, in idle_fresh or idle_task
+    CLAIMED = "claimed"     # taken for an actor, not yet given its class
+    TASK = "task"           # leased for tasks
+    ACTOR = "actor"         # is an actor
+    DEAD = "dead"           # its process exited
+
+    def __str__(self) -> str:
+        return self.value

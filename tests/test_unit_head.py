@@ -1,0 +1,316 @@
+"""The head's naming and restart logic, driven with fake connections (no sockets, no processes).
+
+A fake node answers the head's requests (start_actor, kill_actor ...) from a table, the
+way its RPC handler would; fake drivers record what the head pushes to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from ddlf_actors.runtime import process, protocol
+from ddlf_actors.runtime.errors import ActorNameTakenError
+from ddlf_actors.runtime.head import Head
+from ddlf_actors.runtime.serialization import loads
+from ddlf_actors.runtime.states import ActorState
+
+_pids = itertools.count(100)
+
+
+class FakeConn:
+    """A driver's (or worker's) connection: records pushes."""
+
+    def __init__(self):
+        self.info: dict = {}
+        self.closed = False
+        self.pushed: list = []
+
+    def send_msg(self, kind, msg_id, segs):
+        if kind == protocol.PUSH:
+            self.pushed.append(loads(segs))
+
+    def abort(self, exc=None):
+        self.closed = True
+
+    def events(self, name):
+        return [data for event, data in self.pushed if event == name]
+
+
+class FakeNode(FakeConn):
+    """A node daemon's connection: answers requests like the node's RPC handler would."""
+
+    def __init__(self, loop, head: Head, node_id: str, cpus: float = 2.0):
+        super().__init__()
+        self.loop = loop
+        self.calls: list = []
+        self.fail_init = False
+        info = {"node_id": node_id, "address": f"10.0.0.{len(head.nodes) + 1}:7000",
+                "resources": {"CPU": cpus}, "pid": 1, **process.versions()}
+        head.rpc_register_node(self, info)
+        self.record = head.nodes[node_id]
+
+    def send_msg(self, kind, msg_id, segs):
+        if kind != protocol.REQUEST:
+            return super().send_msg(kind, msg_id, segs)
+        method, args = loads(segs)
+        self.calls.append((method, args))
+        reply = getattr(self, "on_" + method)(*args)
+
+        def answer():
+            fut = self.info["rpc_pending"].pop(msg_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+        self.loop.call_soon(answer)
+
+    def on_start_actor(self, spec):
+        if self.fail_init:
+            return {"ok": False, "error": None, "pid": 0}
+        pid = next(_pids)
+        return {"ok": True, "address": f"10.0.0.9:{pid}", "pid": pid, "worker_id": f"w{pid}"}
+
+    def on_kill_actor(self, actor_id):
+        return None
+
+    def on_release_worker(self, worker_id):
+        return None
+
+
+def driver(head: Head) -> FakeConn:
+    conn = FakeConn()
+    head.rpc_hello_driver(conn, {**process.versions(), "job_id": None})
+    return conn
+
+
+def spec(actor_id, name=None, max_restarts=0, cpus=1.0, detached=False, node_id=None):
+    return {"actor_id": actor_id, "class_name": "Counter", "name": name,
+            "resources": {"CPU": cpus}, "max_restarts": max_restarts, "detached": detached,
+            "node_id": node_id, "methods": {}}
+
+
+def run(scenario):
+    """Run ``scenario(loop, head)`` with a fresh head, bounded in time."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        head = Head(loop, "token")
+        try:
+            return await asyncio.wait_for(scenario(loop, head), 10)
+        finally:
+            head.background.close()
+
+    return asyncio.run(main())
+
+
+async def settle():
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+# -- names ---------------------------------------------------------------------------------------
+def test_a_name_is_taken_until_its_actor_dies():
+    async def scenario(loop, head):
+        FakeNode(loop, head, "n1")
+        d = driver(head)
+        view = await head.rpc_create_actor(d, spec("a1", name="counter"))
+        assert view["state"] == "ALIVE" and head.rpc_get_actor(d, "counter")["actor_id"] == "a1"
+        with pytest.raises(ActorNameTakenError, match="'counter' already exists"):
+            await head.rpc_create_actor(d, spec("a2", name="counter"))
+        with pytest.raises(ActorNameTakenError):
+            head.rpc_reserve_name(d, "counter", "a3", "Counter", {})
+        assert head.rpc_kill_actor(d, "a1") is True
+        assert head.rpc_get_actor(d, "counter") is None
+        view = await head.rpc_create_actor(d, spec("a4", name="counter"))
+        return view, head.names
+
+    view, names = run(scenario)
+    assert view["state"] == "ALIVE" and names == {"counter": "a4"}
+
+
+def test_a_reserved_name_belongs_to_its_actor_until_released_by_its_owner():
+    async def scenario(loop, head):
+        FakeNode(loop, head, "n1")
+        owner, other = driver(head), driver(head)
+        head.rpc_reserve_name(owner, "q", "a1", "Queue", {"put": {}})
+        # Reachable at once (Ray's semantics), before create_actor arrives.
+        early = head.rpc_get_actor(other, "q")
+        with pytest.raises(ActorNameTakenError):
+            head.rpc_reserve_name(other, "q", "a2", "Queue", {})
+        head.on_push(other, "release_name", {"actor_id": "a1"})   # not its reservation
+        still = "a1" in head.reserved
+        head.on_push(owner, "release_name", {"actor_id": "a1"})
+        return early, still, head.reserved, head.names
+
+    early, still, reserved, names = run(scenario)
+    assert early == {"actor_id": "a1", "class_name": "Queue", "methods": {"put": {}}}
+    assert still and reserved == {} and names == {}
+
+
+def test_create_actor_fills_its_reservation_and_wakes_waiters():
+    async def scenario(loop, head):
+        FakeNode(loop, head, "n1")
+        d = driver(head)
+        head.rpc_reserve_name(d, "svc", "a1", "Counter", {})
+        waiter = loop.create_task(head.rpc_wait_actor(driver(head), "a1", 0))
+        await settle()
+        assert not waiter.done()
+        await head.rpc_create_actor(d, spec("a1", name="svc"))
+        return await waiter, head.reserved
+
+    view, reserved = run(scenario)
+    assert view["state"] == "ALIVE" and view["epoch"] == 1 and reserved == {}
+
+
+def test_an_owner_that_disconnects_takes_its_names_and_non_detached_actors():
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1")
+        d = driver(head)
+        await head.rpc_create_actor(d, spec("a1", name="mine"))
+        await head.rpc_create_actor(d, spec("a2", name="kept", detached=True))
+        head.rpc_reserve_name(d, "later", "a3", "Counter", {})
+        head.on_closed(d, None)
+        await settle()
+        return head, node
+
+    head, node = run(scenario)
+    assert head.actors["a1"].state is ActorState.DEAD
+    assert head.actors["a2"].state is ActorState.ALIVE
+    assert head.names == {"kept": "a2"} and head.reserved == {}
+    assert ("kill_actor", ("a1",)) in node.calls
+    assert node.record.available["CPU"] == 1.0   # a1's CPU is free again
+
+
+# -- restarts ------------------------------------------------------------------------------------
+def _died(head, node, actor_id, exitcode=-9, on_purpose=False):
+    a = head.actors[actor_id]
+    head.on_push(node, "worker_died", {"worker_id": a.worker_id, "actor_id": actor_id,
+                                       "exitcode": exitcode, "pid": a.pid,
+                                       "on_purpose": on_purpose})
+
+
+def test_a_crashed_actor_restarts_while_max_restarts_allows():
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1")
+        d = driver(head)
+        await head.rpc_create_actor(d, spec("a1", max_restarts=1))
+        first = head.actors["a1"].view()
+        _died(head, node, "a1")
+        restarting = head.actors["a1"].state
+        await settle()
+        second = head.actors["a1"].view()
+        _died(head, node, "a1")
+        await settle()
+        return first, restarting, second, head.actors["a1"], d, node
+
+    first, restarting, second, a, d, node = run(scenario)
+    assert first["state"] == "ALIVE" and first["epoch"] == 1
+    assert restarting is ActorState.RESTARTING
+    assert second["state"] == "ALIVE" and second["epoch"] == 2 and second["pid"] != first["pid"]
+    assert a.state is ActorState.DEAD and "died with exit code -9" in a.error["reason"]
+    # Every core hears of each loss, so calls in flight fail instead of hanging.
+    assert [e["epoch"] for e in d.events("actor_lost")] == [1, 2]
+    assert node.record.available["CPU"] == 2.0
+
+
+def test_unlimited_restarts():
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1")
+        await head.rpc_create_actor(driver(head), spec("a1", max_restarts=-1))
+        for _ in range(5):
+            _died(head, node, "a1")
+            await settle()
+        return head.actors["a1"]
+
+    a = run(scenario)
+    assert a.state is ActorState.ALIVE and a.epoch == 6 and a.restarts_left == -1
+
+
+def test_an_exit_on_purpose_or_a_kill_is_not_restarted():
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1")
+        d = driver(head)
+        await head.rpc_create_actor(d, spec("a1", max_restarts=3))
+        await head.rpc_create_actor(d, spec("a2", max_restarts=3))
+        _died(head, node, "a1", exitcode=0, on_purpose=True)
+        head.rpc_kill_actor(d, "a2")
+        _died(head, node, "a2")
+        await settle()
+        return head.actors["a1"], head.actors["a2"]
+
+    a1, a2 = run(scenario)
+    assert a1.state is ActorState.DEAD and "exited on purpose" in a1.error["reason"]
+    assert a2.state is ActorState.DEAD and "killed with ddlf.kill()" in a2.error["reason"]
+
+
+def test_kill_with_restart_allowed_restarts():
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1")
+        d = driver(head)
+        await head.rpc_create_actor(d, spec("a1", max_restarts=1))
+        head.rpc_kill_actor(d, "a1", False)
+        await settle()
+        _died(head, node, "a1")
+        await settle()
+        return head.actors["a1"], node
+
+    a, node = run(scenario)
+    assert ("kill_actor", ("a1",)) in node.calls
+    assert a.state is ActorState.ALIVE and a.epoch == 2
+
+
+def test_an_actor_restarts_on_another_node_when_its_node_dies():
+    async def scenario(loop, head):
+        n1 = FakeNode(loop, head, "n1")
+        d = driver(head)
+        await head.rpc_create_actor(d, spec("a1", max_restarts=1, cpus=2))
+        on_first = head.actors["a1"].node.node_id
+        n2 = FakeNode(loop, head, "n2")
+        head.on_closed(n1, None)     # the node daemon's connection closed
+        await settle()
+        return on_first, head.actors["a1"], n2, d
+
+    on_first, a, n2, d = run(scenario)
+    assert on_first == "n1" and a.node.node_id == "n2" and a.state is ActorState.ALIVE
+    assert n2.record.available["CPU"] == 0.0
+    assert [e["node_id"] for e in d.events("node_dead")] == ["n1"]
+
+
+def test_a_failed_init_is_dead_at_once_and_frees_its_resources():
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1")
+        node.fail_init = True
+        view = await head.rpc_create_actor(driver(head), spec("a1", name="x", max_restarts=5))
+        return view, node.record.available, head.names
+
+    view, available, names = run(scenario)
+    assert view["state"] == "DEAD" and view["error"]["reason"] == "its __init__ raised"
+    assert available == {"CPU": 2.0}
+    assert names == {}
+
+
+def test_an_actor_no_node_can_hold_is_unschedulable_not_waiting():
+    async def scenario(loop, head):
+        FakeNode(loop, head, "n1", cpus=2)
+        return await head.rpc_create_actor(driver(head), spec("a1", cpus=3))
+
+    view = run(scenario)
+    assert view["state"] == "DEAD" and view["error"]["unschedulable"]
+    assert "asks for {'CPU': 3}" in view["error"]["reason"]
+
+
+def test_an_actor_waits_for_resources_then_starts():
+    async def scenario(loop, head):
+        FakeNode(loop, head, "n1", cpus=1)
+        d = driver(head)
+        await head.rpc_create_actor(d, spec("a1"))
+        second = loop.create_task(head.rpc_create_actor(d, spec("a2")))
+        await settle()
+        waiting = (second.done(), head.actors["a2"].state)
+        head.rpc_kill_actor(d, "a1")
+        return waiting, await second
+
+    (done, state), view = run(scenario)
+    assert not done and state is ActorState.PENDING
+    assert view["state"] == "ALIVE"

@@ -1,0 +1,88 @@
+"""How the package hangs together: which module may import or touch what."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import ddlf_actors
+
+_PKG = os.path.dirname(os.path.abspath(ddlf_actors.__file__))
+
+
+def _imported_modules(path: str) -> set[str]:
+    """Every module ``path`` imports, at any depth (function-local imports included)."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            out.add(base)
+            out.update(f"{base}.{a.name}" if node.module else f"{base}{a.name}" for a in node.names)
+    return out
+
+
+def test_api_does_not_import_cluster():
+    """api.py <-> cluster.py was a cycle (cluster builds on api; api read cluster.toml files
+    with cluster.read_config). read_config lives in runtime.session now."""
+    mods = _imported_modules(os.path.join(_PKG, "api.py"))
+    assert not {m for m in mods if m.endswith("cluster") and "local_cluster" not in m}, mods
+
+
+def test_read_config_is_still_public():
+    from ddlf_actors.runtime.session import read_config
+
+    assert ddlf_actors.read_config is read_config
+    assert "read_config" in ddlf_actors.__all__
+
+
+def _attributes_used(path: str) -> set[str]:
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    return {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def test_api_layer_uses_only_public_core_methods():
+    """The API layer and the CLI stop a core with its own methods (close, stop_cluster),
+    not by reaching into its I/O thread or its closing flag."""
+    runtime_dir = os.path.join(os.path.dirname(_PKG), "runtime")
+    files = [os.path.join(root, f) for root, _, names in os.walk(_PKG) for f in names
+             if f.endswith(".py")]
+    if os.path.isdir(runtime_dir):
+        files.append(os.path.join(runtime_dir, "cli.py"))
+    offenders = {p: used for p in files
+                 if (used := _attributes_used(p) & {"io", "closing"})}
+    assert not offenders, offenders
+
+
+def test_failed_init_stops_the_io_thread():
+    import threading
+
+    import pytest
+
+    from ddlf_actors.runtime.errors import DDLFError
+
+    before = {t for t in threading.enumerate() if t.name == "ddlf-io"}
+    with pytest.raises((OSError, DDLFError)):
+        ddlf_actors.init(address="127.0.0.1:1", token="not-used")
+    left = {t for t in threading.enumerate() if t.name == "ddlf-io"} - before
+    assert not any(t.is_alive() for t in left)
+    assert not ddlf_actors.is_initialized()
+
+
+def test_only_runtime_and_apps_are_subpackages_from_the_repository_root():
+    """ddlf_actors used to append the repository root to its __path__, which made every
+    folder there a subpackage: ddlf_actors.tests, even ddlf_actors.ddlf_actors."""
+    import importlib
+    import importlib.util
+
+    for name in ("ddlf_actors.tests", "ddlf_actors.ddlf_actors", "ddlf_actors.benchmarks",
+                 "ddlf_actors.examples"):
+        assert importlib.util.find_spec(name) is None, name
+    assert ddlf_actors.__path__ == [_PKG]
+    runtime = importlib.import_module("ddlf_actors.runtime")
+    apps = importlib.util.find_spec("ddlf_actors.apps")
+    assert runtime.__file__ and apps is not None and apps.submodule_search_locations
