@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import __version__, context, protocol, rpc, shm_store
+from . import __version__, context, protocol, rpc, runtime_env, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
@@ -128,6 +128,7 @@ class Core:
         self.closed = False
         self.closing = False
         self.hello = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+        self.runtime_env: dict | None = None   # the job's, set by init (wire form)
         self.hello["shm"] = shm_store.local_info()   # same host: objects go through shared memory
 
     # -- connection to the head ------------------------------------------------------------
@@ -461,6 +462,7 @@ class Core:
             raise UnschedulableError(
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
+        env = runtime_env.for_call(self, options.get("runtime_env"))
         args, kwargs, refs = _split_refs(args, kwargs)
         args_segments, nested = dumps_with_refs((args, kwargs))
         args_segments = [bytes(s) for s in args_segments]
@@ -473,7 +475,7 @@ class Core:
             "max_task_retries": options.get("max_task_retries", 0),
             "detached": options.get("lifetime") == "detached", "node_id": options.get("node_id"),
             "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
-            "job_id": self.job_id,
+            "job_id": self.job_id, "runtime_env": env,
         }
         if wire["name"]:
             # As in Ray, a name belongs to the actor once .remote() returns: reserve it
@@ -566,22 +568,24 @@ class Core:
                 f"task {fn_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
+        env = runtime_env.for_call(self, options.get("runtime_env"))
         args, kwargs, refs = _split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
         payload, nested = dumps_with_refs(body if nret == 1 else (*body, nret))
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
         out = ref if nret == 1 else self._split_returns(ref, nret)
-        key = tuple(sorted(demand.items()))
+        # Tasks of one shape and runtime env share leased workers; no others do.
+        key = (*sorted(demand.items()), env["key"] if env else "")
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
-        self._submit(self._route_task, key, demand, task)
+        self._submit(self._route_task, key, demand, task, env)
         return out
 
-    def _route_task(self, key, demand, task):
+    def _route_task(self, key, demand, task, env=None):
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _TaskPool(self, demand)
+            pool = self.pools[key] = _TaskPool(self, demand, env)
         pool.add(task)
 
     # -- shutdown --------------------------------------------------------------------------
@@ -623,6 +627,10 @@ def _check_num_returns(n, what: str) -> int:
 
 def _demand(options: dict, default_cpus: float) -> dict:
     demand = {"CPU": float(options["num_cpus"]) if options.get("num_cpus") is not None else default_cpus}
+    if options.get("num_gpus"):
+        demand["GPU"] = float(options["num_gpus"])
+    if options.get("memory"):
+        demand["memory"] = float(options["memory"])
     for k, v in (options.get("resources") or {}).items():
         demand[k] = float(v)
     return {k: v for k, v in demand.items() if v > 0}
@@ -1011,9 +1019,10 @@ class _Lease:
 class _TaskPool:
     """Tasks of one resource shape: a queue, and the worker leases that run them."""
 
-    def __init__(self, core: Core, demand: dict):
+    def __init__(self, core: Core, demand: dict, runtime_env: dict | None = None):
         self.core = core
         self.demand = demand
+        self.runtime_env = runtime_env
         self.queue: collections.deque = collections.deque()
         self.leases: list[_Lease] = []
         self.requesting = False
@@ -1089,7 +1098,8 @@ class _TaskPool:
 
     async def _request(self, wait: bool):
         try:
-            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait)
+            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait,
+                                   self.runtime_env)
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
                 return

@@ -105,6 +105,7 @@ class Head:
         self.leases: dict[str, tuple] = {}          # lease id -> (node, demand, worker_id, job)
         self.lent: set[str] = set()   # leases whose task waits in get; resources lent out
         self.pending: list[tuple] = []              # (demand, future) waiting for resources
+        self.packages: dict[str, bytes] = {}        # runtime_env packages, by id, for nodes
         self.server = None
         self.stopping = False
         self.stopped = loop.create_future()
@@ -475,7 +476,7 @@ class Head:
         return [a.view() for a in self.actors.values()]
 
     # -- task leases -------------------------------------------------------------------------
-    async def rpc_lease_worker(self, conn, demand: dict, wait: bool):
+    async def rpc_lease_worker(self, conn, demand: dict, wait: bool, runtime_env=None):
         owner_id = conn.info.get("owner_id")
         if not wait:
             nodes = self._alive_nodes()
@@ -488,7 +489,8 @@ class Head:
         else:
             node = await self._place(demand, "task")
         try:
-            reply = await rpc.call(node.conn, "lease_worker")
+            # The node picks GPU ids and a worker set up for this runtime env.
+            reply = await rpc.call(node.conn, "lease_worker", demand, runtime_env)
         except Exception:
             self._free(node, demand)
             raise
@@ -534,6 +536,19 @@ class Head:
             return
         self.lent.discard(lease_id)
         scheduling.subtract(node.available, demand)  # may go below zero for a while
+
+    # -- runtime_env packages: uploaded once by a caller, fetched once by each node ---------------
+    def rpc_has_package(self, conn, pkg_id: str) -> bool:
+        return pkg_id in self.packages
+
+    def rpc_put_package(self, conn, pkg_id: str, data: bytes) -> None:
+        from .runtime_env import check_package
+
+        check_package(pkg_id, data)
+        self.packages[pkg_id] = bytes(data)
+
+    def rpc_get_package(self, conn, pkg_id: str):
+        return self.packages.get(pkg_id)
 
     # -- cluster information ------------------------------------------------------------------
     def rpc_nodes(self, conn):

@@ -71,7 +71,8 @@ def _start(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
 
 class LocalCluster:
     def __init__(self, num_cpus: float | None = None, token: str | None = None,
-                 resources: dict | None = None):
+                 resources: dict | None = None, num_gpus: float | None = None,
+                 memory: float | None = None):
         self.procs: list[subprocess.Popen] = []
         # DDLF_TLS_* turn on TLS for the embedded cluster too. Checked here, so a bad path
         # raises in the driver naming the variable, and passed on as absolute paths.
@@ -90,6 +91,10 @@ class LocalCluster:
             node_args += ["--num-cpus", str(num_cpus)]
         if resources:
             node_args += ["--resources", json.dumps(resources)]
+        if num_gpus is not None:
+            node_args += ["--num-gpus", str(num_gpus)]
+        if memory is not None:
+            node_args += ["--memory", str(memory)]
         try:
             node, _ = _start(node_args, "node", env=tls_env)
         except Exception:
