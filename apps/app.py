@@ -35,7 +35,7 @@ from ddlf_actors.cluster import Cluster, WorkerProxy
 from . import datasets, models
 from .config import TrainConfig
 from .schemes.asynchronous import AsyncScheme
-from .schemes.base import describe_trainers, start_trainers
+from .schemes.base import describe_trainers, start_trainers, stop_trainers
 from .schemes.sync import SyncScheme
 from .trainer import TrainerActor, combine_shards
 
@@ -180,11 +180,7 @@ class App:
         return await self._trainers()
 
     def shutdown_trainers(self) -> None:
-        for t in self._ddlf_trainers or ():
-            try:
-                ddlf.kill(t)
-            except Exception:  # the session may be gone already
-                pass
+        stop_trainers(self._ddlf_trainers)
         self._ddlf_trainers = None
         self._ddlf_cluster = None
 

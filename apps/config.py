@@ -36,6 +36,10 @@ class TrainConfig:
     progress: bool = True
     trainer_cls: Any = None
     trainer_options: dict = dataclasses.field(default_factory=dict)
+    # The K trainers are placed as one placement group (one bundle each) so that a run
+    # never starts half-placed; it fails if the group is not reserved within the timeout.
+    placement_strategy: str = "SPREAD"
+    placement_timeout_s: float = 60.0
     callbacks: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
@@ -45,6 +49,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if not isinstance(self.num_cpus, (int, float)) or self.num_cpus < 0:
             raise ValueError(f"num_cpus must be a number >= 0, got {self.num_cpus!r}")
+        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ValueError(f"placement_strategy must be 'PACK', 'SPREAD', 'STRICT_PACK' or "
+                             f"'STRICT_SPREAD', got {self.placement_strategy!r}")
+        if isinstance(self.placement_timeout_s, bool) or not isinstance(
+                self.placement_timeout_s, (int, float)) or self.placement_timeout_s < 0:
+            raise ValueError(f"placement_timeout_s must be a number >= 0, got "
+                             f"{self.placement_timeout_s!r}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
         if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):

@@ -25,7 +25,7 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
         _os.path.join(_root, "runtime", "core.py")):
     __path__.append(_root)  # noqa: F821 - __path__ is defined for packages
 
-from ddlf_actors import errors, util  # noqa: E402
+from ddlf_actors import dag, errors, util  # noqa: E402
 from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod, method  # noqa: E402
 from ddlf_actors.api import (  # noqa: E402
     ClusterInfo,
@@ -46,6 +46,10 @@ from ddlf_actors.api import (  # noqa: E402
 from ddlf_actors.cluster import Cluster, WorkerProxy, read_config  # noqa: E402
 from ddlf_actors.remote_function import RemoteFunction  # noqa: E402
 from ddlf_actors.runtime import __version__  # noqa: E402
+from ddlf_actors.runtime.generators import (  # noqa: E402
+    DynamicObjectRefGenerator,
+    ObjectRefGenerator,
+)
 from ddlf_actors.runtime.object_ref import ObjectRef  # noqa: E402
 
 __all__ = [
@@ -65,6 +69,8 @@ __all__ = [
     "get_gpu_ids",
     "method",
     "ObjectRef",
+    "ObjectRefGenerator",
+    "DynamicObjectRefGenerator",
     "ActorHandle",
     "ActorClass",
     "ActorMethod",
@@ -75,5 +81,6 @@ __all__ = [
     "read_config",
     "errors",
     "util",
+    "dag",
     "__version__",
 ]

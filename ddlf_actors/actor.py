@@ -11,7 +11,8 @@ from ddlf_actors.runtime.errors import ActorExit
 from ddlf_actors.runtime.serialization import dumps
 
 from .errors import ActorNameTakenError
-from .options import ACTOR_OPTIONS, METHOD_OPTIONS, validate
+from .options import ACTOR_OPTIONS, BACKPRESSURE, METHOD_OPTIONS, validate
+from .util import scheduling_strategies
 
 __all__ = ["ActorClass", "ActorHandle", "ActorMethod", "exit_actor", "method"]
 
@@ -23,24 +24,28 @@ _GET_IF_EXISTS_TRIES = 5
 def method(*args, **kwargs):
     """Annotate an actor method, as ``@ray.method(...)`` does: ``@ddlf.method(num_returns=2)``
     makes each call return two refs (the method returns a tuple or list of 2 values).
-    ``handle.m.options(num_returns=k)`` sets it per call.
+    ``handle.m.options(num_returns=k)`` sets it per call. A generator method streams
+    (``num_returns="streaming"``, the default for one) or returns one ref to all its refs
+    (``"dynamic"``); ``_generator_backpressure_num_objects=n`` pauses it while ``n`` of
+    its values wait unconsumed.
     """
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]
     if args:
         raise TypeError("use @ddlf.method(num_returns=k) on an actor method")
-    unknown = set(kwargs) - {"num_returns"}
+    unknown = set(kwargs) - METHOD_OPTIONS
     if unknown:
         raise NotImplementedError(
             f"@ddlf.method does not support {sorted(unknown)}: DDLF has no concurrency groups "
-            "or per-method retry options yet; num_returns is supported")
-    n = kwargs.get("num_returns", 1)
-    if n in ("dynamic", "streaming") or isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"@ddlf.method(num_returns={n!r}): give an int >= 1 (generators are "
-                         "not supported yet)")
+            f"or per-method retry options yet; {sorted(METHOD_OPTIONS)} are supported")
+    validate(dict(kwargs), METHOD_OPTIONS, "@ddlf.method")
+    n = kwargs.get("num_returns")
 
     def annotate(fn):
-        fn.__ddlf_num_returns__ = n
+        if n is not None:
+            fn.__ddlf_num_returns__ = n
+        if kwargs.get(BACKPRESSURE) is not None:
+            fn.__ddlf_backpressure__ = kwargs[BACKPRESSURE]
         return fn
 
     return annotate
@@ -97,10 +102,15 @@ class ActorClass:
                 if name.startswith("__") and name != "__call__":
                     continue
                 methods[name] = inspect.iscoroutinefunction(fn)
-                n = getattr(fn, "__ddlf_num_returns__", 1)
-                if n != 1:
+                n = getattr(fn, "__ddlf_num_returns__", None)
+                if n is None:   # a generator method streams unless told otherwise, as in Ray
+                    n = "streaming" if (inspect.isgeneratorfunction(fn)
+                                        or inspect.isasyncgenfunction(fn)) else 1
+                bp = getattr(fn, "__ddlf_backpressure__", -1)
+                if n != 1 or bp != -1:
                     # Opaque to the head; handles in any process read it from here.
-                    methods[name] = {"is_async": methods[name], "num_returns": n}
+                    methods[name] = {"is_async": methods[name], "num_returns": n,
+                                     "backpressure": bp}
             segs = [bytes(s) for s in dumps(self._cls)]
             self._spec = ActorSpec(self._cls.__name__, segs, methods, self._options)
         return self._spec
@@ -112,6 +122,12 @@ class ActorClass:
 
     def remote(self, *args, **kwargs) -> ActorHandle:
         return self._create(self._options, args, kwargs)
+
+    def bind(self, *args, **kwargs):
+        """A lazy actor for a DAG (``ddlf_actors.dag``): each ``execute()`` creates one."""
+        from .dag.class_node import ClassNode
+
+        return ClassNode(self, args, kwargs, self._options)
 
     def _create(self, options, args, kwargs) -> ActorHandle:
         if options.get("get_if_exists") and not options.get("name"):
@@ -126,6 +142,7 @@ class ActorClass:
 
     def _create_new(self, core, spec, options, args, kwargs) -> ActorHandle:
         options = {k: v for k, v in options.items() if k != "get_if_exists"}
+        options = scheduling_strategies.resolve(options)
         actor_id = uuid.uuid4().hex[:16]
         core.create_actor(actor_id, spec, args, kwargs, options)
         return ActorHandle(actor_id, spec.class_name, spec.methods)
@@ -162,27 +179,46 @@ class _BoundActorClass:
     def remote(self, *args, **kwargs) -> ActorHandle:
         return self._actor_class._create(self._options, args, kwargs)
 
+    def bind(self, *args, **kwargs):
+        from .dag.class_node import ClassNode
+
+        return ClassNode(self._actor_class, args, kwargs, self._options)
+
 
 class ActorMethod:
-    __slots__ = ("_handle", "_name", "_num_returns")
+    __slots__ = ("_handle", "_name", "_num_returns", "_backpressure")
 
-    def __init__(self, handle: ActorHandle, name: str, num_returns: int | None = None):
+    def __init__(self, handle: ActorHandle, name: str, num_returns: int | str | None = None,
+                 backpressure: int | None = None):
         self._handle = handle
         self._name = name
-        if num_returns is None:
-            info = handle._methods.get(name)
-            num_returns = info.get("num_returns", 1) if isinstance(info, dict) else 1
-        self._num_returns = num_returns
+        info = handle._methods.get(name)
+        info = info if isinstance(info, dict) else {}
+        self._num_returns = info.get("num_returns", 1) if num_returns is None else num_returns
+        self._backpressure = info.get("backpressure", -1) if backpressure is None else backpressure
 
     def remote(self, *args, **kwargs):
         h = self._handle
         return _require_core().submit_actor_call(h._actor_id, h._class_name, self._name, args,
-                                                 kwargs, self._num_returns)
+                                                 kwargs, self._num_returns, self._backpressure)
+
+    def bind(self, *args, **kwargs):
+        """A lazy call of this method for a DAG (``ddlf_actors.dag``), on this actor."""
+        from .dag.class_node import ClassMethodNode
+
+        h = self._handle
+        info = h._methods.get(self._name)
+        default = info.get("num_returns", 1) if isinstance(info, dict) else 1
+        options = {} if self._num_returns == default else {"num_returns": self._num_returns}
+        return ClassMethodNode(h, self._name, args, kwargs, options)
 
     def options(self, **options) -> ActorMethod:
-        """This method with per-call options (``num_returns=k``), as in Ray."""
+        """This method with per-call options (``num_returns``,
+        ``_generator_backpressure_num_objects``), as in Ray."""
         validate(options, METHOD_OPTIONS, f"method {self._handle._class_name}.{self._name}")
-        return ActorMethod(self._handle, self._name, options.get("num_returns", self._num_returns))
+        return ActorMethod(self._handle, self._name,
+                           options.get("num_returns", self._num_returns),
+                           options.get(BACKPRESSURE, self._backpressure))
 
     def __call__(self, *args, **kwargs):
         raise TypeError(

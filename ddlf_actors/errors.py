@@ -3,13 +3,16 @@
 from ddlf_actors.runtime.errors import (
     ActorDiedError,
     ActorNameTakenError,
+    ActorPlacementGroupRemovedError,
     AuthenticationError,
     CodeShippingError,
     DDLFError,
     FrameError,
     GetTimeoutError,
+    PlacementGroupRemovedError,
     SerializationError,
     TaskError,
+    TaskPlacementGroupRemovedError,
     TLSConfigError,
     UnschedulableError,
     VersionMismatchError,
@@ -30,6 +33,9 @@ __all__ = [
     "CodeShippingError",
     "VersionMismatchError",
     "ActorNameTakenError",
+    "PlacementGroupRemovedError",
+    "ActorPlacementGroupRemovedError",
+    "TaskPlacementGroupRemovedError",
     "AlreadyInitializedError",
 ]
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from ddlf_actors.runtime import runtime_env as _runtime_env
+from ddlf_actors.runtime.core import check_backpressure
 
-__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "validate", "check_gpus",
-           "check_memory"]
+__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "BACKPRESSURE", "validate",
+           "check_gpus", "check_memory"]
 
-_COMMON = {"num_cpus", "num_gpus", "memory", "resources", "name", "runtime_env"}
+_COMMON = {"num_cpus", "num_gpus", "memory", "resources", "name", "runtime_env",
+           "scheduling_strategy"}
 ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id",
                            "get_if_exists", "max_task_retries"}
-TASK_OPTIONS = _COMMON | {"max_retries", "num_returns"}
-METHOD_OPTIONS = {"num_returns"}
+# Ray's name for the generator backpressure bound, kept so Ray code carries over.
+BACKPRESSURE = "_generator_backpressure_num_objects"
+TASK_OPTIONS = _COMMON | {"max_retries", "num_returns", BACKPRESSURE}
+METHOD_OPTIONS = {"num_returns", BACKPRESSURE}
 
 
 def validate(options: dict, allowed: set, what: str) -> dict:
@@ -44,12 +48,11 @@ def validate(options: dict, allowed: set, what: str) -> dict:
         if v is not None and (not isinstance(v, int) or v < -1):
             raise ValueError(f"{key} must be an int >= 0 (or -1 for unlimited), got {v!r}")
     nr = options.get("num_returns")
-    if nr in ("dynamic", "streaming"):
-        raise NotImplementedError(
-            f"num_returns={nr!r} (generators) is not supported by DDLF yet; return a list, "
-            "or use a fixed num_returns=k")
-    if nr is not None and (isinstance(nr, bool) or not isinstance(nr, int) or nr < 1):
-        raise ValueError(f"num_returns must be an int >= 1, got {nr!r}")
+    if nr is not None and nr not in ("dynamic", "streaming") and (
+            isinstance(nr, bool) or not isinstance(nr, int) or nr < 1):
+        raise ValueError(f"num_returns must be an int >= 1, 'streaming' or 'dynamic', got {nr!r}")
+    if options.get(BACKPRESSURE) is not None:
+        check_backpressure(options[BACKPRESSURE], what)
     mc = options.get("max_concurrency")
     if mc is not None and (not isinstance(mc, int) or mc < 1):
         raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")
@@ -63,6 +66,14 @@ def validate(options: dict, allowed: set, what: str) -> dict:
     lt = options.get("lifetime")
     if lt not in (None, "detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lt!r}")
+    strategy = options.get("scheduling_strategy")
+    if strategy is not None:
+        from ddlf_actors.util import scheduling_strategies
+
+        scheduling_strategies.check(strategy)
+        if options.get("node_id") is not None:
+            raise ValueError("give either node_id=... or scheduling_strategy=..., not both "
+                             "(NodeAffinitySchedulingStrategy(node_id, soft) pins to a node)")
     return options
 
 

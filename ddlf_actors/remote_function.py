@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from ddlf_actors.runtime.serialization import dumps
 
 from .actor import _require_core
 from .options import TASK_OPTIONS, validate
+from .util import scheduling_strategies
 
 __all__ = ["RemoteFunction"]
 
@@ -16,6 +18,9 @@ class RemoteFunction:
     def __init__(self, fn, options: dict):
         self._fn = fn
         self._options = validate(dict(options), TASK_OPTIONS, f"remote function {fn.__name__}")
+        if "num_returns" not in self._options and (
+                inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)):
+            self._options["num_returns"] = "streaming"   # Ray's default for a generator (2.8+)
         self._fn_id = os.urandom(16)
         self._segments: list | None = None
         self.__name__ = fn.__name__
@@ -42,9 +47,16 @@ class RemoteFunction:
     def remote(self, *args, **kwargs):
         return self._submit(self._options, args, kwargs)
 
+    def bind(self, *args, **kwargs):
+        """A lazy call for a DAG (``ddlf_actors.dag``): nothing runs until ``execute()``."""
+        from .dag.function_node import FunctionNode
+
+        return FunctionNode(self, args, kwargs, self._options)
+
     def _submit(self, options, args, kwargs):
         core = _require_core()
-        return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs, options)
+        return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs,
+                                scheduling_strategies.resolve(options))
 
     def __repr__(self):
         return f"RemoteFunction({self.__module__}.{self.__qualname__})"
@@ -57,3 +69,8 @@ class _BoundRemoteFunction:
 
     def remote(self, *args, **kwargs):
         return self._fn._submit(self._options, args, kwargs)
+
+    def bind(self, *args, **kwargs):
+        from .dag.function_node import FunctionNode
+
+        return FunctionNode(self._fn, args, kwargs, self._options)

@@ -22,6 +22,10 @@ class WorkerContext:
         # The runtime env this worker runs in (wire form): the parent of what it submits.
         self.runtime_env: dict | None = None
         self.gpu_ids: list = []      # GPUs assigned to this worker (its CUDA_VISIBLE_DEVICES)
+        # The placement group this actor or task runs in: {"group_id", "bundles",
+        # "capture"}, or None. With "capture", work it submits joins the group too.
+        self.placement: dict | None = None
+        self.address: str | None = None   # this worker's server, once it listens
 
 
 current: WorkerContext | None = None

@@ -27,23 +27,26 @@ import sys
 import threading
 import time
 
-from . import __version__, context, protocol, rpc, runtime_env, shm_store
+from . import __version__, context, oob, placement, protocol, rpc, runtime_env, shm_store
 from .connection import connect
 from .errors import (
     ActorDiedError,
+    ActorPlacementGroupRemovedError,
     DDLFError,
     GetTimeoutError,
+    PlacementGroupRemovedError,
     UnschedulableError,
     WorkerCrashedError,
 )
 from .eventloop import LoopThread
+from .generators import DYNAMIC, STREAMING, DynamicObjectRefGenerator, ObjectRefGenerator, Stream
 from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_refs
 from .refs import ArgRef
 from .remote_error import decode_error, encode_error
 from .serialization import dumps, loads, snapshot
 
 __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
-           "unbundle_refs"]
+           "unbundle_refs", "check_backpressure"]
 
 log = logging.getLogger("ddlf.core")
 
@@ -121,6 +124,7 @@ class Core:
         self._counter = itertools.count(1)
         self._msg_ids = itertools.count(1)
         self.actors: dict[str, _ActorClient] = {}
+        self.streams: dict[bytes, Stream] = {}   # generator calls still running, by call ref id
         self.pools: dict[tuple, _TaskPool] = {}
         self.head = None
         self.job_id = job_id
@@ -321,10 +325,7 @@ class Core:
 
     def _entry(self, ref) -> _Entry:
         if type(ref) is ForeignObjectRef:
-            raise DDLFError(
-                f"ObjectRef {ref.id.hex()} reached this process without its object: it was "
-                "pickled outside a DDLF call (saved to a file, sent over another channel). Pass "
-                "refs to other processes as arguments or return values of remote calls.")
+            raise ref._error()
         if not isinstance(ref, ObjectRef):
             raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}: {ref!r}")
         if ref._core is not self:
@@ -385,10 +386,14 @@ class Core:
             rpc.push(self.head, event, data)
 
     def wait(self, refs, num_returns: int, timeout: float | None):
-        entries = [self._entry(r) for r in refs]
+        # A streaming generator is ready when next() on it would not block (Ray's rule).
+        entries = [r if type(r) is ObjectRefGenerator else self._entry(r) for r in refs]
+
+        def ready(e) -> bool:
+            return e._settled() if type(e) is ObjectRefGenerator else e.state != PENDING
 
         def enough():
-            return sum(e.state != PENDING for e in entries) >= num_returns
+            return sum(ready(e) for e in entries) >= num_returns
 
         if not enough():
             lent = self._lend_cpu()
@@ -399,10 +404,10 @@ class Core:
             finally:
                 if lent:
                     self._take_cpu_back()
-        ready, not_ready = [], []
+        ready_refs, not_ready = [], []
         for r, e in zip(refs, entries):
-            (ready if e.state != PENDING and len(ready) < num_returns else not_ready).append(r)
-        return ready, not_ready
+            (ready_refs if ready(e) and len(ready_refs) < num_returns else not_ready).append(r)
+        return ready_refs, not_ready
 
     def _wait_until(self, predicate, timeout, pending_count, total) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -458,7 +463,12 @@ class Core:
     def create_actor(self, actor_id: str, spec: ActorSpec, args, kwargs, options: dict) -> None:
         self._check_open()
         demand = _demand(options, default_cpus=0.0)
-        if self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
+        sched = options.get("scheduling")
+        if sched and sched.get("group_id"):
+            # Its demand comes out of a bundle, which must be able to hold it.
+            placement.check_bundle_fit(demand, sched["bundles"], sched.get("bundle_index", -1),
+                                       f"actor {spec.class_name}")
+        elif self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
             raise UnschedulableError(
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
@@ -474,6 +484,7 @@ class Core:
             "max_concurrency": options.get("max_concurrency", 1), "name": options.get("name"),
             "max_task_retries": options.get("max_task_retries", 0),
             "detached": options.get("lifetime") == "detached", "node_id": options.get("node_id"),
+            "scheduling": sched,
             "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
             "job_id": self.job_id, "runtime_env": env,
         }
@@ -486,18 +497,147 @@ class Core:
         self._submit(client.create, wire, refs)
 
     def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs,
-                          num_returns: int = 1):
-        """Submit a method call; its ref, or a list of ``num_returns`` refs."""
+                          num_returns: int | str = 1, backpressure: int = -1):
+        """Submit a method call; its ref, a list of ``num_returns`` refs, or for a
+        generator method an ``ObjectRefGenerator`` (``"streaming"``) or the ref of a
+        ``DynamicObjectRefGenerator`` (``"dynamic"``)."""
         self._check_open()
-        nret = _check_num_returns(num_returns, f"{class_name}.{method}")
+        what = f"{class_name}.{method}"
+        nret = _check_num_returns(num_returns, what)
+        backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
         args, kwargs, refs = _split_refs(args, kwargs)
-        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret)
+        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
-        out = ref if nret == 1 else self._split_returns(ref, nret)
+        out = self._returns(ref, nret, backpressure)
         self._submit(self._route_call, actor_id, class_name, ref.id, method, payload, refs)
         return out
+
+    def _returns(self, ref: ObjectRef, nret, backpressure: int):
+        """What ``.remote()`` gives back for a call whose reply settles ``ref``."""
+        if nret == 1:
+            return ref
+        if type(nret) is int:
+            return self._split_returns(ref, nret)
+        stream = Stream(ref.id, nret, backpressure if nret == STREAMING else -1)
+        # The stream keeps the call's ref (so its entry, and the callback below) alive until
+        # the call ends, whatever the caller drops meanwhile.
+        stream.call_ref = ObjectRef(ref.id, self)
+        self.streams[ref.id] = stream
+        # Whatever settles the call's ref (the end frame, a lost worker, a failed
+        # dependency) ends the stream.
+        self._on_done(self.objects[ref.id], lambda: self._stream_closed(stream))
+        return ObjectRefGenerator(ref, stream, self) if nret == STREAMING else ref
+
+    # -- generator calls (see generators.py) ------------------------------------------------
+    def _stream_frame(self, conn, kind: int, msg_id: int, obj_id: bytes, segs) -> None:
+        """A STREAM_ITEM or STREAM_END frame of the generator call ``obj_id`` (I/O thread)."""
+        stream = self.streams.get(obj_id)
+        if kind == protocol.STREAM_END:
+            if stream is not None:
+                self._stream_end(stream)
+            return
+        try:
+            index, item_kind = _ITEM.unpack(segs[1])
+        except Exception:
+            conn.abort()   # a malformed frame: this connection cannot be trusted further
+            return
+        item = [None, *segs[2:]]
+        if item_kind == protocol.RESULT_SHM:
+            # Mapped (and acknowledged) even when discarded, so the worker unpins it.
+            item_kind, item = shm_store.client_frame(conn, item_kind, item)
+        if stream is None:
+            return
+        if stream.released:
+            # The caller dropped the generator: its items are discarded, as in Ray, and a
+            # paused generator (this run, or a retried one) is told to go on to its end.
+            if stream.limit > 0 and conn is not stream.conn:
+                stream.conn, stream.msg_id = conn, msg_id
+                self._send_credit(stream)
+            return
+        stream.conn, stream.msg_id = conn, msg_id
+        if index < len(stream.items):
+            # A retried call replays what it yielded before: keep the first copies, and
+            # tell the new run how far the caller has got.
+            if stream.limit > 0 and stream.consumed:
+                self._send_credit(stream)
+            return
+        if index != len(stream.items) or item_kind not in (
+                protocol.RESULT_OK, protocol.RESULT_REFS, protocol.RESULT_ERR):
+            conn.abort()
+            return
+        ref = self.new_ref()
+        self._complete_result(ref.id, item_kind, item)
+        with self._cb_lock:
+            stream.items.append(ref)
+        self._stream_changed(stream)
+
+    def _stream_end(self, stream: Stream) -> None:
+        self.streams.pop(stream.parent_id, None)
+        if stream.mode == DYNAMIC:
+            segs, contained = dumps_with_refs(DynamicObjectRefGenerator(stream.items))
+            self._complete(stream.parent_id, OK, segs, contained=contained)
+        else:
+            self._complete(stream.parent_id, OK, _NONE)
+
+    def _stream_closed(self, stream: Stream) -> None:
+        self.streams.pop(stream.parent_id, None)
+        self._stream_changed(stream, ended=True)
+        stream.call_ref = None
+
+    def _stream_changed(self, stream: Stream, ended: bool = False) -> None:
+        with self._cb_lock:
+            if ended:
+                stream.ended = True
+            wakers, stream.wakers = stream.wakers, []
+        for wake in wakers:
+            try:
+                wake()
+            except Exception:
+                log.exception("error waking a generator's reader")
+        if self.waiters:
+            with self.cond:
+                self.cond.notify_all()
+
+    def wait_stream(self, predicate, timeout: float | None) -> None:
+        """Block a user thread until ``predicate()`` (a stream changed) or ``timeout``."""
+        lent = self._lend_cpu()
+        try:
+            self._wait_until(predicate, timeout, None, 0)
+        except GetTimeoutError:
+            pass
+        finally:
+            if lent:
+                self._take_cpu_back()
+
+    def failed(self, ref: ObjectRef) -> bool:
+        e = self.objects.get(ref.id)
+        return e is not None and e.state != PENDING and e.state != OK
+
+    def stream_consumed(self, stream: Stream, count: int) -> None:
+        """The caller took ``count`` refs so far: under backpressure, let the worker go on."""
+        stream.consumed = count
+        if stream.limit > 0 and not stream.released:
+            self._submit(self._send_credit, stream)
+
+    def stream_dropped(self, stream: Stream) -> None:
+        """The ObjectRefGenerator is gone: discard later items, lift the backpressure (the
+        generator runs to its end, as in Ray)."""
+        if self.closed or stream.ended:
+            return
+        stream.released = True
+        self._submit(self._release_stream, stream)
+
+    def _release_stream(self, stream: Stream) -> None:
+        if stream.limit > 0:
+            self._send_credit(stream)   # or at its next item, if none has come yet
+
+    def _send_credit(self, stream: Stream) -> None:
+        conn = stream.conn
+        if conn is not None and not conn.closed:
+            credit = -1 if stream.released else stream.consumed
+            conn.send_msg(protocol.STREAM_ITEM, stream.msg_id, [_CREDIT.pack(credit)])
 
     def _split_returns(self, parent: ObjectRef, nret: int) -> list:
         """``nret`` refs completed from the RESULT_MULTI that will settle ``parent``.
@@ -563,30 +703,66 @@ class Core:
                     options: dict) -> ObjectRef:
         self._check_open()
         demand = _demand(options, default_cpus=1.0)
-        if self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
-            raise UnschedulableError(
-                f"task {fn_name} asks for {demand}, more than any node has "
-                f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
+        sched = options.get("scheduling")
+        group = None
+        if sched and sched.get("group_id"):
+            placement.check_bundle_fit(demand, sched["bundles"], sched.get("bundle_index", -1),
+                                       f"task {fn_name}")
+            # What the worker needs for get_current_placement_group() and for capturing.
+            group = {"group_id": sched["group_id"], "bundles": sched["bundles"],
+                     "capture": bool(sched.get("capture"))}
+        # A demand no node can meet is not refused here: as in Ray, .remote() returns a
+        # ref; the head's UnschedulableError reaches the caller at get (at once).
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
         env = runtime_env.for_call(self, options.get("runtime_env"))
+        # Only a streaming call has a reader to pace the generator by.
+        backpressure = check_backpressure(
+            options.get("_generator_backpressure_num_objects", -1), fn_name
+        ) if nret == STREAMING else -1
         args, kwargs, refs = _split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
-        payload, nested = dumps_with_refs(body if nret == 1 else (*body, nret))
+        if group is not None:
+            body = (*body, nret, backpressure, group)
+        elif nret != 1:
+            body = (*body, nret, backpressure)
+        payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
-        out = ref if nret == 1 else self._split_returns(ref, nret)
-        # Tasks of one shape and runtime env share leased workers; no others do.
-        key = (*sorted(demand.items()), env["key"] if env else "")
+        out = self._returns(ref, nret, backpressure)
+        # Tasks of one shape, placement and runtime env share leased workers; no others do.
+        key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
-        self._submit(self._route_task, key, demand, task, env)
+        self._submit(self._route_task, key, demand, task, sched, env)
         return out
 
-    def _route_task(self, key, demand, task, env=None):
+    def _route_task(self, key, demand, task, sched=None, env=None):
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _TaskPool(self, demand, env)
+            pool = self.pools[key] = _TaskPool(self, demand, sched, env)
         pool.add(task)
+
+    # -- refs settled by the I/O loop ------------------------------------------------------
+    def ref_from_async(self, make_coro) -> ObjectRef:
+        """A ref settled by the coroutine ``make_coro()`` run on the I/O loop: its return
+        value, or the exception it raises (e.g. a placement group's ``ready()``)."""
+        self._check_open()
+        ref = self.new_ref()
+        obj_id = ref.id
+
+        async def run():
+            try:
+                value = await make_coro()
+            except BaseException as e:
+                self._fail(obj_id, e)
+                return
+            try:
+                self._complete(obj_id, OK, dumps(value))
+            except BaseException as e:
+                self._fail(obj_id, e)
+
+        self._submit(lambda: self.loop.create_task(run()))
+        return ref
 
     # -- shutdown --------------------------------------------------------------------------
     def close(self) -> None:
@@ -610,18 +786,35 @@ class Core:
             client.close()
         if self.head is not None and not self.head.closed:
             self.head.close()
+        oob.close_driver_server(self)
         await asyncio.sleep(0)
 
 
-def _check_num_returns(n, what: str) -> int:
+_ITEM = protocol.STREAM_ITEM_HEAD
+_CREDIT = protocol.STREAM_CREDIT
+_NONE = dumps(None)   # the value of a streaming call's own ref once it has ended
+
+
+def _check_num_returns(n, what: str) -> int | str:
     if n == 1:
         return 1
-    if n in ("dynamic", "streaming"):
-        raise NotImplementedError(
-            f"{what}: num_returns={n!r} (generators) is not supported by DDLF yet; return a "
-            "list, or use a fixed num_returns=k")
+    if n == STREAMING or n == DYNAMIC:
+        return n
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{what}: num_returns must be an int >= 1, got {n!r}")
+        raise ValueError(f"{what}: num_returns must be an int >= 1, 'streaming' or 'dynamic', "
+                         f"got {n!r}")
+    return n
+
+
+def check_backpressure(n, what: str) -> int:
+    """``_generator_backpressure_num_objects``: -1 (off, Ray's default) or an int >= 1."""
+    if n is None or n == -1:
+        return -1
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(
+            f"{what}: _generator_backpressure_num_objects must be an int >= 1 (how many "
+            f"yielded values may wait unconsumed before the generator pauses) or -1 for no "
+            f"limit; got {n!r} (0 is not allowed: the generator could never yield)")
     return n
 
 
@@ -634,6 +827,13 @@ def _demand(options: dict, default_cpus: float) -> dict:
     for k, v in (options.get("resources") or {}).items():
         demand[k] = float(v)
     return {k: v for k, v in demand.items() if v > 0}
+
+
+def _sched_key(sched: dict | None) -> tuple:
+    """What separates task pools besides the demand: where their leases may come from."""
+    if not sched:
+        return ()
+    return tuple(sorted((k, v) for k, v in sched.items() if k not in ("bundles", "capture")))
 
 
 def _fits(demand: dict, total: dict) -> bool:
@@ -788,6 +988,14 @@ class _ActorClient:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
             self._release_name(wire)
             return
+        if self.state == "dead" and view.get("state") != "DEAD":
+            # ddlf.kill() ran while the arguments were pending: the head did not know
+            # the actor yet, so the kill must follow the creation.
+            try:
+                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
+            except Exception as e:
+                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
+            return
         await self._apply(view)
 
     def _release_name(self, wire: dict) -> None:
@@ -850,6 +1058,9 @@ class _ActorClient:
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
         await shm_store.wait_hello(conn)
+        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
+            conn.close()
+            return
         if conn.closed:   # it went away while answering our hello
             self.resolve(self.epoch)
             return
@@ -869,6 +1080,9 @@ class _ActorClient:
                 reason = f"{reason} (its error could not be loaded here: {e})"
         if err.get("unschedulable"):
             return UnschedulableError(reason)
+        if err.get("pg_removed"):
+            return ActorPlacementGroupRemovedError(
+                f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
         return ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
 
     def _die_with(self, exc: BaseException) -> None:
@@ -953,6 +1167,13 @@ class _ActorClient:
                         del self.inflight[data["msg_id"]]
                         self._retry([call])
             return
+        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
+            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
+                msg_id, None)
+            if entry is not None:
+                self.core._stream_frame(conn, kind, msg_id, entry.obj_id if isinstance(
+                    entry, _Call) else entry, segs)
+            return
         if kind >= protocol.RESULT_SHM:
             kind, segs = shm_store.client_frame(conn, kind, segs)
             if kind is None:
@@ -977,9 +1198,10 @@ class _ActorClient:
         if self.core.closed:
             return
         retry = [c for c in inflight.values() if isinstance(c, _Call) and c.retries != 0]
+        # Chosen before _retry counts the attempt down: max_task_retries=1 retries once.
+        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
         if retry:
             self._retry(retry)
-        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
         if lost:
             why = str(exc) if isinstance(exc, ActorDiedError) else (
                 "its connection closed (the process exited or was killed)")
@@ -1019,9 +1241,11 @@ class _Lease:
 class _TaskPool:
     """Tasks of one resource shape: a queue, and the worker leases that run them."""
 
-    def __init__(self, core: Core, demand: dict, runtime_env: dict | None = None):
+    def __init__(self, core: Core, demand: dict, sched: dict | None = None,
+                 runtime_env: dict | None = None):
         self.core = core
         self.demand = demand
+        self.sched = sched
         self.runtime_env = runtime_env
         self.queue: collections.deque = collections.deque()
         self.leases: list[_Lease] = []
@@ -1098,7 +1322,7 @@ class _TaskPool:
 
     async def _request(self, wait: bool):
         try:
-            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait,
+            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched,
                                    self.runtime_env)
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
@@ -1117,7 +1341,7 @@ class _TaskPool:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise DDLFError("the leased worker closed its connection")
             self.leases.append(lease)
-        except UnschedulableError as e:
+        except (UnschedulableError, PlacementGroupRemovedError) as e:
             while self.queue:
                 self.core._fail(self.queue.popleft().obj_id, e)
         except Exception as e:
@@ -1190,6 +1414,14 @@ class _LeaseHandler:
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
+            inflight = self.lease.inflight
+            task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
+            if task is not None:
+                self.pool.core._stream_frame(conn, kind, msg_id, task.obj_id, segs)
+                if kind == protocol.STREAM_END:
+                    self.pool.task_done(self.lease)
+            return
         if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
             kind, segs = shm_store.client_frame(conn, kind, segs)
             if kind is None:

@@ -18,6 +18,9 @@ __all__ = [
     "VersionMismatchError",
     "ActorExit",
     "ActorNameTakenError",
+    "PlacementGroupRemovedError",
+    "ActorPlacementGroupRemovedError",
+    "TaskPlacementGroupRemovedError",
 ]
 
 
@@ -177,3 +180,20 @@ class ActorNameTakenError(DDLFError, ValueError):
     Raised by the head; it lives here, not in the head's module, so that it reaches the
     driver as this very class (the head runs as ``__main__``).
     """
+
+
+class PlacementGroupRemovedError(DDLFError):
+    """The placement group an actor or task was scheduled in has been removed."""
+
+
+class ActorPlacementGroupRemovedError(PlacementGroupRemovedError, ActorDiedError):
+    """The actor's placement group was removed, which killed the actor (also an
+    ``ActorDiedError``, so code that handles dead actors handles this too)."""
+
+    def __init__(self, message: str = "the actor's placement group was removed",
+                 cause: BaseException | None = None):
+        ActorDiedError.__init__(self, message, cause)
+
+
+class TaskPlacementGroupRemovedError(PlacementGroupRemovedError):
+    """The task's placement group was removed before the task could run."""

@@ -17,10 +17,18 @@ import sys
 import time
 import uuid
 
-from . import __version__, config, rpc, scheduling
+from . import __version__, config, placement, rpc, scheduling
 from .auth import generate_token, write_token_file
 from .connection import serve
-from .errors import ActorNameTakenError, UnschedulableError, VersionMismatchError
+from .errors import (
+    ActorNameTakenError,
+    ActorPlacementGroupRemovedError,
+    DDLFError,
+    PlacementGroupRemovedError,
+    TaskPlacementGroupRemovedError,
+    UnschedulableError,
+    VersionMismatchError,
+)
 from .eventloop import new_event_loop
 
 __all__ = ["Head", "main"]
@@ -29,6 +37,8 @@ log = logging.getLogger("ddlf.head")
 
 PENDING, ALIVE, RESTARTING, DEAD = "PENDING", "ALIVE", "RESTARTING", "DEAD"
 _WAIT_ACTOR_MAX_S = 30.0
+_WAIT_GROUP_MAX_S = 30.0
+_REMOVED_GROUPS_KEPT = 1000
 
 
 class NodeRecord:
@@ -63,6 +73,11 @@ class ActorRecord:
         self.name = spec.get("name")
         self.class_name = spec["class_name"]
         self.demand = spec.get("resources") or {}
+        # Where it may run (node affinity, SPREAD, a placement group's bundle); the
+        # node_id option is the older spelling of a hard node affinity.
+        self.sched = spec.get("scheduling") or (
+            {"node_id": spec["node_id"]} if spec.get("node_id") else None)
+        self.charge = None         # what its demand was taken from: its node, or a bundle
         self.restarts_left = int(spec.get("max_restarts") or 0)
         self.detached = bool(spec.get("detached"))
         self.owner = owner
@@ -89,6 +104,19 @@ class ActorRecord:
         self.changed = asyncio.Event()
 
 
+class LeaseRecord:
+    """A worker lent to one caller for tasks, and what its demand was taken from."""
+
+    __slots__ = ("node", "charge", "demand", "worker_id", "owner")
+
+    def __init__(self, node: NodeRecord, charge, demand: dict, worker_id: str, owner):
+        self.node = node
+        self.charge = charge      # the node, or a placement group's bundle reservation
+        self.demand = demand
+        self.worker_id = worker_id
+        self.owner = owner
+
+
 class Head:
     def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0):
         self.loop = loop
@@ -102,10 +130,14 @@ class Head:
         self.reserved: dict[str, dict] = {}
         self.drivers: dict[str, object] = {}       # job id -> connection
         self.cores: set = set()                     # every driver and worker core
-        self.leases: dict[str, tuple] = {}          # lease id -> (node, demand, worker_id, job)
+        self.leases: dict[str, LeaseRecord] = {}
         self.lent: set[str] = set()   # leases whose task waits in get; resources lent out
         self.pending: list[tuple] = []              # (demand, future) waiting for resources
         self.packages: dict[str, bytes] = {}        # runtime_env packages, by id, for nodes
+        self.groups: dict[str, placement.Group] = {}   # placement groups, oldest first
+        self.waiting_groups: dict[str, placement.Group] = {}   # PENDING or RESCHEDULING ones
+        self.group_names: dict[str, str] = {}          # name -> group id
+        self._spread_next = 0                          # SPREAD's round-robin cursor
         self.server = None
         self.stopping = False
         self.stopped = loop.create_future()
@@ -194,9 +226,13 @@ class Head:
         for a in list(self.actors.values()):
             if a.owner == owner_id and not a.detached and a.state != DEAD:
                 self._kill(a, "its owner (the driver or worker that created it) disconnected")
-        for lease_id, (_node, _demand, _worker_id, owner) in list(self.leases.items()):
-            if owner == owner_id:
+        for lease_id, lease in list(self.leases.items()):
+            if lease.owner == owner_id:
                 self._release_lease(lease_id)
+        for g in list(self.groups.values()):
+            if g.owner == owner_id and not g.detached:
+                self._remove_group(g, "its owner (the driver or worker that created it) "
+                                      "disconnected")
 
     async def _watch_nodes(self):
         """Count, per node, the heartbeat intervals in which nothing arrived from it.
@@ -224,18 +260,28 @@ class Head:
         (log.info if self.stopping else log.warning)("node %s is dead: %s", node.node_id, why)
         if node.conn is not None:
             node.conn.abort()
-        for lease_id, (n, *_rest) in list(self.leases.items()):
-            if n is node:
+        for lease_id, lease in list(self.leases.items()):
+            if lease.node is node:
                 self.leases.pop(lease_id, None)
                 self.lent.discard(lease_id)
+        for g in self.groups.values():
+            if g.drop_node(node):
+                self.waiting_groups[g.group_id] = g
+                log.info("placement group %s lost bundles on node %s; placing them again",
+                         g.group_id, node.node_id)
         self._push_all_cores("node_dead", {"node_id": node.node_id, "why": why})
         for actor_id in list(node.actors):
             a = self.actors.get(actor_id)
             if a is not None and a.state in (ALIVE, PENDING):
                 self._actor_lost(a, f"its node {node.node_id} died ({why})")
         self._push_all_drivers("nodes_changed", self._node_totals())
+        self._retry_pending()   # lost bundles may fit elsewhere
 
     # -- placement ---------------------------------------------------------------------------
+    # A placement request ("sched") is None or a dict of: strategy ("DEFAULT" | "SPREAD"),
+    # node_id + soft (+ spill: soft leaves a busy node; fail: hard fails on a busy one),
+    # or group_id + bundle_index. A placed demand is "charged" to its node, or to the
+    # bundle reservation it came out of, and given back there (_free).
     def _alive_nodes(self):
         return [n for n in self.nodes.values() if n.alive]
 
@@ -246,7 +292,7 @@ class Head:
             state = "is dead" if n is not None else "is not in this cluster"
             return UnschedulableError(
                 f"{what} is pinned to node {pin}, which {state}. Pin it to a live node "
-                "(see ddlf.nodes()) or drop node_id=.")
+                "(see ddlf.nodes()), use a soft node affinity, or drop node_id=.")
         if not nodes:
             dead = sum(1 for n in self.nodes.values() if not n.alive)
             return UnschedulableError(
@@ -258,32 +304,220 @@ class Head:
             f"{what} asks for {demand}, more than any node has (nodes: {have}). "
             "Lower its num_cpus/resources, or add a node that has them.")
 
-    async def _place(self, demand: dict, what: str, pin: str | None = None) -> NodeRecord:
-        """Reserve ``demand`` on a node; wait while it fits the cluster but not its free space."""
+    async def _place(self, demand: dict, what: str, sched: dict | None = None, load_key=None):
+        """Reserve ``demand``; return (node, charge). Wait while it can fit but has no room now.
+
+        Raises ``UnschedulableError`` when it can never fit, and a
+        ``PlacementGroupRemovedError`` when its placement group is gone. Anything handed
+        out per placement (device ids such as GPUs) belongs with the charge returned here,
+        so that it is given back by ``_free`` with the rest.
+        """
         while True:
-            nodes = self._alive_nodes()
-            if pin:
-                nodes = [n for n in nodes if n.node_id == pin]
-            if not nodes or not scheduling.feasible_anywhere(demand, [n.total for n in nodes]):
-                raise self._unschedulable(demand, what, nodes, pin)
-            node = scheduling.choose_node(demand, nodes, load_key=lambda n: len(n.actors))
-            if node is not None:
-                scheduling.subtract(node.available, demand)
-                return node
+            got = self._try_place(demand, what, sched, load_key)
+            if got is not None:
+                return got
             fut = self.loop.create_future()
             self.pending.append((demand, fut))
             await fut
 
+    def _try_place(self, demand: dict, what: str, sched: dict | None, load_key=None):
+        """(node, charge) with ``demand`` taken out, None if it must wait; raises if never."""
+        sched = sched or {}
+        if sched.get("group_id"):
+            return self._try_place_in_group(demand, what, sched)
+        nodes = self._alive_nodes()
+        pin = sched.get("node_id")
+        if pin:
+            target = [n for n in nodes if n.node_id == pin]
+            if target and scheduling.fits(demand, target[0].total):
+                node = target[0]
+                if scheduling.fits(demand, node.available):
+                    scheduling.subtract(node.available, demand)
+                    return node, node
+                if sched.get("fail") and not sched.get("soft"):
+                    raise UnschedulableError(
+                        f"{what} is pinned to node {pin}, which has no room for {demand} now "
+                        f"(free: {node.available}), and asked to fail rather than wait")
+                if not (sched.get("soft") and sched.get("spill")):
+                    return None   # as in Ray: a live node that can fit it is waited for
+            elif not sched.get("soft"):
+                raise self._unschedulable(demand, what, target, pin)
+            # soft: the node is gone or can never fit this demand; go anywhere.
+        if not nodes or not scheduling.feasible_anywhere(demand, [n.total for n in nodes]):
+            raise self._unschedulable(demand, what, nodes)
+        if sched.get("strategy") == "SPREAD":
+            node = self._spread_choice(demand, nodes)
+        else:
+            node = scheduling.choose_node(demand, nodes, load_key=load_key)
+        if node is None:
+            return None
+        scheduling.subtract(node.available, demand)
+        return node, node
+
+    def _spread_choice(self, demand: dict, nodes: list):
+        """Round-robin over the nodes with room, in the order they joined."""
+        n = len(nodes)
+        for k in range(n):
+            node = nodes[(self._spread_next + k) % n]
+            if scheduling.fits(demand, node.available):
+                self._spread_next = (self._spread_next + k + 1) % n
+                return node
+        return None
+
+    def _try_place_in_group(self, demand: dict, what: str, sched: dict):
+        g = self.groups.get(sched["group_id"])
+        if g is None or g.state == placement.REMOVED:
+            cls = (ActorPlacementGroupRemovedError if what.startswith("actor")
+                   else TaskPlacementGroupRemovedError)
+            raise cls(f"{what} was scheduled in placement group {sched['group_id']}, which "
+                      "has been removed (remove_placement_group, or its owner exited)")
+        index = sched.get("bundle_index", -1)
+        if not -1 <= index < len(g.bundles):
+            raise UnschedulableError(f"{what}: bundle index {index} is out of range for "
+                                     f"placement group {g.group_id} ({len(g.bundles)} bundles)")
+        specs = g.bundles if index == -1 else [g.bundles[index]]
+        if not any(scheduling.fits(demand, b) for b in specs):
+            raise UnschedulableError(
+                f"{what} asks for {demand}, more than its bundle of placement group "
+                f"{g.group_id} reserves (bundles: {specs}). Lower its num_cpus/resources, "
+                "or reserve a bigger bundle.")
+        targets = g.reservations if index == -1 else [g.reservations[index]]
+        for r in targets:
+            if r is not None and r.alive and scheduling.fits(demand, r.available):
+                scheduling.subtract(r.available, demand)
+                return r.node, r
+        return None   # the group is not placed yet, or its bundle is busy: wait
+
     def _retry_pending(self):
+        self._place_groups()
         pending, self.pending = self.pending, []
         for _demand, fut in pending:
             if not fut.done():
                 fut.set_result(None)
 
-    def _free(self, node: NodeRecord | None, demand: dict):
-        if node is not None and node.alive:
-            scheduling.add(node.available, demand, node.total)
+    def _free(self, charge, demand: dict):
+        """Give ``demand`` back to what it was taken from (a node or a bundle reservation)."""
+        if charge is not None and charge.alive:
+            scheduling.add(charge.available, demand, charge.total)
         self._retry_pending()
+
+    # -- placement groups --------------------------------------------------------------------
+    def _place_groups(self) -> None:
+        """Reserve every group that waits and now fits (oldest first; one that does not fit
+        does not hold up the others)."""
+        if not self.waiting_groups:
+            return   # the common case, on every resource release: nothing to do
+        nodes = self._alive_nodes()
+        for g in list(self.waiting_groups.values()):
+            chosen = placement.plan(g.bundles, g.strategy, nodes, g.placed_nodes())
+            if chosen is not None:
+                g.commit(chosen)
+                del self.waiting_groups[g.group_id]
+                log.info("placement group %s placed on %s", g.group_id,
+                         sorted({n.node_id for n in chosen}))
+
+    def _infeasible(self, g: placement.Group) -> bool:
+        """True if no amount of waiting lets ``g`` fit the nodes alive now."""
+        return placement.plan(g.bundles, g.strategy, self._alive_nodes(), use_total=True) is None
+
+    def _group_view(self, g: placement.Group) -> dict:
+        """``g.view()`` plus Ray's ``stats.scheduling_state``: FINISHED, REMOVED,
+        NO_RESOURCES (waits for resources to free up) or INFEASIBLE (waits for a node that
+        can hold it to join)."""
+        view = g.view()
+        if g.state in (placement.CREATED, placement.REMOVED):
+            state = "FINISHED" if g.state == placement.CREATED else "REMOVED"
+        else:
+            state = "INFEASIBLE" if self._infeasible(g) else "NO_RESOURCES"
+        view["stats"] = {"scheduling_state": state}
+        return view
+
+    def rpc_create_placement_group(self, conn, spec: dict):
+        """Register a group and reserve it if it fits now; ``{"id", "state", "infeasible"}``.
+
+        A group that does not fit stays PENDING and is placed when resources free up or a
+        node joins, as in Ray, even one too big for every node alive now ("infeasible":
+        a node may join later); the caller decides how long to wait (``pg.wait``).
+        """
+        bundles = placement.check_bundles(spec["bundles"])
+        strategy = placement.check_strategy(spec.get("strategy", "PACK"))
+        name = spec.get("name") or ""
+        if name and name in self.group_names:
+            raise DDLFError(f"a placement group named {name!r} already exists; pick another "
+                            "name, or get it with get_placement_group(name)")
+        g = placement.Group(uuid.uuid4().hex[:16], bundles, strategy, name,
+                            owner=conn.info.get("owner_id"), detached=bool(spec.get("detached")))
+        self.groups[g.group_id] = g
+        self.waiting_groups[g.group_id] = g
+        if name:
+            self.group_names[name] = g.group_id
+        self._place_groups()
+        infeasible = g.state == placement.PENDING and self._infeasible(g)
+        if infeasible:
+            log.warning("placement group %s (%s, %s) cannot fit the live nodes %s; it waits for "
+                        "a node that can hold it", g.group_id, strategy, bundles,
+                        [n.total for n in self._alive_nodes()])
+        return {"id": g.group_id, "state": g.state, "infeasible": infeasible}
+
+    def rpc_remove_placement_group(self, conn, group_id: str):
+        g = self.groups.get(group_id)
+        if g is None or g.state == placement.REMOVED:
+            return False
+        self._remove_group(g, "it was removed with remove_placement_group()")
+        return True
+
+    def _remove_group(self, g: placement.Group, why: str) -> None:
+        """Kill the group's actors and leased workers, give its bundles back, fail waiters."""
+        g.state = placement.REMOVED
+        self.waiting_groups.pop(g.group_id, None)
+        if g.name and self.group_names.get(g.name) == g.group_id:
+            self.group_names.pop(g.name, None)
+        reason = f"its placement group {g.group_id} was removed ({why})"
+        for a in list(self.actors.values()):
+            if a.sched and a.sched.get("group_id") == g.group_id and a.state != DEAD:
+                # Callers holding a connection fail their in-flight calls with this reason.
+                self._push_all_cores("actor_lost", {"actor_id": a.actor_id, "epoch": a.epoch,
+                                                    "why": reason})
+                self._kill(a, reason, pg_removed=True)
+        for lease_id, lease in list(self.leases.items()):
+            if isinstance(lease.charge, placement.Reservation) and lease.charge.group is g:
+                self.leases.pop(lease_id, None)
+                self.lent.discard(lease_id)
+                if lease.node.alive:
+                    self.loop.create_task(
+                        self._safe_call(lease.node.conn, "kill_worker", lease.worker_id))
+        g.release()
+        g.touch()
+        log.info("placement group %s removed: %s", g.group_id, why)
+        removed = [gid for gid, x in self.groups.items() if x.state == placement.REMOVED]
+        for gid in removed[:max(0, len(removed) - _REMOVED_GROUPS_KEPT)]:
+            del self.groups[gid]   # the table keeps the newest removed groups only
+        self._retry_pending()   # waiters in the group fail; others may use what it held
+
+    async def rpc_wait_placement_group(self, conn, group_id: str, timeout: float):
+        """The group's table entry once it is CREATED or REMOVED, or after ``timeout`` s."""
+        deadline = time.monotonic() + min(float(timeout), _WAIT_GROUP_MAX_S)
+        while True:
+            g = self.groups.get(group_id)
+            if g is None:
+                return None
+            left = deadline - time.monotonic()
+            if g.state in (placement.CREATED, placement.REMOVED) or left <= 0:
+                return self._group_view(g)
+            try:
+                await asyncio.wait_for(g.changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    def rpc_placement_group_table(self, conn, group_id: str | None = None):
+        if group_id is not None:
+            g = self.groups.get(group_id)
+            return self._group_view(g) if g is not None else None
+        return {gid: self._group_view(g) for gid, g in self.groups.items()}
+
+    def rpc_get_placement_group(self, conn, name: str):
+        group_id = self.group_names.get(name)
+        return self._group_view(self.groups[group_id]) if group_id is not None else None
 
     # -- actors ------------------------------------------------------------------------------
     def _claim_name(self, name: str, actor_id: str) -> None:
@@ -324,25 +558,29 @@ class Head:
     async def _start_actor(self, a: ActorRecord):
         what = f"actor {a.class_name}"
         try:
-            node = await self._place(a.demand, what, a.spec.get("node_id"))
-        except UnschedulableError as e:
-            self._set_dead(a, str(e), error_obj=e)
+            node, charge = await self._place(a.demand, what, a.sched,
+                                             load_key=lambda n: len(n.actors))
+        except (UnschedulableError, PlacementGroupRemovedError) as e:
+            if a.state != DEAD:
+                self._set_dead(a, str(e), error_obj=e)
             return
         if a.state == DEAD:  # killed while waiting for resources
-            self._free(node, a.demand)
+            self._free(charge, a.demand)
             return
-        a.node = node
+        a.node, a.charge = node, charge
         node.actors.add(a.actor_id)
         try:
             reply = await rpc.call(node.conn, "start_actor", a.spec)
         except Exception as e:
             node.actors.discard(a.actor_id)
-            self._free(node, a.demand)
+            a.charge = None
+            self._free(charge, a.demand)
             self._actor_lost(a, f"its node failed to start it: {e}")
             return
         if not reply["ok"]:
             node.actors.discard(a.actor_id)
-            self._free(node, a.demand)
+            a.charge = None
+            self._free(charge, a.demand)
             a.node = None
             self._set_dead(a, "its __init__ raised", creation_error=reply["error"])
             return
@@ -354,15 +592,17 @@ class Head:
         a.epoch += 1
         a.touch()
 
-    def _set_dead(self, a: ActorRecord, why: str, creation_error=None, error_obj=None):
+    def _set_dead(self, a: ActorRecord, why: str, creation_error=None, error_obj=None,
+                  pg_removed: bool = False):
         a.state = DEAD
         a.error = {"reason": why, "creation_error": creation_error,
-                   "unschedulable": isinstance(error_obj, UnschedulableError)}
+                   "unschedulable": isinstance(error_obj, UnschedulableError),
+                   "pg_removed": pg_removed or isinstance(error_obj, PlacementGroupRemovedError)}
         a.address = None
         if a.node is not None:
             a.node.actors.discard(a.actor_id)
-            self._free(a.node, a.demand)
-            a.node = None
+            self._free(a.charge, a.demand)
+            a.node = a.charge = None
         if a.name and self.names.get(a.name) == a.actor_id:
             self.names.pop(a.name, None)
         a.touch()
@@ -374,8 +614,8 @@ class Head:
         self._push_all_cores("actor_lost", {"actor_id": a.actor_id, "epoch": a.epoch, "why": why})
         if a.node is not None:
             a.node.actors.discard(a.actor_id)
-            self._free(a.node, a.demand)
-            a.node = None
+            self._free(a.charge, a.demand)
+            a.node = a.charge = None
         if a.killed or a.state == DEAD:
             self._set_dead(a, a.error["reason"] if a.error else why)
             return
@@ -406,13 +646,13 @@ class Head:
                 else:
                     self._actor_lost(a, f"its process (pid {data.get('pid')}) died with exit "
                                         f"code {code}")
-        for lease_id, (n, demand, worker_id, _job) in list(self.leases.items()):
-            if worker_id == data["worker_id"]:
+        for lease_id, lease in list(self.leases.items()):
+            if lease.worker_id == data["worker_id"]:
                 self.leases.pop(lease_id, None)
                 if lease_id in self.lent:
                     self.lent.discard(lease_id)
                 else:
-                    self._free(n, demand)
+                    self._free(lease.charge, lease.demand)
 
     async def rpc_wait_actor(self, conn, actor_id: str, after_epoch: int):
         """Return the actor's view once its epoch passes ``after_epoch`` or it is dead."""
@@ -458,11 +698,11 @@ class Head:
         self._kill(a, "it was killed with ddlf.kill()", no_restart)
         return True
 
-    def _kill(self, a: ActorRecord, why: str, no_restart: bool = True):
+    def _kill(self, a: ActorRecord, why: str, no_restart: bool = True, pg_removed: bool = False):
         node = a.node
         if no_restart:
             a.killed = True
-            self._set_dead(a, why)
+            self._set_dead(a, why, pg_removed=pg_removed)
         if node is not None and node.alive:
             self.loop.create_task(self._safe_call(node.conn, "kill_actor", a.actor_id))
 
@@ -476,26 +716,30 @@ class Head:
         return [a.view() for a in self.actors.values()]
 
     # -- task leases -------------------------------------------------------------------------
-    async def rpc_lease_worker(self, conn, demand: dict, wait: bool, runtime_env=None):
+    async def rpc_lease_worker(self, conn, demand: dict, wait: bool, sched: dict | None = None,
+                               runtime_env: dict | None = None):
+        """Lend a worker for tasks of ``demand`` placed by ``sched``; None if ``wait`` is
+        false and nothing has room now."""
         owner_id = conn.info.get("owner_id")
-        if not wait:
-            nodes = self._alive_nodes()
-            node = scheduling.choose_node(demand, nodes)
-            if node is None:
-                if not nodes or not scheduling.feasible_anywhere(demand, [n.total for n in nodes]):
-                    raise self._unschedulable(demand, "task", nodes)
-                return None
-            scheduling.subtract(node.available, demand)
+        if wait:
+            node, charge = await self._place(demand, "task", sched)
         else:
-            node = await self._place(demand, "task")
+            got = self._try_place(demand, "task", sched)
+            if got is None:
+                return None
+            node, charge = got
         try:
             # The node picks GPU ids and a worker set up for this runtime env.
             reply = await rpc.call(node.conn, "lease_worker", demand, runtime_env)
         except Exception:
-            self._free(node, demand)
+            self._free(charge, demand)
             raise
+        if isinstance(charge, placement.Reservation) and not charge.active:
+            # Its group was removed (or its node died) while the node answered.
+            self.loop.create_task(self._safe_call(node.conn, "kill_worker", reply["worker_id"]))
+            return await self.rpc_lease_worker(conn, demand, wait, sched, runtime_env)
         lease_id = uuid.uuid4().hex[:12]
-        self.leases[lease_id] = (node, demand, reply["worker_id"], owner_id)
+        self.leases[lease_id] = LeaseRecord(node, charge, demand, reply["worker_id"], owner_id)
         return {"lease_id": lease_id, **reply}
 
     def rpc_return_lease(self, conn, lease_id: str):
@@ -503,39 +747,45 @@ class Head:
         return None
 
     def _release_lease(self, lease_id):
-        entry = self.leases.pop(lease_id, None)
-        if entry is None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
             return
-        node, demand, worker_id, _ = entry
-        if node.alive:
-            self.loop.create_task(self._safe_call(node.conn, "release_worker", worker_id))
+        if lease.node.alive:
+            self.loop.create_task(self._safe_call(lease.node.conn, "release_worker",
+                                                  lease.worker_id))
         if lease_id in self.lent:
             self.lent.discard(lease_id)  # already given back when it was lent
             return
-        self._free(node, demand)
+        self._free(lease.charge, lease.demand)
 
     def _lease_of(self, worker_id):
-        for lease_id, (node, demand, wid, _owner) in self.leases.items():
-            if wid == worker_id:
-                return lease_id, node, demand
-        return None, None, None
+        for lease_id, lease in self.leases.items():
+            if lease.worker_id == worker_id:
+                return lease_id, lease
+        return None, None
 
     def _lend(self, worker_id) -> None:
-        """A leased task waits in get: give its resources to other work meanwhile."""
-        lease_id, node, demand = self._lease_of(worker_id)
+        """A leased task waits in get: give its resources to other work meanwhile.
+
+        A task in a placement group lends to its bundle, so its child tasks in the same
+        group (captured) can run there.
+        """
+        lease_id, lease = self._lease_of(worker_id)
         if lease_id is None or lease_id in self.lent:
             return
-        if sum(1 for lid in self.lent if self.leases[lid][0] is node) >= config.MAX_LENT_TASKS_PER_NODE:
+        node = lease.node
+        if sum(1 for lid in self.lent if self.leases[lid].node is node) >= config.MAX_LENT_TASKS_PER_NODE:
             return  # bounded: this task keeps its CPU (see config)
         self.lent.add(lease_id)
-        self._free(node, demand)
+        self._free(lease.charge, lease.demand)
 
     def _unlend(self, worker_id) -> None:
-        lease_id, node, demand = self._lease_of(worker_id)
+        lease_id, lease = self._lease_of(worker_id)
         if lease_id is None or lease_id not in self.lent:
             return
         self.lent.discard(lease_id)
-        scheduling.subtract(node.available, demand)  # may go below zero for a while
+        # May go below zero for a while.
+        scheduling.subtract(lease.charge.available, lease.demand)
 
     # -- runtime_env packages: uploaded once by a caller, fetched once by each node ---------------
     def rpc_has_package(self, conn, pkg_id: str) -> bool:

@@ -4,6 +4,11 @@ Refs nested inside values (``f.remote([r1, r2])``, a method returning ``ddlf.put
 travel as refs, as in Ray. Pickling a ref only writes its id; the runtime learns which
 refs a value contains through :func:`collect_refs`, ships their objects alongside it,
 and while unpickling turns each id back into a ref through :func:`resolving_refs`.
+
+A ref pickled anywhere else (``pickle.dumps(ref)``, ``cloudpickle.dump(ref, f)``) is
+*out of band*: as in Ray, its object is then pinned in the owning process until
+:func:`free` (or the owner's exit), and the pickle names the owner, so the ref stays
+fetchable from any process of the cluster while its owner lives. See ``runtime/oob.py``.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import contextlib
 import threading
 
 __all__ = ["ObjectRef", "ForeignObjectRef", "collect_refs", "resolving_refs",
-           "set_default_resolver"]
+           "set_default_resolver", "free", "pinned"]
 
 # Per thread, so concurrent pickling in several threads of one process cannot mix up
 # whose refs were found.
 _tls = threading.local()
+
+# Refs pickled out of band, by id: holding the ref keeps its object in its core.
+_pinned: dict = {}
 
 
 class ObjectRef:
@@ -60,27 +68,99 @@ class ObjectRef:
         return f"ObjectRef({self.id.hex()})"
 
     def __reduce__(self):
-        # Only the id is pickled; the runtime ships the object itself next to the value
-        # that contains the ref (see collect_refs).
         sink = getattr(_tls, "sink", None)
         if sink is not None:
+            # Only the id is pickled; the runtime ships the object itself next to the
+            # value that contains the ref (see collect_refs).
             sink.append(self)
-        return (_foreign_ref, (self.id,))
+            return (_foreign_ref, (self.id,))
+        # Out of band: nothing will ship the object, so pin it here for good (Ray does
+        # the same) and name where it can be fetched.
+        _pinned.setdefault(self.id, self)
+        return (_out_of_band_ref, (self.id, _owner_address()))
+
+    # A ref is immutable: a copy is the ref itself (and must not pin it as pickling does).
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
 
-class ForeignObjectRef:
-    """A ref whose object did not travel with it (it was pickled outside DDLF's calls).
+class ForeignObjectRef(ObjectRef):
+    """A ref whose object cannot be reached from this process; ``ddlf.get``, ``wait`` and
+    ``await`` on it raise an error that says why (``why``)."""
 
-    ``ddlf.get`` on it raises an error that says so.
-    """
+    __slots__ = ("why",)
 
-    __slots__ = ("id",)
-
-    def __init__(self, obj_id: bytes):
+    def __init__(self, obj_id: bytes, why: str | None = None):
         self.id = obj_id
+        self._core = None
+        self.why = why or (
+            "it was pickled inside a value whose objects did not travel with it")
+
+    def __del__(self):
+        pass
+
+    def _error(self):
+        from .errors import DDLFError
+
+        return DDLFError(f"ObjectRef {self.id.hex()} cannot be fetched in this process: "
+                         f"{self.why}.")
+
+    def __await__(self):
+        raise self._error()
+
+    def future(self):
+        raise self._error()
+
+    def __reduce__(self):
+        return (ForeignObjectRef, (self.id, self.why))
 
     def __repr__(self):
         return f"ForeignObjectRef({self.id.hex()})"
+
+
+def free(refs) -> int:
+    """Unpin objects pinned by out-of-band pickling (``ray._private.internal_api.free``);
+    the number unpinned. An object is then freed once no ref to it is left."""
+    if isinstance(refs, ObjectRef):
+        refs = [refs]
+    return sum(_pinned.pop(r.id, None) is not None for r in refs)
+
+
+def pinned(obj_id: bytes):
+    """The ref pinned for ``obj_id`` by out-of-band pickling in this process, or None."""
+    return _pinned.get(obj_id)
+
+
+def _owner_address():
+    from .oob import owner_address
+
+    return owner_address()
+
+
+def _out_of_band_ref(obj_id: bytes, owner):
+    ref = _resolve_local(obj_id)
+    if ref is not None:
+        return ref
+    from .oob import fetch
+
+    return fetch(obj_id, owner)
+
+
+def _resolve_local(obj_id: bytes):
+    resolve = getattr(_tls, "resolve", None) or _default_resolve
+    if resolve is not None:
+        ref = resolve(obj_id)
+        if ref is not None:
+            return ref
+    from .core import get_core
+
+    core = get_core(auto=False)
+    if core is not None and obj_id in core.objects:
+        return ObjectRef(obj_id, core)
+    return None
 
 
 # A worker sets this once: any ref unpickled in its threads (call arguments) is looked

@@ -6,7 +6,8 @@ import struct
 
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
            "OBJ", "FREE", "FUNC", "RESULT_REFS", "RESULT_MULTI", "RESULT_SHM", "OBJ_SHM",
-           "SHM_ACK", "header", "parse_header"]
+           "SHM_ACK", "STREAM_ITEM", "STREAM_END", "STREAM_ITEM_HEAD", "STREAM_CREDIT",
+           "STREAM_COUNT", "FETCH", "FETCH_REPLY", "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -29,6 +30,18 @@ RESULT_MULTI = 12  # num_returns=k: seg1 = pickled [(kind, n)] (kind: RESULT_OK/
 RESULT_SHM = 13  # seg1 = pickle payload, seg2 = descriptor (segment name, pin id, layout)
 OBJ_SHM = 14     # seg1 = object id, seg2 = pickle payload, seg3 = descriptor
 SHM_ACK = 15     # the receiver has mapped a descriptor: seg1 = its pin id
+# Generator calls (num_returns="streaming"/"dynamic"); message id = the CALL's.
+STREAM_ITEM = 16  # worker -> caller: one yielded value. seg1 = STREAM_ITEM_HEAD (index, kind),
+                  # kind one of RESULT_OK/_REFS/_ERR/_SHM, then that result frame's segments.
+                  # caller -> worker: a backpressure credit. seg1 = STREAM_CREDIT: how many
+                  # items the caller has consumed (-1: no limit any more, it dropped the stream)
+STREAM_END = 17   # worker -> caller: the generator finished. seg1 = STREAM_COUNT: items sent
+STREAM_ITEM_HEAD = struct.Struct("!QB")
+STREAM_CREDIT = struct.Struct("!q")
+STREAM_COUNT = struct.Struct("!Q")
+# A ref pickled out of band, fetched from the worker that pinned it (runtime/oob.py).
+FETCH = 24        # seg1 = object id
+FETCH_REPLY = 25  # seg1 = outcome byte (oob.VALUE/REFS/ERROR/MISSING), then the object's segments
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

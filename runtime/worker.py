@@ -38,7 +38,7 @@ import traceback
 
 import psutil
 
-from . import context, protocol, rpc, runtime_env, shm_store
+from . import context, oob, protocol, rpc, runtime_env, shm_store
 from . import core as core_mod
 from .connection import connect, serve
 from .errors import ActorDiedError, ActorExit, SerializationError
@@ -172,9 +172,115 @@ def _encode_returns(value, nret: int, where: str, can_block: bool = True):
         if part is None:
             return None
         parts.append(part)
+    return _multi(parts)
+
+
+def _multi(parts):
     index = [(kind, len(segs)) for kind, segs in parts]
     return protocol.RESULT_MULTI, [pickle.dumps(index, protocol=5),
                                    *(seg for _, segs in parts for seg in segs)]
+
+
+def _encode_yielded(gen, nret: int, where: str):
+    """A generator called with ``num_returns=k``: its k yielded values are the k returns,
+    as in Ray. An exception raised before the k-th value becomes the error of each
+    return still missing. Runs on an execution thread; ``SystemExit`` propagates."""
+    parts, error, extra = [], None, 0
+    try:
+        for item in gen:
+            if len(parts) < nret:
+                parts.append(_encode_result(item, where))
+            else:
+                extra += 1   # still run to the end: code after the last yield runs in Ray too
+    except SystemExit:
+        raise
+    except BaseException as e:
+        error = e
+    if len(parts) < nret:
+        if error is None:
+            error = ValueError(f"{where} was declared with num_returns={nret} but its generator "
+                               f"yielded {len(parts)} values; yield exactly {nret}")
+        parts += [(protocol.RESULT_ERR, encode_error(error, where))] * (nret - len(parts))
+    elif extra or error is not None:
+        # As in Ray, the returns already made stand and the surplus is only reported.
+        what = (f"yielded {extra} more values than that (ignored)" if extra
+                else f"raised after its last value: {error!r}")
+        print(f"ddlf: {where} was declared with num_returns={nret} but its generator {what}",
+              file=sys.stderr, flush=True)
+    return parts[0] if nret == 1 else _multi(parts)
+
+
+def _as_iterator(value, where: str):
+    """The sync iterator over what a generator call returned (an async generator, e.g. a
+    task defined with ``async def ... yield``, is driven on a private event loop)."""
+    if inspect.isgenerator(value):
+        return value
+    if inspect.isasyncgen(value):
+        return _drive_async(value)
+    raise TypeError(f"{where} was called with num_returns='streaming' or 'dynamic' but returned "
+                    f"a {type(value).__name__}, not a generator; make it yield its values, or "
+                    "call it with an int num_returns")
+
+
+def _drive_async(agen):
+    loop = asyncio.new_event_loop()
+    try:
+        while True:
+            try:
+                item = loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
+class _StreamOut:
+    """Worker side of one generator call: the caller's backpressure credit.
+
+    The generator pauses once ``limit`` items sent are still unconsumed by the caller
+    (Ray's ``_generator_backpressure_num_objects``; -1: never). Credits arrive on the loop;
+    a sync generator waits on ``cond`` in its execution thread, an async one on ``event``.
+    """
+
+    __slots__ = ("limit", "consumed", "cond", "event")
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.consumed = 0
+        self.cond = threading.Condition()
+        self.event: asyncio.Event | None = None
+
+    def credit(self, consumed: int) -> None:
+        with self.cond:
+            self.consumed = sys.maxsize if consumed < 0 else max(self.consumed, consumed)
+            self.cond.notify_all()
+        if self.event is not None:
+            self.event.set()
+
+    def _ahead(self, sent: int) -> bool:
+        return self.limit > 0 and sent - self.consumed >= self.limit
+
+    def wait_credit(self, sent: int, conn) -> bool:
+        """Block while too far ahead of the caller; False once the caller is gone."""
+        if self._ahead(sent):
+            with self.cond:
+                # The timeout only re-checks conn.closed; credits wake us at once.
+                while self._ahead(sent) and not conn.closed:
+                    self.cond.wait(0.5)
+        return not conn.closed
+
+    async def await_credit(self, sent: int, conn) -> bool:
+        while self._ahead(sent) and not conn.closed:
+            if self.event is None:
+                self.event = asyncio.Event()
+            self.event.clear()
+            try:
+                await asyncio.wait_for(self.event.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+        return not conn.closed
 
 
 def _encode(value, nret: int, where: str, can_block: bool = True):
@@ -308,6 +414,10 @@ class Worker:
         ctx = context.current
         ctx.actor_id = spec["actor_id"]
         ctx.job_id = spec.get("job_id")
+        sched = spec.get("scheduling") or {}
+        if sched.get("group_id"):
+            ctx.placement = {"group_id": sched["group_id"], "bundles": sched.get("bundles"),
+                             "capture": bool(sched.get("capture"))}
         self.actor_name = spec["class_name"]
         _log_marker(f"actor:{self.actor_name}:{ctx.job_id or ''}")
         for obj_id, segs in spec.get("objects", {}).items():
@@ -395,11 +505,24 @@ class Worker:
                 conn.info.setdefault("objects", set()).add(obj_id)
         elif kind == protocol.SHM_ACK:
             shm_store.on_ack(conn, segs)
+        elif kind == protocol.STREAM_ITEM:   # a caller's backpressure credit
+            out = conn.info.get("streams", {}).get(msg_id)
+            try:
+                consumed = protocol.STREAM_CREDIT.unpack(segs[1])[0]
+            except Exception:
+                conn.abort()
+                return
+            if out is not None:
+                out.credit(consumed)
+        elif kind == protocol.FETCH:
+            oob.serve_fetch(conn, msg_id, segs, self.loop)
         else:
             conn.abort()
 
     def connection_closed(self, conn, exc):
         self.callers.discard(conn)
+        for out in conn.info.get("streams", {}).values():
+            out.credit(-1)   # wake paused generators: they see the caller is gone and stop
         for obj_id in conn.info.get("objects", ()):
             self.objects.drop(obj_id)
         conn.info.pop("shm_pins", None)
@@ -411,6 +534,8 @@ class Worker:
         """
         try:
             result = fn(*args, **kwargs)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                return _encode_yielded(_as_iterator(result, where), nret, where)
         except SystemExit as e:
             if self.is_actor:
                 self.executor.stopped = True  # run nothing after the exit
@@ -498,6 +623,97 @@ class Worker:
             return lambda: conn.closed or conn.send_msg(kind, msg_id, segs)
         return job
 
+    # -- generator calls (num_returns="streaming"/"dynamic") ------------------------------------
+    def _open_stream(self, conn, msg_id, limit: int) -> _StreamOut:
+        out = _StreamOut(limit)
+        conn.info.setdefault("streams", {})[msg_id] = out
+        return out
+
+    def _send_item(self, conn, msg_id, index: int, kind: int, segs) -> None:
+        if not conn.closed:
+            conn.send_msg(protocol.STREAM_ITEM, msg_id,
+                          [protocol.STREAM_ITEM_HEAD.pack(index, kind), *segs])
+
+    def _end_stream(self, conn, msg_id, count: int) -> None:
+        conn.info.get("streams", {}).pop(msg_id, None)
+        if not conn.closed:
+            conn.send_msg(protocol.STREAM_END, msg_id, [protocol.STREAM_COUNT.pack(count)])
+
+    def _stream_job(self, conn, msg_id, fn, args, kwargs, where: str, out: _StreamOut,
+                    enter=None):
+        """An executor job: run a generator, sending each value as it is yielded.
+
+        Items are handed to the loop with ``call_soon_threadsafe`` in yield order, the end
+        too, so the end can never overtake an item.
+        """
+        post = self.loop.call_soon_threadsafe
+
+        def job():
+            if enter is not None:
+                enter()
+                context.set_running_task(True)
+            index = 0
+            try:
+                items = _as_iterator(fn(*args, **kwargs), where)
+                for item in items:
+                    kind, segs = shm_store.wrap_result(conn, *_encode_result(item, where))
+                    post(self._send_item, conn, msg_id, index, kind, segs)
+                    index += 1
+                    item = segs = None   # a paused generator must not pin the last value
+                    if kind == protocol.RESULT_ERR or not out.wait_credit(index, conn):
+                        items.close()   # unpicklable value, or the caller is gone
+                        break
+            except SystemExit as e:
+                if self.is_actor:
+                    self.executor.stopped = True
+                    post(self._exit_reply, conn, msg_id, self._begin_exit(e, where))
+                    return None
+                post(self._send_item, conn, msg_id, index, protocol.RESULT_ERR,
+                     encode_error(e, where))
+                index += 1
+            except BaseException as e:
+                post(self._send_item, conn, msg_id, index, protocol.RESULT_ERR,
+                     encode_error(e, where))
+                index += 1
+            finally:
+                if enter is not None:
+                    context.set_running_task(False)
+            post(self._end_stream, conn, msg_id, index)
+            return None
+        return job
+
+    async def _run_async_stream(self, conn, msg_id, fn, args, kwargs, where: str,
+                                out: _StreamOut):
+        """An ``async def ... yield`` method of an async actor, on the loop."""
+        index = 0
+        async with self.semaphore:
+            try:
+                agen = fn(*args, **kwargs)
+                while True:
+                    try:
+                        item = await agen.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    enc = _encode_result(item, where, can_block=False)
+                    if enc is None:   # it holds refs still pending: wait off the loop
+                        enc = await self.loop.run_in_executor(None, _encode_result, item, where)
+                    kind, segs = shm_store.wrap_result(conn, *enc)
+                    self._send_item(conn, msg_id, index, kind, segs)
+                    index += 1
+                    item = segs = enc = None
+                    if kind == protocol.RESULT_ERR or not await out.await_credit(index, conn):
+                        await agen.aclose()
+                        break
+            except SystemExit as e:
+                if self.executor is not None:
+                    self.executor.stopped = True
+                self._exit_reply(conn, msg_id, self._begin_exit(e, where))
+                return
+            except BaseException as e:
+                self._send_item(conn, msg_id, index, protocol.RESULT_ERR, encode_error(e, where))
+                index += 1
+        self._end_stream(conn, msg_id, index)
+
     def _reply(self, conn, msg_id, value, where: str, nret: int = 1):
         if conn.closed:
             return
@@ -526,6 +742,7 @@ class Worker:
         try:
             name, args, kwargs, *extra = loads(segs[1:])
             nret = extra[0] if extra else 1
+            limit = extra[1] if len(extra) > 1 else -1
             args, kwargs = _resolve(args, kwargs, self.objects)
             if self.instance is None:
                 raise RuntimeError(f"actor {self.actor_name} is not constructed")
@@ -536,6 +753,16 @@ class Worker:
             fn, is_async = entry
         except BaseException as e:
             self._reply_error(conn, msg_id, e, f"{self.actor_name} (pid {_pid})")
+            return
+        if isinstance(nret, str):
+            where = f"{self.actor_name}.{name} (pid {_pid})"
+            out = self._open_stream(conn, msg_id, limit)
+            if inspect.isasyncgenfunction(fn):
+                self.loop.create_task(
+                    self._run_async_stream(conn, msg_id, fn, args, kwargs, where, out))
+            else:
+                self.executor.submit(
+                    self._stream_job(conn, msg_id, fn, args, kwargs, where, out))
             return
         if is_async:
             self.loop.create_task(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
@@ -571,6 +798,8 @@ class Worker:
         try:
             fn_id, fn_name, job_id, args, kwargs, *extra = loads(segs[1:])
             nret = extra[0] if extra else 1
+            limit = extra[1] if len(extra) > 1 else -1
+            group = extra[2] if len(extra) > 2 else None   # its placement group, if any
             fn = self.loaded.get(fn_id)
             if fn is None:
                 code = self.functions.get(fn_id)
@@ -586,7 +815,14 @@ class Worker:
         def enter():
             # Whose output follows: the node's log tailer prefixes lines by this marker.
             context.current.job_id = job_id
+            context.current.placement = group
             _log_marker(f"task:{fn_name}:{job_id or ''}")
+
+        if isinstance(nret, str):
+            out = self._open_stream(conn, msg_id, limit)
+            self._exec().submit(
+                self._stream_job(conn, msg_id, fn, args, kwargs, where, out, enter))
+            return
 
         if inspect.iscoroutinefunction(fn):
             enter()
@@ -688,6 +924,7 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
         # Callers are tracked once, when they authenticate, not on every call.
         worker.server = await serve(listen_host, 0, token, worker, on_open=worker.callers.add)
         port = worker.server.sockets[0].getsockname()[1]
+        context.current.address = f"{listen_host}:{port}"   # named by out-of-band refs
         worker.node_conn = await connect(node_host, node_port, token, rpc.RpcHandler(worker))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, _pid_now(), port)
 

@@ -50,22 +50,23 @@ def test_from_import_of_a_missing_name_keeps_the_reason():
     # Without care Python reports only "cannot import name", dropping why.
     with pytest.raises(ImportError, match="ray.cancel is not provided.*cannot cancel"):
         from ddlf_actors.compat.ray import cancel  # noqa: F401
-    with pytest.raises(ImportError, match="ray.util.placement_group is not provided"):
-        from ddlf_actors.compat.ray.util import placement_group  # noqa: F401
+    with pytest.raises(ImportError, match="ray.util.collective is not provided"):
+        from ddlf_actors.compat.ray.util import collective  # noqa: F401
 
 
 def test_missing_util_names_say_so():
-    with pytest.raises(NotProvidedError, match="ray.util.placement_group .*placement groups"):
-        ray.util.placement_group  # noqa: B018
+    with pytest.raises(NotProvidedError, match="ray.util.state .*state API"):
+        ray.util.state  # noqa: B018
 
 
 def test_unsupported_options_are_refused_by_name():
-    with pytest.raises(NotImplementedError, match="generators"):
-        ray.remote(num_returns="dynamic")(lambda: 1)
+    assert ray.remote(num_returns="dynamic")(lambda: 1)._options == {"num_returns": "dynamic"}
     assert ray.remote(num_returns=2)(lambda: (1, 2))._options == {"num_returns": 2}
     with pytest.raises(NotImplementedError, match="runtime_env"):
         ray.remote(runtime_env={"pip": ["x"]})(lambda: 1)
-    with pytest.raises(NotImplementedError, match="placement groups"):
+    with pytest.raises(NotImplementedError, match="concurrency groups"):
+        ray.remote(concurrency_groups={"io": 2})(type("A", (), {}))
+    with pytest.raises(ValueError, match="placement_group must be a PlacementGroup"):
         ray.remote(placement_group=object())(type("A", (), {}))
     with pytest.raises(ValueError, match="unknown Ray option 'bogus'"):
         ray.remote(bogus=1)(lambda: 1)

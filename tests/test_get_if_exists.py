@@ -73,8 +73,9 @@ def test_method_validates_its_options():
 
     assert ddlf.method(f) is f
     assert ddlf.method(num_returns=1)(f) is f
-    with pytest.raises(ValueError, match="generators"):
-        ddlf.method(num_returns="dynamic")
+    assert ddlf.method(num_returns="dynamic")(f) is f
+    with pytest.raises(ValueError, match="num_returns"):
+        ddlf.method(num_returns="sometimes")
     with pytest.raises(NotImplementedError, match="concurrency groups"):
         ddlf.method(concurrency_group="io")
 

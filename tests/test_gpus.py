@@ -175,7 +175,7 @@ def test_tasks_and_actors_get_gpu_ids(no_leaks):
         c = GpuActor.options(num_gpus=1).remote()
         assert ddlf.get(c.ids.remote(), timeout=30)[0] == got_a[0]
         with pytest.raises(UnschedulableError, match="GPU"):
-            gpu_task.options(num_gpus=3).remote()
+            ddlf.get(gpu_task.options(num_gpus=3).remote(), timeout=30)
 
 
 def test_fractional_gpus_share_an_id(no_leaks):
@@ -195,7 +195,7 @@ def test_memory_is_a_resource_in_bytes(no_leaks):
         ddlf.get(a.ids.remote(), timeout=30)
         assert ddlf.available_resources()["memory"] == 400.0
         with pytest.raises(UnschedulableError, match="memory"):
-            gpu_task.options(memory=2000).remote()
+            ddlf.get(gpu_task.options(memory=2000).remote(), timeout=30)
         ddlf.kill(a)
         assert wait_for(lambda: ddlf.available_resources()["memory"] == 1000.0, timeout=10)
 

@@ -112,5 +112,5 @@ def test_a_dead_actor_fails_every_ref(cluster):
 def test_bad_num_returns_are_refused_at_once(cluster):
     with pytest.raises(ValueError, match="num_returns"):
         three.options(num_returns=0).remote()
-    with pytest.raises(NotImplementedError, match="generators"):
-        three.options(num_returns="dynamic").remote()
+    with pytest.raises(ValueError, match="num_returns"):
+        three.options(num_returns="sometimes").remote()

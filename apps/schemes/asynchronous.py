@@ -165,7 +165,8 @@ def train_async(model_fn, dataset, *, workers: int = 2, master_epochs: int = 1,
                 staleness_bound=None, staleness_scaling: bool = False, target_accuracy=None,
                 patience=None, trainer_cls=None, num_cpus: float = 1, progress: bool = True,
                 seed=0, callbacks=(), trainers=None, initial_weights=None,
-                trainer_options=None):
+                trainer_options=None, placement_strategy: str = "SPREAD",
+                placement_timeout_s: float = 60.0):
     """Train ``model_fn()`` data-parallel on ``workers`` trainers, asynchronously.
 
     Same arguments and errors as :func:`train_sync`, plus ``staleness_bound`` (SSP: no

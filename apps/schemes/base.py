@@ -15,11 +15,18 @@ as ``eval_s``.
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import DDLFError, UnschedulableError
+from ddlf_actors.util import (
+    PlacementGroupSchedulingStrategy,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
 from .. import datasets
 from ..callbacks import EarlyStopping, History, ProgressBar
@@ -27,8 +34,8 @@ from ..config import TrainConfig
 from ..result import TrainResult
 from ..trainer import TrainerActor, combine_shards, nbytes
 
-__all__ = ["Scheme", "TrainerStartError", "check_dataset", "start_trainers", "describe_trainers",
-           "config_from_call"]
+__all__ = ["Scheme", "TrainerStartError", "check_dataset", "start_trainers", "stop_trainers",
+           "describe_trainers", "config_from_call", "TrainerGroup"]
 
 
 class TrainerStartError(DDLFError):
@@ -68,28 +75,91 @@ def _ensure_session() -> bool:
     return True
 
 
-def start_trainers(model_fn, dataset, config: TrainConfig) -> list:
+class TrainerGroup(list):
+    """The trainers of a run, and the placement group that reserved their resources."""
+
+    placement_group = None
+
+
+def start_trainers(model_fn, dataset, config: TrainConfig) -> TrainerGroup:
     """Create ``config.workers`` trainer actors with ``num_cpus`` each.
 
-    Raises ``UnschedulableError`` at once when the cluster has too few free CPUs, rather
-    than leaving a run half-placed.
+    Their resources are reserved first, all together, as a placement group of one bundle
+    per trainer (``config.placement_strategy``), so a run never starts half-placed. Raises
+    ``UnschedulableError`` naming the demand at once when the cluster can never hold the
+    group, and after ``config.placement_timeout_s`` when it could but has no room.
+    Stop them with :func:`stop_trainers`, which also frees the group.
     """
     check_dataset(dataset)
     cls = config.trainer_cls or TrainerActor
     if isinstance(dataset, datasets.PartitionedDataset) and dataset.num_partitions < config.workers:
         raise ValueError(f"{dataset!r} has {dataset.num_partitions} partitions for "
                          f"{config.workers} workers: each trainer loads its own partition")
-    need = config.workers * float(config.num_cpus)
+    options = dict(config.trainer_options)
+    actor_cls = ddlf.remote(num_cpus=config.num_cpus, **options)(cls)
+    bundle = {"CPU": float(config.num_cpus), **(options.get("resources") or {})}
+    bundle = {k: float(v) for k, v in bundle.items() if v}
+    trainers = TrainerGroup()
+    if not bundle or "scheduling_strategy" in options or "node_id" in options:
+        # Nothing to reserve, or the caller placed the trainers itself.
+        trainers.extend(actor_cls.remote(model_fn, dataset, j, config.num_cpus)
+                        for j in range(config.workers))
+        return trainers
+    pg = _reserve(bundle, config)
+    trainers.placement_group = pg
+    try:
+        for j in range(config.workers):
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=j)
+            trainers.append(actor_cls.options(scheduling_strategy=strategy).remote(
+                model_fn, dataset, j, config.num_cpus))
+    except BaseException:
+        stop_trainers(trainers)
+        raise
+    return trainers
+
+
+def _reserve(bundle: dict, config: TrainConfig):
+    """A placement group of ``config.workers`` bundles, reserved; or UnschedulableError."""
+    K = config.workers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # an infeasible group is reported below, as an error
+        pg = placement_group([bundle] * K, strategy=config.placement_strategy)
+    try:
+        view = placement_group_table(pg)
+        never = view.get("stats", {}).get("scheduling_state") == "INFEASIBLE"
+        if not never and pg.wait(config.placement_timeout_s):
+            return pg
+    except BaseException:
+        remove_placement_group(pg)
+        raise
+    remove_placement_group(pg)
+    need = K * float(config.num_cpus)
     free = float(ddlf.available_resources().get("CPU", 0.0))
     total = float(ddlf.cluster_resources().get("CPU", 0.0))
-    if need > free + 1e-9:
-        raise UnschedulableError(
-            f"workers={config.workers} trainers with num_cpus={config.num_cpus} need {need:g} "
-            f"CPUs, but the cluster has {free:g} free ({total:g} in all). Use fewer workers, "
-            "lower num_cpus, or add nodes with `ddlf-node start --address ...`.")
-    actor_cls = ddlf.remote(num_cpus=config.num_cpus, **config.trainer_options)(cls)
-    return [actor_cls.remote(model_fn, dataset, j, config.num_cpus)
-            for j in range(config.workers)]
+    why = ("the cluster's nodes can never hold them" if never else
+           f"they could not all be reserved within {config.placement_timeout_s:g} s")
+    raise UnschedulableError(
+        f"workers={K} trainers with num_cpus={config.num_cpus} need {need:g} CPUs ({K} "
+        f"bundles of {bundle}, strategy {config.placement_strategy}), but the cluster has "
+        f"{free:g} free ({total:g} in all), and {why}. Use fewer workers, lower num_cpus, "
+        "free resources, or add nodes with `ddlf-node start --address ...`.")
+
+
+def stop_trainers(trainers) -> None:
+    """Kill the trainers and free their placement group (a no-op once the session is gone)."""
+    if not ddlf.is_initialized():
+        return   # their cluster is gone with them; do not start a new one to kill them
+    for t in trainers or ():
+        try:
+            ddlf.kill(t)
+        except Exception:  # the session may already be gone
+            pass
+    pg = getattr(trainers, "placement_group", None)
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass
 
 
 def describe_trainers(trainers) -> list[dict]:
@@ -171,11 +241,7 @@ class Scheme:
             return result
         finally:
             if self._own_trainers and self.trainers:
-                for t in self.trainers:
-                    try:
-                        ddlf.kill(t)
-                    except Exception:  # the session may already be gone
-                        pass
+                stop_trainers(self.trainers)
             if started_session:
                 ddlf.shutdown()
 

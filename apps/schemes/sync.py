@@ -82,7 +82,8 @@ def train_sync(model_fn, dataset, *, workers: int = 2, master_epochs: int = 1,
                worker_epochs: int = 1, batch_size: int = 32, rounds_per_epoch: int = 1,
                target_accuracy=None, patience=None, trainer_cls=None, num_cpus: float = 1,
                progress: bool = True, seed=0, callbacks=(), trainers=None,
-               initial_weights=None, trainer_options=None):
+               initial_weights=None, trainer_options=None, placement_strategy: str = "SPREAD",
+               placement_timeout_s: float = 60.0):
     """Train ``model_fn()`` data-parallel on ``workers`` trainers, synchronously.
 
     ``dataset``: a registered name, a callable returning ``((x, y), (x_test, y_test))``
@@ -91,9 +92,13 @@ def train_sync(model_fn, dataset, *, workers: int = 2, master_epochs: int = 1,
     evaluations without a better test loss. Returns a ``TrainResult`` (``history``,
     ``weights``, ``model``). Starts an embedded cluster if ``ddlf.init()`` was not called.
 
-    Raises ``ValueError`` for an unknown dataset, ``UnschedulableError`` when the
-    cluster lacks ``workers × num_cpus`` free CPUs, ``TrainerStartError`` when
-    ``model_fn`` or the dataset fails on a trainer.
+    The trainers' CPUs are reserved first, together, as a placement group
+    (``placement_strategy``, one bundle per trainer), so a run never starts half-placed.
+
+    Raises ``ValueError`` for an unknown dataset, ``UnschedulableError`` (naming the
+    demand) when the cluster can never hold ``workers × num_cpus`` CPUs or has not freed
+    them within ``placement_timeout_s``, ``TrainerStartError`` when ``model_fn`` or the
+    dataset fails on a trainer.
     """
     config = config_from_call(locals())
     return SyncScheme(model_fn, dataset, config, trainers).run(initial_weights)

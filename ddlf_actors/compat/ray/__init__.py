@@ -1,7 +1,8 @@
 """Ray Core's public API over DDLF: ``import ddlf_actors.compat.ray as ray``.
 
 The names a Ray program uses most (``init``, ``remote``, ``get``, ``wait``, ``put``,
-``kill``, ``get_actor``, ``nodes``, ``method``, ``ObjectRef``, ``exceptions``, ``util``)
+``kill``, ``get_actor``, ``nodes``, ``method``, ``ObjectRef``, ``ObjectRefGenerator``,
+``DynamicObjectRefGenerator``, ``exceptions``, ``util``)
 map onto DDLF; a Ray name DDLF lacks raises an error naming it and saying why
 (docs/ray-compat.md lists every name). ``python -m ddlf_actors.compat.ray script.py``
 runs an unmodified Ray script: ``import ray`` then resolves to this package.
@@ -14,6 +15,7 @@ import sys
 
 import ddlf_actors as _ddlf
 from ddlf_actors.api import ClusterInfo as _ClusterInfo
+from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ddlf_actors.runtime.object_ref import ObjectRef
 
 from . import exceptions
@@ -25,8 +27,9 @@ from ._remote import remote
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
     "get_actor", "nodes", "cluster_resources", "available_resources", "method",
-    "get_runtime_context", "get_gpu_ids", "ObjectRef", "exceptions", "util", "actor",
-    "runtime_env", "RayContext", "NotProvidedError",
+    "get_runtime_context", "get_gpu_ids", "ObjectRef", "ObjectRefGenerator",
+    "DynamicObjectRefGenerator", "exceptions", "util", "actor", "runtime_env", "RayContext",
+    "NotProvidedError",
 ]
 
 # Ray's init arguments that only tune Ray's own processes: accepted and ignored.
@@ -173,8 +176,12 @@ class RuntimeContext:
         return core.job_id if core is not None else None
 
     def get_node_id(self):
+        """The node this code runs on; in a driver, as in Ray, the node on its own host
+        (None if the cluster has no live node on this host)."""
         ctx = _ctx()
-        return ctx.node_id if ctx else None
+        if ctx is not None:
+            return ctx.node_id
+        return _local_node_id()
 
     def get_worker_id(self):
         ctx = _ctx()
@@ -197,6 +204,27 @@ class RuntimeContext:
         raise missing(f"get_runtime_context().{name}")
 
 
+def _local_node_id():
+    from ddlf_actors.runtime.core import get_core
+
+    core = get_core(auto=False)
+    if core is None:
+        return None
+    import psutil
+
+    local = {"localhost"}
+    try:
+        for addrs in psutil.net_if_addrs().values():
+            local.update(a.address for a in addrs)
+    except (OSError, psutil.Error):
+        pass
+    for n in core.head_call("nodes"):
+        host = n["address"].rpartition(":")[0]
+        if n["alive"] and (host in local or host.startswith("127.")):
+            return n["node_id"]
+    return None
+
+
 def _ctx():
     from ddlf_actors.runtime import context
 
@@ -209,7 +237,8 @@ def get_runtime_context() -> RuntimeContext:
 
 def __getattr__(name: str):
     # Submodules load on first use, as in Ray (ray.util, ray.actor).
-    if name in ("util", "actor", "remote_function", "runtime_context", "runtime_env"):
+    if name in ("util", "actor", "remote_function", "runtime_context", "_raylet", "dag",
+                "_private", "runtime_env"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -14,8 +14,9 @@ _REASONS = {
     # Ray libraries and subsystems
     "data": _LIBRARY, "serve": _LIBRARY, "tune": _LIBRARY, "train": _LIBRARY,
     "rllib": _LIBRARY, "air": _LIBRARY, "workflow": _LIBRARY, "llm": _LIBRARY,
-    "dag": "DDLF has no lazy task graphs (.bind/.execute, compiled graphs)",
-    "experimental": "DDLF has none of Ray's experimental APIs (compiled graphs, tqdm_ray, ...)",
+    "dag": "DDLF's ray.dag has the DAG nodes and compiled graphs only",
+    "experimental": "DDLF has none of Ray's experimental APIs (channels, tqdm_ray, ...); "
+                    "compiled graphs are dag.experimental_compile()",
     "autoscaler": "DDLF clusters are started by hand with `ddlf-node start`; there is no autoscaler",
     "job_submission": "DDLF has no job server; run the driver script directly",
     "client": "DDLF has no Ray Client (ray://); connect with ray.init('host:port')",
@@ -29,8 +30,6 @@ _REASONS = {
     # Core functions and types
     "cancel": "DDLF cannot cancel a task or actor call yet",
     "timeline": "DDLF records no task timeline",
-    "ObjectRefGenerator": "DDLF has no generator tasks (num_returns='streaming')",
-    "DynamicObjectRefGenerator": "DDLF has no generator tasks (num_returns='dynamic')",
     "cpp_function": "DDLF runs Python only", "java_function": "DDLF runs Python only",
     "java_actor_class": "DDLF runs Python only", "Language": "DDLF runs Python only",
     "cross_language": "DDLF runs Python only",
@@ -38,16 +37,11 @@ _REASONS = {
     "ActorClassID": "DDLF ids are plain hex strings", "ActorID": "DDLF ids are plain hex strings",
     "FunctionID": "DDLF ids are plain hex strings", "JobID": "DDLF ids are plain hex strings",
     "NodeID": "DDLF ids are plain hex strings", "ObjectID": "DDLF ids are plain hex strings",
-    "PlacementGroupID": "DDLF has no placement groups", "TaskID": "DDLF ids are plain hex strings",
+    "PlacementGroupID": "DDLF ids are plain hex strings", "TaskID": "DDLF ids are plain hex strings",
     "UniqueID": "DDLF ids are plain hex strings", "WorkerID": "DDLF ids are plain hex strings",
     "SCRIPT_MODE": "DDLF has no worker modes", "WORKER_MODE": "DDLF has no worker modes",
     "__version__": "DDLF is not Ray; see ddlf_actors.__version__",
     # ray.util
-    "util.placement_group": "DDLF has no placement groups",
-    "util.remove_placement_group": "DDLF has no placement groups",
-    "util.get_placement_group": "DDLF has no placement groups",
-    "util.get_current_placement_group": "DDLF has no placement groups",
-    "util.placement_group_table": "DDLF has no placement groups",
     "util.as_completed": "not provided yet; use ray.wait in a loop",
     "util.map_unordered": "not provided yet; use ray.util.ActorPool.map_unordered",
     "util.inspect_serializability": "not provided; pickle the object with cloudpickle to test it",
@@ -69,7 +63,6 @@ _REASONS = {
     "util.spark": "DDLF has no Spark integration", "util.tracing": "DDLF has no tracing",
     "util.annotations": "DDLF does not expose Ray's API annotations",
     "util.check_serialize": "not provided",
-    "util.scheduling_strategies.PlacementGroupSchedulingStrategy": "DDLF has no placement groups",
     "util.scheduling_strategies.NodeLabelSchedulingStrategy": "DDLF has no node labels",
     "get_runtime_context().current_actor": "not provided yet",
 }

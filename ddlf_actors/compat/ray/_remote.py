@@ -3,8 +3,9 @@
 An option DDLF has passes through (``num_gpus``, ``memory`` and ``runtime_env`` among
 them: DDLF checks a runtime env's fields and paths itself). One that only tunes Ray's
 scheduling or bookkeeping is dropped with a warning. One that changes what a program
-computes (placement groups, concurrency groups) raises ``NotImplementedError`` naming
-it, rather than running the program differently.
+computes (concurrency groups) raises ``NotImplementedError`` naming it, rather than
+running the program differently. ``scheduling_strategy`` and Ray's older
+``placement_group=`` options map onto DDLF's scheduling strategies.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import warnings
 from ddlf_actors.actor import ActorClass
 from ddlf_actors.options import ACTOR_OPTIONS, TASK_OPTIONS
 from ddlf_actors.remote_function import RemoteFunction
+from ddlf_actors.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 __all__ = ["remote", "translate_options", "RayActorClass", "RayRemoteFunction",
            "NodeAffinitySchedulingStrategy"]
@@ -37,13 +42,13 @@ _IGNORED = {
     "_metadata": None,
 }
 
+# Ray's options from before scheduling_strategy (still accepted by Ray).
+_LEGACY_PLACEMENT = ("placement_group", "placement_group_bundle_index",
+                     "placement_group_capture_child_tasks")
+
 # Ray options that would change a program's meaning: refuse them by name.
 _UNSUPPORTED = {
-    "placement_group": "placement groups",
-    "placement_group_bundle_index": "placement groups",
-    "placement_group_capture_child_tasks": "placement groups",
     "concurrency_groups": "concurrency groups",
-    "_generator_backpressure_num_objects": "generator tasks",
     "tensor_transport": "GPU tensor transport",
 }
 
@@ -57,24 +62,12 @@ def _warn_ignored(key: str, why: str | None) -> None:
                       stacklevel=4)
 
 
-class NodeAffinitySchedulingStrategy:
-    """Ray's ``NodeAffinitySchedulingStrategy``: run on the node ``node_id``.
-
-    DDLF pins the actor to that node; ``soft=True`` (fall back to another node) is
-    accepted but DDLF still pins. Tasks cannot be pinned in DDLF.
-    """
-
-    def __init__(self, node_id: str, soft: bool, _spill_on_unavailable: bool = False,
-                 _fail_on_unavailable: bool = False):
-        self.node_id = node_id
-        self.soft = soft
-
-
 def translate_options(options: dict, for_actor: bool) -> dict:
     """Ray's ``@ray.remote``/``.options()`` keywords -> DDLF's, or ``NotImplementedError``."""
     allowed = ACTOR_OPTIONS if for_actor else TASK_OPTIONS
     what = "actor" if for_actor else "task"
     out: dict = {}
+    legacy = {k: options.get(k) for k in _LEGACY_PLACEMENT}
     for key, value in options.items():
         if key == "resources":
             out["resources"] = {**(value or {}), **out.get("resources", {})}
@@ -84,20 +77,10 @@ def translate_options(options: dict, for_actor: bool) -> dict:
                     f"num_returns={value!r} on a {what}: DDLF does not support multiple "
                     "return values yet; return a tuple and unpack it after ray.get")
         elif key == "scheduling_strategy":
-            if isinstance(value, NodeAffinitySchedulingStrategy):
-                if not for_actor:
-                    raise NotImplementedError("NodeAffinitySchedulingStrategy on a task: DDLF "
-                                              "can pin actors to a node, not tasks")
-                out["node_id"] = value.node_id
-            elif value in (None, "DEFAULT"):
-                pass
-            elif value == "SPREAD":
-                _warn_ignored("scheduling_strategy='SPREAD'", "DDLF's scheduler places "
-                              "work itself")
-            else:
-                raise NotImplementedError(
-                    f"scheduling_strategy={value!r}: DDLF supports 'DEFAULT', 'SPREAD' and "
-                    "NodeAffinitySchedulingStrategy only (no placement groups or labels)")
+            if value is not None:
+                out["scheduling_strategy"] = value   # DDLF checks it (ValueError if bad)
+        elif key in _LEGACY_PLACEMENT:
+            pass   # combined below
         elif key in _UNSUPPORTED:
             # Ray's own defaults for these options mean "not used": accept them.
             if value not in (None, {}, [], False, -1, "default"):
@@ -112,6 +95,14 @@ def translate_options(options: dict, for_actor: bool) -> dict:
         else:
             raise ValueError(f"unknown Ray option {key!r} for a {what}; DDLF accepts "
                              f"{sorted(allowed | set(_IGNORED))}")
+    pg = legacy["placement_group"]
+    if pg not in (None, "default"):
+        if "scheduling_strategy" in out:
+            raise ValueError("give either scheduling_strategy=... or placement_group=..., "
+                             "not both")
+        index = legacy["placement_group_bundle_index"]
+        out["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            pg, -1 if index is None else index, legacy["placement_group_capture_child_tasks"])
     if not out.get("resources"):
         out.pop("resources", None)
     return out
@@ -134,9 +125,6 @@ class RayActorClass(ActorClass):
     def options(self, **options):
         return super().options(**translate_options(options, for_actor=True))
 
-    def bind(self, *args, **kwargs):
-        raise NotImplementedError("ActorClass.bind: DDLF has no lazy task graphs (ray.dag)")
-
 
 class RayRemoteFunction(RemoteFunction):
     """A ``RemoteFunction`` whose ``.options()`` takes Ray's keywords."""
@@ -146,9 +134,6 @@ class RayRemoteFunction(RemoteFunction):
 
     def options(self, **options):
         return super().options(**translate_options(options, for_actor=False))
-
-    def bind(self, *args, **kwargs):
-        raise NotImplementedError("RemoteFunction.bind: DDLF has no lazy task graphs (ray.dag)")
 
 
 def remote(*args, **options):
@@ -163,9 +148,6 @@ def remote(*args, **options):
 def _make(obj, options: dict):
     if inspect.isclass(obj):
         return RayActorClass(obj, options)
-    if inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj):
-        raise NotImplementedError(f"@ray.remote on generator function {obj.__name__}: DDLF "
-                                  "has no generator tasks; return a list instead")
     if callable(obj):
         return RayRemoteFunction(obj, options)
     raise TypeError(f"@ray.remote applies to classes and functions, not {type(obj).__name__}")

@@ -11,10 +11,12 @@ from __future__ import annotations
 from ddlf_actors.errors import (
     ActorDiedError,
     ActorNameTakenError,
+    ActorPlacementGroupRemovedError,
     AuthenticationError,
     DDLFError,
     GetTimeoutError,
     TaskError,
+    TaskPlacementGroupRemovedError,
     UnschedulableError,
     WorkerCrashedError,
 )
@@ -31,6 +33,8 @@ GetTimeoutError = GetTimeoutError
 WorkerCrashedError = WorkerCrashedError
 AuthenticationError = AuthenticationError
 ActorAlreadyExistsError = ActorNameTakenError
+ActorPlacementGroupRemoved = ActorPlacementGroupRemovedError
+TaskPlacementGroupRemoved = TaskPlacementGroupRemovedError
 # DDLF raises one UnschedulableError for tasks and actors alike.
 TaskUnschedulableError = UnschedulableError
 ActorUnschedulableError = UnschedulableError
@@ -111,14 +115,6 @@ class CrossLanguageError(DDLFError):
 
 
 class AsyncioActorExit(DDLFError):
-    pass
-
-
-class ActorPlacementGroupRemoved(DDLFError):
-    pass
-
-
-class TaskPlacementGroupRemoved(DDLFError):
     pass
 
 

@@ -1,7 +1,8 @@
-"""``ray.util`` over DDLF: ``ActorPool``, ``queue``, ``list_named_actors``, scheduling strategies.
+"""``ray.util`` over DDLF: ``ActorPool``, ``queue``, ``list_named_actors``, placement groups,
+scheduling strategies.
 
-Other ``ray.util`` names (placement groups, collective, state, ...) raise an error that
-names them and says why DDLF lacks them.
+Other ``ray.util`` names (collective, state, ...) raise an error that names them and says
+why DDLF lacks them.
 """
 
 from __future__ import annotations
@@ -9,9 +10,20 @@ from __future__ import annotations
 from ddlf_actors.util import ActorPool
 
 from .._missing import missing
+from . import placement_group as _placement_group_module  # noqa: F401 - before the names below
 from . import queue, scheduling_strategies
+from .placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    get_placement_group,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
 
-__all__ = ["ActorPool", "queue", "scheduling_strategies", "list_named_actors"]
+__all__ = ["ActorPool", "queue", "scheduling_strategies", "list_named_actors", "PlacementGroup",
+           "placement_group", "remove_placement_group", "get_placement_group",
+           "placement_group_table", "get_current_placement_group"]
 
 
 def list_named_actors(all_namespaces: bool = False) -> list:

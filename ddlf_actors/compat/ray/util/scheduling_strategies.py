@@ -1,9 +1,13 @@
-"""``ray.util.scheduling_strategies``: node affinity only (DDLF has no placement groups)."""
+"""``ray.util.scheduling_strategies``: DDLF's node affinity and placement group strategies."""
+
+from ddlf_actors.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from .._missing import missing
-from .._remote import NodeAffinitySchedulingStrategy
 
-__all__ = ["NodeAffinitySchedulingStrategy"]
+__all__ = ["NodeAffinitySchedulingStrategy", "PlacementGroupSchedulingStrategy"]
 
 
 def __getattr__(name: str):

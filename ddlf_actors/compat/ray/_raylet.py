@@ -1,0 +1,14 @@
+"""``ray._raylet``: only the public types Ray's docs import from it."""
+
+from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
+from ddlf_actors.runtime.object_ref import ObjectRef
+
+from ._missing import missing
+
+__all__ = ["ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator"]
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise missing(f"_raylet.{name}")
