@@ -6,7 +6,8 @@ import atexit
 import os
 import threading
 
-from ddlf_actors.runtime import config
+from ddlf_actors.runtime import config, context
+from ddlf_actors.runtime import runtime_env as _runtime_env
 from ddlf_actors.runtime.address import split_address
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
@@ -16,11 +17,12 @@ from ddlf_actors.runtime.session import find_token, head_record, read_config
 
 from .actor import ActorClass, ActorHandle
 from .errors import AlreadyInitializedError
+from .options import check_gpus, check_memory
 from .remote_function import RemoteFunction
 
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "get_actor",
-    "nodes", "cluster_resources", "available_resources", "ClusterInfo",
+    "nodes", "cluster_resources", "available_resources", "get_gpu_ids", "ClusterInfo",
 ]
 
 _lock = threading.RLock()
@@ -45,13 +47,22 @@ class ClusterInfo:
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, token: str | None = None,
-         resources: dict | None = None, ignore_reinit_error: bool = False) -> ClusterInfo:
+         resources: dict | None = None, ignore_reinit_error: bool = False,
+         num_gpus: int | None = None, memory: float | None = None,
+         runtime_env: dict | None = None) -> ClusterInfo:
     """Start an embedded local cluster (no ``address``) or connect to ``"host:port"``.
 
     The embedded cluster is a head and one node as child processes with ``num_cpus`` CPUs
-    (default ``os.cpu_count()``); it stops at :func:`shutdown` or at interpreter exit.
-    Calling ``init`` is optional: the first ``.remote()``, ``get``, ``put`` or ``wait``
-    starts an embedded cluster with the defaults.
+    (default ``os.cpu_count()``), ``num_gpus`` GPUs (default: found from
+    ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi``) and ``memory`` bytes (default: all); it
+    stops at :func:`shutdown` or at interpreter exit. Calling ``init`` is optional: the
+    first ``.remote()``, ``get``, ``put`` or ``wait`` starts an embedded cluster with the
+    defaults.
+
+    ``runtime_env`` (``env_vars``, ``working_dir``, ``py_modules``, ``excludes``) is the
+    job's: every task and actor runs in it, merged under its own as in Ray. It is checked
+    (and its directories packed) here: ``ValueError`` for a missing path,
+    ``NotImplementedError`` for fields DDLF lacks such as ``pip``.
 
     A second call returns the current ``ClusterInfo`` when ``ignore_reinit_error=True``
     (its arguments are then ignored) and raises ``AlreadyInitializedError`` (a
@@ -67,20 +78,32 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
                 "first .remote(), get, put or wait); pass ignore_reinit_error=True to "
                 "ignore a second call, or call ddlf.shutdown() first to start or join "
                 "another cluster")
+        env_spec = _runtime_env.validate(runtime_env, "init(runtime_env=...)")
+        if env_spec:
+            _runtime_env.packed(env_spec)   # a folder over the size cap fails before any start
+        if num_gpus is not None:
+            check_gpus(num_gpus)
+            if float(num_gpus) != int(num_gpus):
+                raise ValueError(f"num_gpus={num_gpus!r}: a node has a whole number of GPUs")
+        if memory is not None:
+            check_memory(memory)
         # A driver holds a connection per actor it calls: do not stop at a soft limit of 1024.
         config.raise_open_file_limit()
         cluster = None
         if address is None:
-            cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources)
+            cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources,
+                                   num_gpus=num_gpus, memory=memory)
             address, token = cluster.address, cluster.token
         else:
             address, token = _resolve_address(address, token)
-            if num_cpus is not None or resources:
-                raise ValueError("num_cpus and resources describe an embedded cluster; give them "
-                                 "to `ddlf-node start` on each host instead")
+            if num_cpus is not None or resources or num_gpus is not None or memory is not None:
+                raise ValueError("num_cpus, num_gpus, memory and resources describe an embedded "
+                                 "cluster; give them to `ddlf-node start` on each host instead")
         core = Core(address, token, is_driver=True, cluster=cluster)
         try:
             core.connect()
+            if env_spec:
+                core.runtime_env = _runtime_env.for_call(core, env_spec)
         except BaseException:
             core.close()
             if cluster is not None:
@@ -232,6 +255,15 @@ def get_actor(name: str) -> ActorHandle:
     if view is None:
         raise ValueError(f"no live actor named {name!r} in this cluster")
     return ActorHandle(view["actor_id"], view["class_name"], view["methods"] or {})
+
+
+def get_gpu_ids() -> list:
+    """The GPU ids assigned to the task or actor this runs in (what its
+    ``CUDA_VISIBLE_DEVICES`` lists): ints, or strings when the node's GPUs came from
+    ``CUDA_VISIBLE_DEVICES``. Empty in the driver and in work that asked for no GPUs,
+    as in Ray."""
+    ctx = context.current
+    return list(ctx.gpu_ids) if ctx is not None else []
 
 
 def nodes() -> list[dict]:

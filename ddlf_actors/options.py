@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from ddlf_actors.runtime import runtime_env as _runtime_env
 from ddlf_actors.runtime.core import check_backpressure
 
-__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "BACKPRESSURE", "validate"]
+__all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "BACKPRESSURE", "validate",
+           "check_gpus", "check_memory"]
 
-_COMMON = {"num_cpus", "resources", "name", "scheduling_strategy"}
+_COMMON = {"num_cpus", "num_gpus", "memory", "resources", "name", "runtime_env",
+           "scheduling_strategy"}
 ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_id",
                            "get_if_exists", "max_task_retries"}
 # Ray's name for the generator backpressure bound, kept so Ray code carries over.
@@ -30,6 +33,16 @@ def validate(options: dict, allowed: set, what: str) -> dict:
             raise ValueError(f"resources must be a dict of name -> amount >= 0, got {res!r}")
         if "CPU" in res:
             raise ValueError("give CPUs with num_cpus=..., not resources={'CPU': ...}")
+        if "GPU" in res:
+            check_gpus(res["GPU"], "resources['GPU']")
+    if options.get("num_gpus") is not None:
+        check_gpus(options["num_gpus"])
+    if options.get("memory") is not None:
+        check_memory(options["memory"])
+    if "runtime_env" in options:
+        # Checked here, at the call: a missing directory or a pip list fails now, not in a
+        # worker. Relative paths are taken from the current directory, as in Ray.
+        options["runtime_env"] = _runtime_env.validate(options["runtime_env"])
     for key in ("max_restarts", "max_retries", "max_task_retries"):
         v = options.get(key)
         if v is not None and (not isinstance(v, int) or v < -1):
@@ -62,3 +75,17 @@ def validate(options: dict, allowed: set, what: str) -> dict:
             raise ValueError("give either node_id=... or scheduling_strategy=..., not both "
                              "(NodeAffinitySchedulingStrategy(node_id, soft) pins to a node)")
     return options
+
+
+def check_gpus(n, what: str = "num_gpus") -> None:
+    """A GPU amount: a number >= 0, whole when above 1 (a fraction shares one GPU)."""
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+        raise ValueError(f"{what} must be a number >= 0, got {n!r}")
+    if n > 1 and float(n) != int(n):
+        raise ValueError(f"{what}={n!r}: above 1, ask for a whole number of GPUs (a fraction "
+                         "below 1 shares one GPU with other work)")
+
+
+def check_memory(n, what: str = "memory") -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+        raise ValueError(f"{what} must be a number of bytes >= 0, got {n!r}")

@@ -1,7 +1,7 @@
 """``ddlf-node``: start a head or join a node on this host; stop them; show cluster status.
 
-    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--resources JSON] [--token-file F] [TLS] [--block]
-    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--resources JSON] [--token-file F] [TLS] [--block]
+    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--num-gpus N] [--memory BYTES] [--resources JSON] [--token-file F] [TLS] [--block]
+    ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--num-gpus N] [--memory BYTES] [--resources JSON] [--token-file F] [TLS] [--block]
     ddlf-node stop
     ddlf-node status [--address A] [--token-file F] [TLS]
 
@@ -97,7 +97,7 @@ def cmd_start(a) -> int:
     try:
         json.loads(resources)
     except ValueError as e:
-        print(f"--resources must be JSON, e.g. '{{\"GPU\": 1}}': {e}", file=sys.stderr)
+        print(f"--resources must be JSON, e.g. '{{\"disk\": 1}}': {e}", file=sys.stderr)
         return 2
     try:
         explicit = _explicit_token(a)
@@ -139,6 +139,10 @@ def cmd_start(a) -> int:
                      "--resources", resources, *node_auth]
         if a.num_cpus is not None:
             node_args += ["--num-cpus", str(a.num_cpus)]
+        if a.num_gpus is not None:
+            node_args += ["--num-gpus", str(a.num_gpus)]
+        if a.memory is not None:
+            node_args += ["--memory", str(a.memory)]
         node_env = {**tls_env, **({} if a.head else {TOKEN_ENV: token})}
         node, ninfo = _spawn(node_args, "node", a.block, f"node-{os.getpid()}.log", env=node_env)
         procs.append(node)
@@ -306,7 +310,11 @@ def main(argv=None) -> int:
                    help="IP to bind and advertise (default 127.0.0.1: loopback only)")
     s.add_argument("--port", type=int, default=6380, help="head port (default 6380; 0 = any)")
     s.add_argument("--num-cpus", type=float)
-    s.add_argument("--resources", help='custom resources as JSON, e.g. \'{"GPU": 1}\'')
+    s.add_argument("--num-gpus", type=int, help="GPUs to offer (default: the entries of "
+                   "CUDA_VISIBLE_DEVICES, else what `nvidia-smi -L` lists)")
+    s.add_argument("--memory", type=int, help="bytes of memory to offer to tasks and actors "
+                   "that ask for memory= (default: all of it; not enforced)")
+    s.add_argument("--resources", help='custom resources as JSON, e.g. \'{"disk": 1}\'')
     s.add_argument("--token-file", help="file holding the cluster token (default: "
                    "DDLF_AUTH_TOKEN, else the head generates one / the head's file on this host)")
     s.add_argument("--token", help="deprecated: visible to every local user in the process "

@@ -13,7 +13,7 @@ __all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD
            "NODE_DEAD_AFTER_MISSED", "NODE_REJOIN_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S",
            "REJECT_LOG_INTERVAL_S", "MAX_LENT_TASKS_PER_NODE", "TASK_PIPELINE_DEPTH",
            "LEASE_IDLE_S", "ACTOR_CONNECT_TRIES", "WAIT_ACTOR_MAX_S", "WAIT_GROUP_MAX_S",
-           "REMOVED_GROUPS_KEPT", "PRESTART_WORKERS",
+           "REMOVED_GROUPS_KEPT", "IDLE_TASK_MIN_CAP", "GPU_WAIT_S", "PRESTART_WORKERS",
            "LOG_POLL_S", "LOG_POLL_MAX_S", "REJOIN_REFUSED_TRIES", "START_TIMEOUT_S",
            "session_root", "raise_open_file_limit"]
 
@@ -78,6 +78,10 @@ WAIT_GROUP_MAX_S = _env_float("DDLF_WAIT_GROUP_MAX_S", 30.0)
 REMOVED_GROUPS_KEPT = _env_int("DDLF_REMOVED_GROUPS_KEPT", 1000)
 
 # -- node daemons (node.py) --
+# Idle task workers a node keeps across all runtime envs: at least this many (or 2 per CPU).
+IDLE_TASK_MIN_CAP = _env_int("DDLF_IDLE_TASK_MIN_CAP", 4)
+# How long a GPU demand waits for a GPU to be given back before it shares one.
+GPU_WAIT_S = _env_float("DDLF_GPU_WAIT_S", 5.0)
 # Idle fresh workers a node keeps started, so creating an actor does not start Python.
 PRESTART_WORKERS = max(0, _env_int("DDLF_PRESTART_WORKERS", 2))
 # Worker output is polled this often while workers print, backing off to LOG_POLL_MAX_S

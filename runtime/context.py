@@ -19,6 +19,9 @@ class WorkerContext:
         self.worker_id = worker_id
         self.actor_id: str | None = None
         self.job_id: str | None = None
+        # The runtime env this worker runs in (wire form): the parent of what it submits.
+        self.runtime_env: dict | None = None
+        self.gpu_ids: list = []      # GPUs assigned to this worker (its CUDA_VISIBLE_DEVICES)
         # The placement group this actor or task runs in: {"group_id", "bundles",
         # "capture"}, or None. With "capture", work it submits joins the group too.
         self.placement: dict | None = None

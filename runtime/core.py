@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from . import config, context, oob, placement, process, protocol, rpc, shm_store
+from . import config, context, oob, placement, process, protocol, rpc, runtime_env, shm_store
 from .address import split_address
 from .connection import connect
 from .errors import (
@@ -131,6 +131,7 @@ class Core:
         self.closed = False
         self.closing = False
         self.hello = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+        self.runtime_env: dict | None = None   # the job's, set by init (wire form)
         self.hello["shm"] = shm_store.local_info()   # same host: objects go through shared memory
 
     # -- connection to the head ------------------------------------------------------------
@@ -469,6 +470,7 @@ class Core:
             raise UnschedulableError(
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
+        env = runtime_env.for_call(self, options.get("runtime_env"))
         args, kwargs, refs = _split_refs(args, kwargs)
         args_segments, nested = dumps_with_refs((args, kwargs))
         args_segments = [bytes(s) for s in args_segments]
@@ -482,7 +484,7 @@ class Core:
             "detached": options.get("lifetime") == "detached", "node_id": options.get("node_id"),
             "scheduling": sched,
             "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
-            "job_id": self.job_id,
+            "job_id": self.job_id, "runtime_env": env,
         }
         if wire["name"]:
             # As in Ray, a name belongs to the actor once .remote() returns: reserve it
@@ -710,6 +712,7 @@ class Core:
         # A demand no node can meet is not refused here: as in Ray, .remote() returns a
         # ref; the head's UnschedulableError reaches the caller at get (at once).
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
+        env = runtime_env.for_call(self, options.get("runtime_env"))
         # Only a streaming call has a reader to pace the generator by.
         backpressure = check_backpressure(
             options.get("_generator_backpressure_num_objects", -1), fn_name
@@ -724,16 +727,17 @@ class Core:
         refs = _with_nested(refs, nested)
         ref = self.new_ref()
         out = self._returns(ref, nret, backpressure)
-        key = (tuple(sorted(demand.items())), _sched_key(sched))
+        # Tasks of one shape, placement and runtime env share leased workers; no others do.
+        key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
-        self._submit(self._route_task, key, demand, task, sched)
+        self._submit(self._route_task, key, demand, task, sched, env)
         return out
 
-    def _route_task(self, key, demand, task, sched=None):
+    def _route_task(self, key, demand, task, sched=None, env=None):
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _TaskPool(self, demand, sched)
+            pool = self.pools[key] = _TaskPool(self, demand, sched, env)
         pool.add(task)
 
     # -- refs settled by the I/O loop ------------------------------------------------------
@@ -829,6 +833,10 @@ def check_backpressure(n, what: str) -> int:
 
 def _demand(options: dict, default_cpus: float) -> dict:
     demand = {"CPU": float(options["num_cpus"]) if options.get("num_cpus") is not None else default_cpus}
+    if options.get("num_gpus"):
+        demand["GPU"] = float(options["num_gpus"])
+    if options.get("memory"):
+        demand["memory"] = float(options["memory"])
     for k, v in (options.get("resources") or {}).items():
         demand[k] = float(v)
     return {k: v for k, v in demand.items() if v > 0}
@@ -1245,10 +1253,12 @@ class _Lease:
 class _TaskPool:
     """Tasks of one resource shape: a queue, and the worker leases that run them."""
 
-    def __init__(self, core: Core, demand: dict, sched: dict | None = None):
+    def __init__(self, core: Core, demand: dict, sched: dict | None = None,
+                 runtime_env: dict | None = None):
         self.core = core
         self.demand = demand
         self.sched = sched
+        self.runtime_env = runtime_env
         self.queue: collections.deque = collections.deque()
         self.leases: list[_Lease] = []
         self.requesting = False
@@ -1324,7 +1334,8 @@ class _TaskPool:
 
     async def _request(self, wait: bool):
         try:
-            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched)
+            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched,
+                                   self.runtime_env)
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
                 return

@@ -130,6 +130,7 @@ class Head:
         self.leases: dict[str, LeaseRecord] = {}
         self.lent: set[str] = set()   # leases whose task waits in get; resources lent out
         self.pending: list[tuple] = []              # (demand, future) waiting for resources
+        self.packages: dict[str, bytes] = {}        # runtime_env packages, by id, for nodes
         self.groups: dict[str, placement.Group] = {}   # placement groups, oldest first
         self.waiting_groups: dict[str, placement.Group] = {}   # PENDING or RESCHEDULING ones
         self.group_names: dict[str, str] = {}          # name -> group id
@@ -705,7 +706,8 @@ class Head:
         return [a.view() for a in self.actors.values()]
 
     # -- task leases -------------------------------------------------------------------------
-    async def rpc_lease_worker(self, conn, demand: dict, wait: bool, sched: dict | None = None):
+    async def rpc_lease_worker(self, conn, demand: dict, wait: bool, sched: dict | None = None,
+                               runtime_env: dict | None = None):
         """Lend a worker for tasks of ``demand`` placed by ``sched``; None if ``wait`` is
         false and nothing has room now."""
         owner_id = conn.info.get("owner_id")
@@ -717,14 +719,15 @@ class Head:
                 return None
             node, charge = got
         try:
-            reply = await rpc.call(node.conn, "lease_worker")
+            # The node picks GPU ids and a worker set up for this runtime env.
+            reply = await rpc.call(node.conn, "lease_worker", demand, runtime_env)
         except Exception:
             self._free(charge, demand)
             raise
         if isinstance(charge, placement.Reservation) and not charge.active:
             # Its group was removed (or its node died) while the node answered.
             self.background.spawn(self._safe_call(node.conn, "kill_worker", reply["worker_id"]))
-            return await self.rpc_lease_worker(conn, demand, wait, sched)
+            return await self.rpc_lease_worker(conn, demand, wait, sched, runtime_env)
         lease_id = uuid.uuid4().hex[:12]
         self.leases[lease_id] = LeaseRecord(node, charge, demand, reply["worker_id"], owner_id)
         return {"lease_id": lease_id, **reply}
@@ -773,6 +776,19 @@ class Head:
         self.lent.discard(lease_id)
         # May go below zero for a while.
         scheduling.subtract(lease.charge.available, lease.demand)
+
+    # -- runtime_env packages: uploaded once by a caller, fetched once by each node ---------------
+    def rpc_has_package(self, conn, pkg_id: str) -> bool:
+        return pkg_id in self.packages
+
+    def rpc_put_package(self, conn, pkg_id: str, data: bytes) -> None:
+        from .runtime_env import check_package
+
+        check_package(pkg_id, data)
+        self.packages[pkg_id] = bytes(data)
+
+    def rpc_get_package(self, conn, pkg_id: str):
+        return self.packages.get(pkg_id)
 
     # -- cluster information ------------------------------------------------------------------
     def rpc_nodes(self, conn):

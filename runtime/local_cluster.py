@@ -24,7 +24,8 @@ _child_env = child_env
 
 class LocalCluster:
     def __init__(self, num_cpus: float | None = None, token: str | None = None,
-                 resources: dict | None = None):
+                 resources: dict | None = None, num_gpus: float | None = None,
+                 memory: float | None = None):
         self.procs: list[subprocess.Popen] = []
         # DDLF_TLS_* turn on TLS for the embedded cluster too. Checked here, so a bad path
         # raises in the driver naming the variable, and passed on as absolute paths.
@@ -43,6 +44,10 @@ class LocalCluster:
             node_args += ["--num-cpus", str(num_cpus)]
         if resources:
             node_args += ["--resources", json.dumps(resources)]
+        if num_gpus is not None:
+            node_args += ["--num-gpus", str(num_gpus)]
+        if memory is not None:
+            node_args += ["--memory", str(memory)]
         try:
             node, _ = start_child(node_args, "node", env=tls_env)
         except Exception:

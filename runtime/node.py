@@ -23,22 +23,25 @@ import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 import uuid
 
 import psutil
 
-from . import config, process, rpc, shm_store
+from . import config, process, rpc, runtime_env, shm_store
 from .address import split_address
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
+from .remote_error import encode_error
 from .states import WorkerState
 from .taskgroup import TaskGroup
 
-__all__ = ["NodeDaemon", "main"]
+__all__ = ["NodeDaemon", "main", "detect_gpus"]
 
 log = logging.getLogger("ddlf.node")
 
@@ -47,7 +50,8 @@ _MARKER = "\x00ddlf:"
 
 class WorkerProc:
     __slots__ = ("worker_id", "process", "pid", "address", "conn", "state", "actor_id", "ready",
-                 "log_prefix", "offsets", "partial", "name", "job_id", "exited", "on_purpose")
+                 "log_prefix", "offsets", "partial", "name", "job_id", "exited", "on_purpose",
+                 "env_key", "gpu_ids", "gpu_share")
 
     def __init__(self, worker_id, log_prefix):
         self.worker_id = worker_id
@@ -65,26 +69,47 @@ class WorkerProc:
         self.job_id = None
         self.exited = False
         self.on_purpose = False   # the actor said it exits on purpose (exit_actor/sys.exit(0))
+        self.env_key = ""         # the runtime env (and GPU ids) it was set up for, for good
+        self.gpu_ids: list = []
+        self.gpu_share = 0.0      # what it holds of each GPU in gpu_ids (0 once given back)
 
 
 class NodeDaemon:
     def __init__(self, loop, head_address: str, token: str, *, host: str = "127.0.0.1",
                  num_cpus: float | None = None, resources: dict | None = None,
-                 node_id: str | None = None):
+                 node_id: str | None = None,
+                 num_gpus: float | None = None, memory: float | None = None):
         self.loop = loop
         self.head_address = head_address
         self.token = token
         self.host = host
         self.node_id = node_id or uuid.uuid4().hex[:12]
+        resources = dict(resources or {})
+        # A "GPU" or "memory" given as a custom resource is a declared amount, as the flags.
+        if num_gpus is None and "GPU" in resources:
+            num_gpus = resources.pop("GPU")
+        if memory is None and "memory" in resources:
+            memory = resources.pop("memory")
         total = {"CPU": float(num_cpus if num_cpus is not None else os.cpu_count() or 1)}
-        total.update({k: float(v) for k, v in (resources or {}).items()})
+        total.update({k: float(v) for k, v in resources.items() if k not in ("GPU", "memory")})
+        self.gpu_ids = detect_gpus(num_gpus)
+        # GPU id -> the fraction of it not yet handed to a worker.
+        self.gpu_free: dict = {g: 1.0 for g in self.gpu_ids}
+        self._gpu_returned = asyncio.Event()
+        if self.gpu_ids:
+            total["GPU"] = float(len(self.gpu_ids))
+        total["memory"] = float(memory if memory is not None else psutil.virtual_memory().total)
         total.setdefault(f"node:{host}", 1.0)
         self.resources = total
         self.log_dir = os.path.join(config.session_root(), f"node-{self.node_id}")
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+        self.packages = runtime_env.PackageCache(os.path.join(self.log_dir, "runtime_env"),
+                                                 self._fetch_package)
         self.workers: dict[str, WorkerProc] = {}
         self.idle_fresh: list[WorkerProc] = []
-        self.idle_task: list[WorkerProc] = []
+        # Idle task workers by the runtime env they were set up for: a worker set up for
+        # one env never runs work of another.
+        self.idle_task: dict[str, list[WorkerProc]] = {}
         self.head_conn = None
         self.server = None
         self.address = None
@@ -180,6 +205,7 @@ class NodeDaemon:
                 pass
         self._drain_logs()
         _sweep_quietly()   # the workers are gone: so are their segments (and a dead driver's)
+        self.packages.clear()
         if self.server is not None:
             self.server.close()
         if self.head_conn is not None:
@@ -265,9 +291,10 @@ class NodeDaemon:
         prev = w.state
         w.state = WorkerState.DEAD
         self.workers.pop(w.worker_id, None)
-        for pool in (self.idle_fresh, self.idle_task):
+        for pool in (self.idle_fresh, self.idle_task.get(w.env_key, ())):
             if w in pool:
                 pool.remove(w)
+        self._give_gpus(w)
         if not w.ready.done():
             w.ready.set_exception(DDLFError(f"worker process exited during start-up (exit code {code})"))
         self._read_logs(w)
@@ -329,8 +356,118 @@ class NodeDaemon:
         return w
 
     # -- requests from the head --------------------------------------------------------------
+    # -- runtime envs and GPUs ------------------------------------------------------------------
+    async def _fetch_package(self, pkg_id: str):
+        return await rpc.call(self.head_conn, "get_package", pkg_id, timeout=300)
+
+    async def _env_setup(self, wire: dict | None, gpu_ids: list) -> dict:
+        """What a worker applies before user code: the env's variables, unpacked packages
+        (fetched from the head once per node) and its GPUs as CUDA_VISIBLE_DEVICES."""
+        for pkg_id in runtime_env.packages(wire):
+            await self.packages.ensure(pkg_id)
+        setup = runtime_env.local_setup(self.packages, wire)
+        if gpu_ids:
+            setup.setdefault("env_vars", {})["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
+            setup["gpu_ids"] = list(gpu_ids)
+        return setup
+
+    def _take_gpus(self, amount: float, share: bool = True) -> list | None:
+        """Pick GPU ids for a demand of ``amount`` GPUs and mark them used.
+
+        A fraction goes to the fullest GPU it still fits on, so fractions pack together
+        and whole GPUs stay free; a whole number takes that many unused GPUs. When no
+        GPU has room: None, or with ``share`` the least used ones, shared (GPU use is
+        not enforced, as in Ray), with a warning.
+        """
+        free = self.gpu_free
+        if amount <= 0 or not free:
+            return []
+        if amount < 1:
+            fits = [g for g, f in free.items() if f + 1e-9 >= amount]
+            if fits:
+                ids = [min(fits, key=lambda g: free[g])]
+            elif not share:
+                return None
+            else:
+                ids = [max(free, key=lambda g: free[g])]
+                log.warning("no single GPU has %.2f free; sharing GPU %s", amount, ids[0])
+        else:
+            n = int(round(amount))
+            ids = [g for g, f in free.items() if f >= 1 - 1e-9][:n]
+            if len(ids) < n:
+                if not share:
+                    return None
+                ids = sorted(free, key=lambda g: -free[g])[:n]
+                log.warning("fewer than %d unused GPUs; sharing GPUs %s", n, ids)
+        for g in ids:
+            free[g] -= self._gpu_share(amount)
+        return ids
+
+    async def _claim_gpus(self, amount: float) -> list:
+        """GPU ids for a demand the head placed here, waiting briefly if none has room.
+
+        The head counts this node's GPUs in total. It frees a killed actor's share at
+        once, while its process may still be exiting here, and it cannot see how
+        fractions are spread over GPUs; so a demand may arrive before a GPU is back.
+        """
+        deadline = self.loop.time() + config.GPU_WAIT_S
+        while True:
+            ids = self._take_gpus(amount, share=self.loop.time() >= deadline)
+            if ids is not None:
+                return ids
+            self._gpu_returned.clear()
+            try:
+                await asyncio.wait_for(self._gpu_returned.wait(),
+                                       max(0.01, deadline - self.loop.time()))
+            except asyncio.TimeoutError:
+                pass
+
+    def _return_gpus(self, ids: list, share: float) -> None:
+        for g in ids:
+            if g in self.gpu_free:
+                self.gpu_free[g] = min(1.0, self.gpu_free[g] + share)
+        if ids:
+            self._gpu_returned.set()
+
+    def _give_gpus(self, w: WorkerProc) -> None:
+        share, w.gpu_share = w.gpu_share, 0.0
+        if share:
+            self._return_gpus(w.gpu_ids, share)
+
+    @staticmethod
+    def _gpu_share(amount: float) -> float:
+        return amount if amount < 1 else 1.0
+
+    def _trim_idle_tasks(self, keep: str) -> None:
+        """Bound idle task workers across runtime envs: end the oldest of other envs."""
+        cap = max(config.IDLE_TASK_MIN_CAP, 2 * int(self.resources.get("CPU", 1)))
+        total = sum(len(p) for p in self.idle_task.values())
+        for key, pool in list(self.idle_task.items()):
+            while total > cap and key != keep and pool:
+                _signal(pool.pop(0).pid, signal.SIGKILL)
+                total -= 1
+            if not pool:
+                self.idle_task.pop(key, None)
+
     async def rpc_start_actor(self, conn, spec: dict):
-        w = await self._fresh_worker()
+        gpus = float((spec.get("resources") or {}).get("GPU", 0))
+        gpu_ids = await self._claim_gpus(gpus)
+        try:
+            setup = await self._env_setup(spec.get("runtime_env"), gpu_ids)
+        except Exception as e:
+            self._return_gpus(gpu_ids, self._gpu_share(gpus))
+            err = DDLFError(f"could not set up the runtime_env of actor {spec['class_name']} "
+                            f"on node {self.node_id}: {type(e).__name__}: {e}")
+            return {"ok": False, "error": [bytes(s) for s in encode_error(err, "runtime_env")]}
+        if setup:
+            spec = {**spec, "env_setup": setup}
+        try:
+            w = await self._fresh_worker()
+        except BaseException:
+            self._return_gpus(gpu_ids, self._gpu_share(gpus))
+            raise
+        w.gpu_ids, w.gpu_share = gpu_ids, self._gpu_share(gpus)
+        w.env_key = "actor"   # never back in a pool: the process ends with its actor
         w.state = WorkerState.ACTOR
         w.actor_id = spec["actor_id"]
         w.name = spec["class_name"]
@@ -351,11 +488,28 @@ class NodeDaemon:
             raise DDLFError("the head connection closed while the actor was starting")
         return {"ok": True, "address": w.address, "pid": w.pid, "worker_id": w.worker_id}
 
-    async def rpc_lease_worker(self, conn):
-        if self.idle_task:
-            w = self.idle_task.pop()
-        else:
-            w = await self._fresh_worker()
+    async def rpc_lease_worker(self, conn, demand: dict | None = None, wire: dict | None = None):
+        gpus = float((demand or {}).get("GPU", 0))
+        gpu_ids = await self._claim_gpus(gpus)
+        key = (wire or {}).get("key", "") + (f"|gpu={gpu_ids}" if gpu_ids else "")
+        pool = self.idle_task.get(key)
+        try:
+            if pool:
+                w = pool.pop()
+            else:
+                setup = await self._env_setup(wire, gpu_ids)
+                w = await self._fresh_worker()
+                if setup:
+                    try:
+                        await rpc.call(w.conn, "setup_env", setup, timeout=60)
+                    except BaseException:
+                        _signal(w.pid, signal.SIGKILL)
+                        raise
+                w.env_key = key
+        except BaseException:
+            self._return_gpus(gpu_ids, self._gpu_share(gpus))
+            raise
+        w.gpu_ids, w.gpu_share = gpu_ids, self._gpu_share(gpus)
         w.state = WorkerState.TASK
         if conn.closed:  # the head that asked for it is gone: nobody would release it
             _signal(w.pid, signal.SIGKILL)
@@ -365,8 +519,10 @@ class NodeDaemon:
     def rpc_release_worker(self, conn, worker_id):
         w = self.workers.get(worker_id)
         if w is not None and w.state == WorkerState.TASK:
+            self._give_gpus(w)
             w.state = WorkerState.IDLE
-            self.idle_task.append(w)
+            self.idle_task.setdefault(w.env_key, []).append(w)
+            self._trim_idle_tasks(w.env_key)
         return None
 
     def rpc_kill_worker(self, conn, worker_id):
@@ -535,14 +691,56 @@ def _signal(pid, sig) -> None:
             pass
 
 
+def detect_gpus(declared: float | None = None) -> list:
+    """The GPU ids this node offers.
+
+    As in Ray: the entries of ``CUDA_VISIBLE_DEVICES`` when it is set (kept as strings),
+    else ``0 .. n-1`` for the n GPUs ``nvidia-smi -L`` lists (none without it). A declared
+    count (``--num-gpus``) keeps the first n visible ids, or numbers them ``0 .. n-1``;
+    declaring more than ``CUDA_VISIBLE_DEVICES`` lists is an error.
+    """
+    if declared is not None and (isinstance(declared, bool) or declared < 0
+                                 or float(declared) != int(declared)):
+        raise DDLFError(f"num_gpus of a node must be a whole number >= 0, got {declared!r}")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [] if visible.strip() in ("", "NoDevFiles") else [
+            i.strip() for i in visible.split(",") if i.strip()]
+        if declared is None:
+            return ids
+        if int(declared) > len(ids):
+            raise DDLFError(f"num_gpus={declared:g} but CUDA_VISIBLE_DEVICES={visible!r} lists "
+                            f"{len(ids)} GPU(s); declare at most {len(ids)} or widen "
+                            "CUDA_VISIBLE_DEVICES")
+        return ids[:int(declared)]
+    if declared is not None:
+        return list(range(int(declared)))
+    return list(range(_nvidia_smi_count()))
+
+
+def _nvidia_smi_count() -> int:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
 def run_node(head_address: str, token: str, *, host: str, num_cpus, resources, node_id=None,
-             stdin_lifeline: bool = False, ready_out=None) -> None:
+             stdin_lifeline: bool = False, ready_out=None, num_gpus=None, memory=None) -> None:
     """Run a node daemon in this process until it is stopped."""
     config.raise_open_file_limit()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
-    node = NodeDaemon(loop, head_address, token, host=host, num_cpus=num_cpus,
-                      resources=resources, node_id=node_id)
+    try:
+        node = NodeDaemon(loop, head_address, token, host=host, num_cpus=num_cpus,
+                          resources=resources, node_id=node_id, num_gpus=num_gpus, memory=memory)
+    except DDLFError as e:
+        print(f"ddlf node: {e}", file=sys.stderr)
+        sys.exit(2)
 
     def stop(*_):
         node.background.spawn(node.shutdown())
@@ -575,6 +773,8 @@ def main(argv=None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--num-cpus", type=float)
     p.add_argument("--resources", default="{}")
+    p.add_argument("--num-gpus", type=float)
+    p.add_argument("--memory", type=float, help="bytes of memory to offer (default: all)")
     p.add_argument("--node-id")
     p.add_argument("--stdin-lifeline", action="store_true")
     a = p.parse_args(argv)
@@ -585,7 +785,8 @@ def main(argv=None) -> None:
     if not token:
         p.error("no token: pass --token, --token-file or set DDLF_AUTH_TOKEN")
     run_node(a.address, token, host=a.host, num_cpus=a.num_cpus, resources=json.loads(a.resources),
-             node_id=a.node_id, stdin_lifeline=a.stdin_lifeline, ready_out=sys.stdout)
+             node_id=a.node_id, stdin_lifeline=a.stdin_lifeline, ready_out=sys.stdout,
+             num_gpus=a.num_gpus, memory=a.memory)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import traceback
 
 import psutil
 
-from . import context, oob, protocol, rpc, shm_store
+from . import context, oob, protocol, rpc, runtime_env, shm_store
 from . import core as core_mod
 from .connection import connect, serve
 from .errors import ActorDiedError, ActorExit, SerializationError
@@ -58,7 +58,8 @@ def apply_sys_path(paths, cwd: str | None = None) -> None:
     """Put the caller's ``sys.path`` entries in front of ours, skipping ones absent here.
 
     This mirrors Ray: classes and functions defined in the driver's own modules (test
-    files, scripts in the current folder) unpickle on workers of the same host.
+    files, scripts in the current folder) unpickle on workers of the same host. They go
+    after the runtime env's working_dir and py_modules, which keep the front.
     """
     new = []
     for p in paths:
@@ -67,7 +68,18 @@ def apply_sys_path(paths, cwd: str | None = None) -> None:
         if p and p not in sys.path and p not in new and os.path.isdir(p):
             new.append(p)
     if new:
-        sys.path[:0] = new
+        at = runtime_env.front()
+        sys.path[at:at] = new
+
+
+def _apply_env(setup: dict | None) -> None:
+    """Enter the runtime env (variables, cwd, sys.path, GPU ids) before any user code."""
+    if not setup:
+        return
+    runtime_env.apply(setup)
+    ctx = context.current
+    ctx.runtime_env = setup.get("runtime_env")
+    ctx.gpu_ids = list(setup.get("gpu_ids") or ())
 
 
 class ObjectCache:
@@ -384,9 +396,19 @@ class Worker:
         return self.executor
 
     # -- control plane (from the node daemon) ------------------------------------------------
+    def rpc_setup_env(self, conn, setup: dict):
+        """A task worker's runtime env, set once, before its first task arrives."""
+        _apply_env(setup)
+        return None
+
     async def rpc_start_actor(self, conn, spec: dict):
-        """Become the actor described by ``spec``; return ``{"ok": ...}`` with its init error."""
+        """Become the actor described by ``spec``; return ``{"ok": ...}`` with its init error.
+
+        An ``async def __init__`` is awaited on this loop, where the actor's async
+        methods run (as in Ray); an error in it is a creation error like a sync one's.
+        """
         self.is_actor = True
+        _apply_env(spec.get("env_setup"))
         apply_sys_path(spec.get("sys_path", ()), spec.get("cwd"))
         ctx = context.current
         ctx.actor_id = spec["actor_id"]
@@ -413,11 +435,25 @@ class Worker:
                 args, kwargs = loads(spec["args_segments"])
                 args, kwargs = _resolve(args, kwargs, self.objects)
                 where = f"{self.actor_name}.__init__ (pid {_pid})"
+                if inspect.iscoroutinefunction(getattr(cls, "__init__", None)):
+                    instance = cls.__new__(cls)
+                    init = instance.__init__(*args, **kwargs)
+                    return lambda: self.background.spawn(finish_async(instance, init, where))
                 self.instance = cls(*args, **kwargs)
                 reply = {"ok": True}
             except BaseException as e:
                 reply = {"ok": False, "error": [bytes(s) for s in encode_error(e, where)]}
             return lambda: done.done() or done.set_result(reply)
+
+        async def finish_async(instance, init, where):
+            try:
+                await init
+                self.instance = instance
+                reply = {"ok": True}
+            except BaseException as e:
+                reply = {"ok": False, "error": [bytes(s) for s in encode_error(e, where)]}
+            if not done.done():
+                done.set_result(reply)
 
         self.executor.submit(construct)
         return await done

@@ -71,7 +71,7 @@ def test_unsupported_options_are_refused_by_name():
     with pytest.raises(ValueError, match="unknown Ray option 'bogus'"):
         ray.remote(bogus=1)(lambda: 1)
     f = ray.remote(num_gpus=1, memory=10)(lambda: 1)
-    assert f._options == {"resources": {"GPU": 1}}
+    assert f._options == {"num_gpus": 1, "memory": 10}
 
 
 @pytest.fixture

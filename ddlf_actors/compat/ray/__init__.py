@@ -28,8 +28,8 @@ from ._remote import remote
 __all__ = [
     "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
     "get_actor", "nodes", "cluster_resources", "available_resources", "method",
-    "get_runtime_context", "ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator",
-    "exceptions", "util", "actor", "RayContext",
+    "get_runtime_context", "get_gpu_ids", "ObjectRef", "ObjectRefGenerator",
+    "DynamicObjectRefGenerator", "exceptions", "util", "actor", "runtime_env", "RayContext",
     "NotProvidedError",
 ]
 
@@ -40,7 +40,7 @@ _INIT_IGNORED = {
     "logging_config", "log_to_driver", "namespace", "storage", "labels",
     "enable_resource_isolation", "system_reserved_cpu", "system_reserved_memory",
     "cgroup_path", "_enable_object_reconstruction", "_system_config", "_temp_dir",
-    "_node_ip_address", "_metrics_export_port", "_memory", "_redis_password",
+    "_node_ip_address", "_metrics_export_port", "_redis_password",
     "_plasma_directory", "_node_name", "_driver_object_store_memory", "_tracing_startup_hook",
     "_skip_env_hook", "_max_cpu_frequency",
 }
@@ -72,14 +72,16 @@ class RayContext(dict):
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None,
-         num_gpus: float | None = None, resources: dict | None = None,
+         num_gpus: int | None = None, resources: dict | None = None,
          ignore_reinit_error: bool = False, runtime_env: dict | None = None,
-         **kwargs) -> RayContext:
+         _memory: int | None = None, **kwargs) -> RayContext:
     """``ray.init`` on DDLF: an embedded local cluster, or ``"host:port"`` / ``"auto"``.
 
-    ``num_gpus`` becomes a ``"GPU"`` resource (DDLF counts it but assigns no devices).
-    ``runtime_env`` may only set ``env_vars`` of an embedded cluster. Dashboard, logging
-    and object-store arguments are accepted and ignored.
+    ``num_gpus`` declares the embedded node's GPUs (default: found from
+    ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi``). ``runtime_env`` (``env_vars``,
+    ``working_dir``, ``py_modules``) is the job's, for any cluster; ``pip``, ``conda``
+    and the like raise ``NotImplementedError``. Dashboard, logging and object-store
+    arguments are accepted and ignored.
     """
     unknown = set(kwargs) - _INIT_IGNORED
     if unknown:
@@ -88,20 +90,8 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         address = None
     elif isinstance(address, str) and address.startswith("ray://"):
         raise NotProvidedError(not_provided("client") + f" (address={address!r})")
-    res = dict(resources or {})
-    if num_gpus:
-        res["GPU"] = num_gpus
-    if runtime_env:
-        extra = set(runtime_env) - {"env_vars"}
-        if extra or address is not None:
-            raise NotImplementedError(
-                f"ray.init(runtime_env={runtime_env!r}): DDLF has no runtime environments; "
-                "only env_vars of an embedded (local) cluster are supported. Install "
-                "packages and set variables on every host instead")
-        if not _ddlf.is_initialized():
-            # The embedded cluster's processes inherit the driver's environment.
-            os.environ.update({k: str(v) for k, v in runtime_env["env_vars"].items()})
-    info = _ddlf.init(address, num_cpus=num_cpus, resources=res or None,
+    info = _ddlf.init(address, num_cpus=num_cpus, num_gpus=num_gpus, memory=_memory,
+                      resources=resources or None, runtime_env=runtime_env,
                       ignore_reinit_error=ignore_reinit_error)
     return RayContext(info)
 
@@ -159,6 +149,11 @@ def cluster_resources() -> dict:
 
 def available_resources() -> dict:
     return _ddlf.available_resources()
+
+
+def get_gpu_ids() -> list:
+    """``ray.get_gpu_ids``: the GPU ids of the task or actor this runs in ([] in the driver)."""
+    return _ddlf.get_gpu_ids()
 
 
 def method(*args, **kwargs):
@@ -244,7 +239,7 @@ def get_runtime_context() -> RuntimeContext:
 def __getattr__(name: str):
     # Submodules load on first use, as in Ray (ray.util, ray.actor).
     if name in ("util", "actor", "remote_function", "runtime_context", "_raylet", "dag",
-                "_private"):
+                "_private", "runtime_env"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -1,10 +1,11 @@
 """``ray.remote`` and ``.options()``: translate Ray's options into DDLF's.
 
-An option DDLF has passes through. One that only tunes Ray's scheduling or bookkeeping
-is dropped with a warning. One that changes what a program computes (runtime environments,
-concurrency groups) raises ``NotImplementedError`` naming it, rather than running the
-program differently. ``scheduling_strategy`` and Ray's older ``placement_group=``
-options map onto DDLF's scheduling strategies.
+An option DDLF has passes through (``num_gpus``, ``memory`` and ``runtime_env`` among
+them: DDLF checks a runtime env's fields and paths itself). One that only tunes Ray's
+scheduling or bookkeeping is dropped with a warning. One that changes what a program
+computes (concurrency groups) raises ``NotImplementedError`` naming it, rather than
+running the program differently. ``scheduling_strategy`` and Ray's older
+``placement_group=`` options map onto DDLF's scheduling strategies.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ _ASYNC_ACTOR_CONCURRENCY = 1000
 
 # Ray options DDLF ignores: they tune placement or bookkeeping, not results.
 _IGNORED = {
-    "memory": "DDLF does not reserve memory for tasks and actors",
     "object_store_memory": "DDLF has no shared object store",
     "max_task_retries": "max_task_retries applies to actors only",
     "retry_exceptions": "DDLF does not retry a task that raised",
@@ -69,22 +69,13 @@ def translate_options(options: dict, for_actor: bool) -> dict:
     out: dict = {}
     legacy = {k: options.get(k) for k in _LEGACY_PLACEMENT}
     for key, value in options.items():
-        if key in ("num_gpus",):
-            if value:
-                out.setdefault("resources", {})
-                out["resources"] = {**out["resources"], "GPU": value}
-        elif key == "resources":
+        if key == "resources":
             out["resources"] = {**(value or {}), **out.get("resources", {})}
         elif key == "num_returns" and "num_returns" not in allowed:
             if value not in (None, 1):
                 raise NotImplementedError(
                     f"num_returns={value!r} on a {what}: DDLF does not support multiple "
                     "return values yet; return a tuple and unpack it after ray.get")
-        elif key == "runtime_env":
-            if value:
-                raise NotImplementedError(
-                    f"runtime_env={value!r}: DDLF has no runtime environments; install "
-                    "packages and set environment variables on every host instead")
         elif key == "scheduling_strategy":
             if value is not None:
                 out["scheduling_strategy"] = value   # DDLF checks it (ValueError if bad)
@@ -103,7 +94,7 @@ def translate_options(options: dict, for_actor: bool) -> dict:
                 _warn_ignored(key, _IGNORED[key])
         else:
             raise ValueError(f"unknown Ray option {key!r} for a {what}; DDLF accepts "
-                             f"{sorted(allowed | set(_IGNORED) | {'num_gpus', 'runtime_env'})}")
+                             f"{sorted(allowed | set(_IGNORED))}")
     pg = legacy["placement_group"]
     if pg not in (None, "default"):
         if "scheduling_strategy" in out:
