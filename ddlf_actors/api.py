@@ -18,8 +18,8 @@ from .errors import AlreadyInitializedError
 from .remote_function import RemoteFunction
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "get_actor",
-    "nodes", "cluster_resources", "available_resources", "ClusterInfo",
+    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "cancel",
+    "get_actor", "nodes", "cluster_resources", "available_resources", "ClusterInfo",
 ]
 
 _lock = threading.RLock()
@@ -230,6 +230,34 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"ddlf.kill expects an ActorHandle, got {type(actor).__name__}")
     _core().kill_actor(actor._actor_id, no_restart)
+
+
+def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Cancel the task or actor call whose result ``ref`` is; returns at once.
+
+    * Not started yet (queued here, waiting for its arguments, or queued on its worker):
+      it never runs, and ``get(ref)`` raises ``TaskCancelledError``.
+    * A running task: ``KeyboardInterrupt`` is raised in it (a thread blocked in a C call
+      such as ``time.sleep`` sees it when that call returns); if it lets it propagate,
+      ``get`` raises ``TaskCancelledError``, and if it catches it and returns, that value
+      stands. ``force=True`` ends its worker process instead (``get`` raises
+      ``TaskCancelledError``; other tasks queued on that worker run elsewhere).
+    * A running async task or async actor method: its asyncio task is cancelled, and
+      ``get`` raises ``TaskCancelledError`` even if it caught the ``CancelledError``.
+    * A running sync actor method runs on; ``get_runtime_context().is_canceled()`` turns
+      True in it, and ``get`` raises ``TaskCancelledError`` whatever it returns.
+    * Finished already: nothing happens.
+
+    A cancelled call is never retried. ``recursive=True`` also cancels the tasks and
+    actor calls the cancelled call submitted whose results its process still holds
+    (force applies to child tasks only). ``force=True`` on an actor call raises
+    ``ValueError``: use ``ddlf.kill``. As in Ray, cancelling is best effort: a call that
+    finishes before the cancel reaches its worker keeps its result.
+    """
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"ddlf.cancel expects an ObjectRef, got {type(ref).__name__}; to end "
+                        "an actor, use ddlf.kill(actor)")
+    _core().cancel(ref, force, recursive)
 
 
 def get_actor(name: str) -> ActorHandle:
