@@ -71,7 +71,7 @@ class CallContext:
         self.interrupted = False      # a KeyboardInterrupt was sent to its thread
         self.thread = 0
         self.atask = None             # the asyncio task of an async call
-        self.children: list = []      # object ids of calls it submitted
+        self.children: list | None = None   # object ids of calls it submitted
         self._token = [True]
 
     def claim(self) -> bool:
@@ -90,6 +90,8 @@ class CallContext:
 
     def add_child(self, obj_id: bytes) -> None:
         children = self.children
+        if children is None:
+            children = self.children = []
         children.append(obj_id)
         if len(children) >= 1024 and (len(children) & (len(children) - 1)) == 0:
             _prune(children)

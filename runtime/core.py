@@ -205,6 +205,11 @@ class Core:
                 self.loop.call_soon_threadsafe(self._drain)
             except RuntimeError:
                 raise DDLFError("DDLF has been shut down; call ddlf.init() again") from None
+            except BaseException:
+                # ddlf.cancel's KeyboardInterrupt landed here, in a task's thread: a flag
+                # left set with no drain scheduled would stall every later submission.
+                self._wake_pending = False
+                raise
 
     def _drain(self) -> None:
         self._wake_pending = False

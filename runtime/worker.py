@@ -939,11 +939,16 @@ def _interrupt(call: context.CallContext) -> None:
 
 
 def _settle(call: context.CallContext) -> None:
-    """On the call's own thread: mark it done, and withdraw an interrupt not yet raised."""
-    with _interrupt_lock:
-        call.state = context.DONE
-        if call.interrupted:
-            _clear_async_exc(call.thread, None)
+    """On the call's own thread: mark it done, and withdraw an interrupt not yet raised.
+
+    Lock-free unless cancelled: cancel() sets ``.cancelled`` before it reads ``.state``,
+    so if we read ``.cancelled`` False after writing DONE, it will read DONE.
+    """
+    call.state = context.DONE
+    if call.cancelled:
+        with _interrupt_lock:   # waits out a cancel() that is sending the interrupt now
+            if call.interrupted:
+                _clear_async_exc(call.thread, None)
 
 
 # The same C function, typed to pass NULL (clear) where py_object would pass None.

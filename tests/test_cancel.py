@@ -35,7 +35,7 @@ class Marks:
         self.done = str(folder / "done")
 
     def wait_started(self):
-        assert wait_for(lambda: os.path.exists(self.started), 15), "the call never started"
+        assert wait_for(lambda: os.path.exists(self.started), 30), "the call never started"
 
     def let_go(self):
         _touch(self.release)
