@@ -514,6 +514,13 @@ class Worker:
                 return _EXIT, self._begin_exit(e, where)
             return protocol.RESULT_ERR, encode_error(e, where)
         except BaseException as e:
+            if type(e) is KeyboardInterrupt:
+                call = context.current_call()
+                if call is not None and call.interrupted:   # ddlf.cancel's: Ray raises this
+                    err = TaskCancelledError(f"task {call.name} was cancelled with "
+                                             "ddlf.cancel() while it ran")
+                    err.__cause__ = e
+                    e = err
             return protocol.RESULT_ERR, encode_error(e, where)
         return _encode(result, nret, where)
 
@@ -907,11 +914,6 @@ class Worker:
             context.set_running_task(True)
             try:
                 return fn(*a, **kw)
-            except KeyboardInterrupt as e:
-                if call.interrupted:   # ddlf.cancel's interrupt: Ray raises this, too
-                    raise TaskCancelledError(
-                        f"task {fn_name} was cancelled with ddlf.cancel() while it ran") from e
-                raise
             finally:
                 context.set_running_task(False)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 
 import pytest
@@ -35,7 +36,8 @@ class Marks:
         self.done = str(folder / "done")
 
     def wait_started(self):
-        assert wait_for(lambda: os.path.exists(self.started), 30), "the call never started"
+        assert wait_for(lambda: os.path.exists(self.started), 30), (
+            f"the call never started; free: {ddlf.available_resources()}")
 
     def let_go(self):
         _touch(self.release)
@@ -99,6 +101,18 @@ def pid():
     return os.getpid()
 
 
+def _busy(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@ddlf.remote
+def busy(i):
+    _busy(random.uniform(0, 0.01))
+    return i
+
+
 @ddlf.remote
 class Counter:
     def __init__(self):
@@ -127,6 +141,10 @@ class Counter:
 
     def saw(self):
         return self.saw_cancel
+
+    def busy(self, i):
+        _busy(random.uniform(0, 0.005))
+        return i
 
     async def sleeper(self, m):
         _touch(m.started)
@@ -246,6 +264,28 @@ def test_an_async_task_is_cancelled(cluster, tmp_path):
     with pytest.raises(TaskCancelledError):
         ddlf.get(ref, timeout=15)
     assert os.path.exists(m.stopped)
+
+
+def test_cancels_racing_with_completion_settle_each_call_one_way(cluster):
+    """Cancels land before, during and after short calls: each call gets its value or
+    TaskCancelledError (only if cancelled), and the interrupts never hit another call."""
+    a = Counter.remote()
+    rng = random.Random(7)
+    refs = [busy.remote(i) for i in range(150)] + [a.busy.remote(i) for i in range(150)]
+    asked = set()
+    for k, ref in enumerate(refs):
+        if rng.random() < 0.4:
+            time.sleep(rng.uniform(0, 0.003))
+            ddlf.cancel(ref)
+            asked.add(k)
+    for k, ref in enumerate(refs):
+        try:
+            assert ddlf.get(ref, timeout=60) == k % 150
+        except TaskCancelledError:
+            assert k in asked, f"call {k} was never cancelled"
+    assert ddlf.get([busy.remote(i) for i in range(30)], timeout=60) == list(range(30))
+    assert ddlf.get([a.busy.remote(i) for i in range(30)], timeout=60) == list(range(30))
+    ddlf.kill(a)
 
 
 # -- actor calls ------------------------------------------------------------------------------
