@@ -9,6 +9,7 @@ import threading
 from ddlf_actors.runtime import config
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.generators import ObjectRefGenerator
 from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
 from ddlf_actors.runtime.session import find_token, head_record
@@ -252,8 +253,11 @@ def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> No
     actor calls the cancelled call submitted whose results its process still holds
     (force applies to child tasks only). ``force=True`` on an actor call raises
     ``ValueError``: use ``ddlf.kill``. As in Ray, cancelling is best effort: a call that
-    finishes before the cancel reaches its worker keeps its result.
+    finishes before the cancel reaches its worker keeps its result. A generator call
+    (an ``ObjectRefGenerator``) is cancelled only while it has not reached its worker.
     """
+    if isinstance(ref, ObjectRefGenerator):
+        ref = ref._generator_ref
     if not isinstance(ref, ObjectRef):
         raise TypeError(f"ddlf.cancel expects an ObjectRef, got {type(ref).__name__}; to end "
                         "an actor, use ddlf.kill(actor)")

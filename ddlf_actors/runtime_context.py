@@ -59,6 +59,12 @@ class RuntimeContext:
         fn = call.fn
         return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', call.name)}"
 
+    def get_placement_group_id(self) -> str | None:
+        """The id of the placement group this actor or task runs in; None outside one."""
+        ctx = context.current
+        placement = ctx.placement if ctx is not None else None
+        return placement["group_id"] if placement else None
+
     def get_actor_id(self) -> str | None:
         """The id of the actor this code runs in; None in a task or the driver."""
         ctx = context.current

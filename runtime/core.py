@@ -1456,6 +1456,7 @@ class _TaskPool:
         self.core.loop.create_task(self._request(wait=not self.leases))
 
     async def _request(self, wait: bool):
+        lease = None
         try:
             reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched)
             if reply is None:
@@ -1490,6 +1491,11 @@ class _TaskPool:
         finally:
             self.requesting = False
         self.pump()
+        if (lease is not None and lease in self.leases and not lease.inflight
+                and lease.idle_timer is None):
+            # It came after the queue drained: without a timer it would hold its CPU
+            # (at the head) until this process disconnects.
+            lease.idle_timer = self.core.loop.call_later(_LEASE_IDLE_S, self._return, lease)
 
     def task_done(self, lease: _Lease) -> None:
         if self.queue:

@@ -108,6 +108,11 @@ def _busy(seconds):
 
 
 @ddlf.remote
+def spin_briefly():
+    time.sleep(0.3)
+
+
+@ddlf.remote
 def busy(i):
     _busy(random.uniform(0, 0.01))
     return i
@@ -286,6 +291,16 @@ def test_cancels_racing_with_completion_settle_each_call_one_way(cluster):
     assert ddlf.get([busy.remote(i) for i in range(30)], timeout=60) == list(range(30))
     assert ddlf.get([a.busy.remote(i) for i in range(30)], timeout=60) == list(range(30))
     ddlf.kill(a)
+
+
+def test_a_lease_granted_after_the_queue_drained_is_given_back(cluster):
+    """A burst asks for a second worker; when it arrives the burst is done. It must be
+    returned when idle, or its CPU stays reserved (the queued-task test needs both)."""
+    for _ in range(8):
+        ddlf.get(spin_briefly.remote(), timeout=30)
+        ddlf.get([pid.remote() for _ in range(20)], timeout=30)
+        assert wait_for(lambda: ddlf.available_resources().get("CPU") == 2.0, 10), (
+            f"a CPU stayed leased: {ddlf.available_resources()}")
 
 
 # -- actor calls ------------------------------------------------------------------------------

@@ -66,7 +66,9 @@ def test_the_driver_has_a_job_and_nothing_else(cluster):
     rc = ddlf.get_runtime_context()
     assert rc.get_job_id() == get_core().job_id is not None
     assert rc.get_task_id() is None and rc.get_actor_id() is None
-    assert rc.get_worker_id() is None and rc.get_node_id() is None
+    assert rc.get_worker_id() is None and rc.get_placement_group_id() is None
+    # As in Ray, a driver's node is the one on its host: here, the embedded cluster's.
+    assert rc.get_node_id() in {n["node_id"] for n in ddlf.nodes()}
     assert rc.namespace == "" and rc.head_address == cluster.address
     with pytest.raises(RuntimeError, match="only available inside a task"):
         rc.is_canceled()
@@ -132,5 +134,5 @@ def test_rays_runtime_context_is_ddlfs(cluster):
     assert isinstance(rc, ddlf.RuntimeContext)
     assert rc.gcs_address == cluster.address
     assert rc.get_job_id() == ddlf.get_runtime_context().get_job_id()
-    with pytest.raises(AttributeError, match="placement groups"):
-        rc.get_placement_group_id()
+    with pytest.raises(AttributeError, match="accelerator"):
+        rc.get_accelerator_ids()

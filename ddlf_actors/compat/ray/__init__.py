@@ -138,7 +138,7 @@ def kill(actor, *, no_restart: bool = True) -> None:
 
 def cancel(ray_waitable, *, force: bool = False, recursive: bool = True) -> None:
     """``ray.cancel``: DDLF's ``cancel`` (same semantics; see ``ddlf_actors.cancel``)."""
-    if not isinstance(ray_waitable, ObjectRef):
+    if not isinstance(ray_waitable, (ObjectRef, _ddlf.ObjectRefGenerator)):
         raise TypeError("ray.cancel() only supported for object refs. For actors, try "
                         f"ray.kill(). Got: {type(ray_waitable)}.")
     _ddlf.cancel(ray_waitable, force=force, recursive=recursive)

@@ -66,7 +66,6 @@ _REASONS = {
     "util.check_serialize": "not provided",
     "util.scheduling_strategies.NodeLabelSchedulingStrategy": "DDLF has no node labels",
     "get_runtime_context().get_accelerator_ids": "DDLF does not assign accelerator ids",
-    "get_runtime_context().get_placement_group_id": "DDLF has no placement groups",
     "get_runtime_context().runtime_env": "DDLF has no runtime environments",
     "get_runtime_context().get_runtime_env_string": "DDLF has no runtime environments",
     "get_runtime_context().get_node_labels": "DDLF has no node labels",
