@@ -64,6 +64,7 @@ from ddlf_actors.actor import ActorClass, ActorHandle, ActorMethod, method  # no
 from ddlf_actors.api import (  # noqa: E402
     ClusterInfo,
     available_resources,
+    cancel,
     cluster_resources,
     get,
     get_actor,
@@ -85,6 +86,7 @@ from ddlf_actors.runtime.generators import (  # noqa: E402
     ObjectRefGenerator,
 )
 from ddlf_actors.runtime.object_ref import ObjectRef  # noqa: E402
+from ddlf_actors.runtime_context import RuntimeContext, get_runtime_context  # noqa: E402
 
 __all__ = [
     "init",
@@ -96,7 +98,10 @@ __all__ = [
     "wait",
     "put",
     "kill",
+    "cancel",
     "get_actor",
+    "get_runtime_context",
+    "RuntimeContext",
     "nodes",
     "cluster_resources",
     "available_resources",

@@ -11,6 +11,7 @@ from ddlf_actors.runtime import runtime_env as _runtime_env
 from ddlf_actors.runtime.address import split_address
 from ddlf_actors.runtime.core import Core, get_core, set_core
 from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.generators import ObjectRefGenerator
 from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
 from ddlf_actors.runtime.session import find_token, head_record, read_config
@@ -21,8 +22,9 @@ from .options import check_gpus, check_memory
 from .remote_function import RemoteFunction
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "get_actor",
-    "nodes", "cluster_resources", "available_resources", "get_gpu_ids", "ClusterInfo",
+    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "cancel",
+    "get_actor", "nodes", "cluster_resources", "available_resources", "get_gpu_ids",
+    "ClusterInfo",
 ]
 
 _lock = threading.RLock()
@@ -247,6 +249,37 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     if not isinstance(actor, ActorHandle):
         raise TypeError(f"ddlf.kill expects an ActorHandle, got {type(actor).__name__}")
     _core().kill_actor(actor._actor_id, no_restart)
+
+
+def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+    """Cancel the task or actor call whose result ``ref`` is; returns at once.
+
+    * Not started yet (queued here, waiting for its arguments, or queued on its worker):
+      it never runs, and ``get(ref)`` raises ``TaskCancelledError``.
+    * A running task: ``KeyboardInterrupt`` is raised in it (a thread blocked in a C call
+      such as ``time.sleep`` sees it when that call returns); if it lets it propagate,
+      ``get`` raises ``TaskCancelledError``, and if it catches it and returns, that value
+      stands. ``force=True`` ends its worker process instead (``get`` raises
+      ``TaskCancelledError``; other tasks queued on that worker run elsewhere).
+    * A running async task or async actor method: its asyncio task is cancelled, and
+      ``get`` raises ``TaskCancelledError`` even if it caught the ``CancelledError``.
+    * A running sync actor method runs on; ``get_runtime_context().is_canceled()`` turns
+      True in it, and ``get`` raises ``TaskCancelledError`` whatever it returns.
+    * Finished already: nothing happens.
+
+    A cancelled call is never retried. ``recursive=True`` also cancels the tasks and
+    actor calls the cancelled call submitted whose results its process still holds
+    (force applies to child tasks only). ``force=True`` on an actor call raises
+    ``ValueError``: use ``ddlf.kill``. As in Ray, cancelling is best effort: a call that
+    finishes before the cancel reaches its worker keeps its result. A generator call
+    (an ``ObjectRefGenerator``) is cancelled only while it has not reached its worker.
+    """
+    if isinstance(ref, ObjectRefGenerator):
+        ref = ref._generator_ref
+    if not isinstance(ref, ObjectRef):
+        raise TypeError(f"ddlf.cancel expects an ObjectRef, got {type(ref).__name__}; to end "
+                        "an actor, use ddlf.kill(actor)")
+    _core().cancel(ref, force, recursive)
 
 
 def get_actor(name: str) -> ActorHandle:

@@ -11,6 +11,7 @@ from ddlf_actors.runtime.errors import (
     GetTimeoutError,
     PlacementGroupRemovedError,
     SerializationError,
+    TaskCancelledError,
     TaskError,
     TaskPlacementGroupRemovedError,
     TLSConfigError,
@@ -22,6 +23,7 @@ from ddlf_actors.runtime.errors import (
 __all__ = [
     "DDLFError",
     "TaskError",
+    "TaskCancelledError",
     "ActorDiedError",
     "WorkerCrashedError",
     "GetTimeoutError",

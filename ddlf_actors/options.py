@@ -14,7 +14,7 @@ ACTOR_OPTIONS = _COMMON | {"max_restarts", "max_concurrency", "lifetime", "node_
                            "get_if_exists", "max_task_retries"}
 # Ray's name for the generator backpressure bound, kept so Ray code carries over.
 BACKPRESSURE = "_generator_backpressure_num_objects"
-TASK_OPTIONS = _COMMON | {"max_retries", "num_returns", BACKPRESSURE}
+TASK_OPTIONS = _COMMON | {"max_retries", "num_returns", BACKPRESSURE, "retry_exceptions"}
 METHOD_OPTIONS = {"num_returns", BACKPRESSURE}
 
 
@@ -53,6 +53,12 @@ def validate(options: dict, allowed: set, what: str) -> dict:
         raise ValueError(f"num_returns must be an int >= 1, 'streaming' or 'dynamic', got {nr!r}")
     if options.get(BACKPRESSURE) is not None:
         check_backpressure(options[BACKPRESSURE], what)
+    re_ = options.get("retry_exceptions")
+    if re_ is not None and not isinstance(re_, bool) and not (
+            isinstance(re_, (list, tuple))
+            and all(isinstance(c, type) and issubclass(c, BaseException) for c in re_)):
+        raise ValueError("retry_exceptions must be True/False or a list of exception classes "
+                         f"(e.g. [ConnectionError, TimeoutError]), got {re_!r}")
     mc = options.get("max_concurrency")
     if mc is not None and (not isinstance(mc, int) or mc < 1):
         raise ValueError(f"max_concurrency must be an int >= 1, got {mc!r}")

@@ -36,6 +36,7 @@ from .errors import (
     DDLFError,
     GetTimeoutError,
     PlacementGroupRemovedError,
+    TaskCancelledError,
     UnschedulableError,
     WorkerCrashedError,
 )
@@ -57,7 +58,7 @@ PENDING, OK, ERR, LOCAL_ERR = 0, 1, 2, 3
 
 class _Entry:
     __slots__ = ("state", "segments", "value", "has_value", "refs", "sent_to", "callbacks",
-                 "contained")
+                 "contained", "origin")
 
     def __init__(self):
         self.state = PENDING
@@ -68,6 +69,9 @@ class _Entry:
         self.sent_to = None
         self.callbacks = None
         self.contained = None   # ObjectRefs inside this value: kept alive, shipped with it
+        # Who computes it, for ddlf.cancel: an actor id (str), a task pool key (tuple), or
+        # the id of the num_returns parent it is split from (bytes); None for put/adopted.
+        self.origin = None
 
 
 class ActorSpec:
@@ -200,6 +204,11 @@ class Core:
                 self.loop.call_soon_threadsafe(self._drain)
             except RuntimeError:
                 raise DDLFError("DDLF has been shut down; call ddlf.init() again") from None
+            except BaseException:
+                # ddlf.cancel's KeyboardInterrupt landed here, in a task's thread: a flag
+                # left set with no drain scheduled would stall every later submission.
+                self._wake_pending = False
+                raise
 
     def _drain(self) -> None:
         self._wake_pending = False
@@ -212,9 +221,14 @@ class Core:
                 log.exception("internal error in the DDLF I/O thread")
 
     # -- object registry -------------------------------------------------------------------
-    def new_ref(self) -> ObjectRef:
+    def new_ref(self, origin=None) -> ObjectRef:
         obj_id = self._prefix + next(self._counter).to_bytes(8, "big")
-        self.objects[obj_id] = _Entry()
+        e = self.objects[obj_id] = _Entry()
+        if origin is not None:
+            e.origin = origin
+            call = context.current_call()
+            if call is not None:   # submitted by a running call: a recursive cancel reaches it
+                call.add_child(obj_id)
         return ObjectRef(obj_id, self)
 
     def incref(self, obj_id: bytes) -> None:
@@ -507,7 +521,7 @@ class Core:
         body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
-        ref = self.new_ref()
+        ref = self.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
         self._submit(self._route_call, actor_id, class_name, ref.id, payload, refs)
         return out
@@ -645,6 +659,8 @@ class Core:
         """
         children = [self.new_ref() for _ in range(nret)]
         ids = [c.id for c in children]
+        for obj_id in ids:
+            self.objects[obj_id].origin = parent.id
 
         def split():
             e = self.objects.get(parent.id)
@@ -696,6 +712,64 @@ class Core:
         if client is not None:
             client.killed()
 
+    # -- cancel ----------------------------------------------------------------------------
+    def cancel(self, ref, force: bool = False, recursive: bool = True) -> None:
+        """Cancel the task or actor call that computes ``ref`` (see ``ddlf.cancel``).
+
+        Returns at once; the outcome shows at ``get``. A finished call, a ``put`` object
+        and a ref received from another process (a copy of a value) are left alone.
+        """
+        self._check_open()
+        e = self._entry(ref)
+        origin = e.origin
+        if type(origin) is bytes:   # one of num_returns refs: cancel the call itself
+            parent = self.objects.get(origin)
+            origin = parent.origin if parent is not None else None
+        if type(origin) is str and force:
+            raise ValueError(
+                "ddlf.cancel(force=True) is not supported for actor calls: killing the worker "
+                "would kill the actor. Cancel without force, or end the actor with "
+                "ddlf.kill(actor)")
+        if origin is None or e.state != PENDING:
+            return
+        self._submit(self.cancel_ids, [ref.id], force, recursive)
+
+    def cancel_ids(self, ids, force: bool, recursive: bool) -> None:
+        """On the I/O thread: cancel the calls computing these objects, where still pending."""
+        for obj_id in ids:
+            e = self.objects.get(obj_id)
+            if e is None or e.state != PENDING:
+                continue
+            origin = e.origin
+            if type(origin) is bytes:
+                obj_id, parent = origin, self.objects.get(origin)
+                origin = parent.origin if parent is not None else None
+            if type(origin) is str:
+                client = self.actors.get(origin)
+                if client is not None:
+                    client.cancel(obj_id, recursive)
+            elif type(origin) is tuple:
+                pool = self.pools.get(origin)
+                if pool is not None:
+                    pool.cancel(obj_id, force, recursive)
+
+    def cancel_and_flush(self, ids, force: bool, recursive: bool, timeout: float = 2.0) -> None:
+        """From a user thread: cancel now and return once the cancel frames are written
+        (a worker about to exit uses this for the calls its task submitted)."""
+        async def run():
+            self.cancel_ids(ids, force, recursive)
+            for _ in range(2):   # connections flush on the next loop passes
+                await asyncio.sleep(0)
+
+        try:
+            self.io.run(run(), timeout)
+        except Exception as e:
+            log.debug("could not cancel child calls: %s", e)
+
+    def _cancelled(self, obj_id: bytes, what: str) -> None:
+        self._fail(obj_id, TaskCancelledError(
+            f"{what} was cancelled with ddlf.cancel() before it ran"))
+
     # -- tasks -----------------------------------------------------------------------------
     def submit_task(self, fn_id: bytes, fn_segments: list, fn_name: str, args, kwargs,
                     options: dict) -> ObjectRef:
@@ -725,12 +799,15 @@ class Core:
             body = (*body, nret, backpressure)
         payload, nested = dumps_with_refs(body)
         refs = _with_nested(refs, nested)
-        ref = self.new_ref()
-        out = self._returns(ref, nret, backpressure)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
         key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
+        ref = self.new_ref(key)
+        out = self._returns(ref, nret, backpressure)
         task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
+        retry_exc = options.get("retry_exceptions")
+        if retry_exc:
+            task.retry_exc = True if retry_exc is True else tuple(retry_exc)
         self._submit(self._route_task, key, demand, task, sched, env)
         return out
 
@@ -980,6 +1057,7 @@ class _ActorClient:
         self.epoch = 0
         self.dead_error: BaseException | None = None
         self.blocked = False
+        self.cancelled: set = set()   # object ids of in-flight calls asked to cancel
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, wire: dict, refs) -> None:
@@ -1159,6 +1237,28 @@ class _ActorClient:
         self.blocked = False
         self.pump()
 
+    def cancel(self, obj_id: bytes, recursive: bool) -> None:
+        """Drop a queued call, or ask the actor to cancel one it has (queued or running)."""
+        for i, call in enumerate(self.queue):
+            if call.obj_id == obj_id:
+                del self.queue[i]
+                self.core._cancelled(obj_id, f"call {self.class_name}.{call.method}")
+                if i == 0 and self.blocked:
+                    # It held the queue waiting for its arguments: let the next one go.
+                    self.blocked = False
+                    if self.state == "ready":
+                        self.pump()
+                return
+        for msg_id, call in self.inflight.items():
+            if (call.obj_id if isinstance(call, _Call) else call) == obj_id:
+                if isinstance(call, _Call):
+                    call.retries = 0   # as in Ray, a cancelled call is never retried
+                self.cancelled.add(obj_id)
+                if self.conn is not None and not self.conn.closed:
+                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
+                    self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
+                return
+
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
         if kind == protocol.PUSH:
@@ -1193,7 +1293,10 @@ class _ActorClient:
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
-        self.core._complete_result(entry.obj_id if isinstance(entry, _Call) else entry, kind, segs)
+        obj_id = entry.obj_id if isinstance(entry, _Call) else entry
+        if self.cancelled:
+            self.cancelled.discard(obj_id)
+        self.core._complete_result(obj_id, kind, segs)
 
     def _retry(self, calls) -> None:
         """Queue calls lost with the actor's process again, ahead of newer ones."""
@@ -1219,14 +1322,22 @@ class _ActorClient:
                 "its connection closed (the process exited or was killed)")
             err = ActorDiedError(
                 f"actor {self.class_name} ({self.actor_id}) died while running this call: {why}")
+            cancelled, self.cancelled = self.cancelled, set()
             for c in lost:
-                self.core._fail(c.obj_id if isinstance(c, _Call) else c, err)
+                obj_id = c.obj_id if isinstance(c, _Call) else c
+                if obj_id in cancelled:
+                    self.core._fail(obj_id, TaskCancelledError(
+                        f"a call to actor {self.class_name} ({self.actor_id}) was cancelled "
+                        f"with ddlf.cancel(), and the actor's process then went away: {why}"))
+                else:
+                    self.core._fail(obj_id, err)
         if self.state != "dead":
             self.resolve(self.epoch)
 
 
 class _Task:
-    __slots__ = ("obj_id", "fn_id", "fn_segments", "fn_name", "payload", "refs", "retries")
+    __slots__ = ("obj_id", "fn_id", "fn_segments", "fn_name", "payload", "refs", "retries",
+                 "retry_exc", "cancelled")
 
     def __init__(self, obj_id, fn_id, fn_segments, fn_name, payload, refs, retries):
         self.obj_id = obj_id
@@ -1236,10 +1347,13 @@ class _Task:
         self.payload = payload
         self.refs = refs
         self.retries = retries
+        self.retry_exc = None     # retry_exceptions: True, or a tuple of exception classes
+        self.cancelled = False
 
 
 class _Lease:
-    __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer")
+    __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer",
+                 "force_cancel")
 
     def __init__(self, lease_id, worker_id, node_id, conn):
         self.lease_id = lease_id
@@ -1248,6 +1362,7 @@ class _Lease:
         self.conn = conn
         self.inflight: dict[int, _Task] = {}
         self.idle_timer = None
+        self.force_cancel = None   # the task cancelled with force=True: its worker may exit
 
 
 class _TaskPool:
@@ -1263,6 +1378,7 @@ class _TaskPool:
         self.leases: list[_Lease] = []
         self.requesting = False
         self.retry_after = 0.0
+        self.parked: dict[bytes, _Task] = {}   # waiting for their arguments
 
     def add(self, task: _Task) -> None:
         if task.refs:
@@ -1272,11 +1388,40 @@ class _TaskPool:
                 return
             if pending is not None:
                 # Tasks have no ordering promise: park this one until its inputs exist.
-                if self.core._on_done(pending, lambda: self.add(task)):
+                self.parked[task.obj_id] = task
+                if self.core._on_done(pending, lambda: self._unpark(task)):
                     return
-                return self.add(task)
+                return self._unpark(task)
         self.queue.append(task)
         self.pump()
+
+    def _unpark(self, task: _Task) -> None:
+        if self.parked.pop(task.obj_id, None) is task:   # not cancelled meanwhile
+            self.add(task)
+
+    def cancel(self, obj_id: bytes, force: bool, recursive: bool) -> None:
+        """Drop a task not yet sent, or ask its worker to cancel it (queued or running)."""
+        task = self.parked.pop(obj_id, None)
+        if task is not None:
+            self.core._cancelled(obj_id, f"task {task.fn_name}")
+            return
+        for i, task in enumerate(self.queue):
+            if task.obj_id == obj_id:
+                del self.queue[i]
+                self.core._cancelled(obj_id, f"task {task.fn_name}")
+                return
+        for lease in self.leases:
+            for msg_id, task in lease.inflight.items():
+                if task.obj_id == obj_id:
+                    task.cancelled = True
+                    task.retries = 0   # as in Ray, a cancelled task is never retried
+                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
+                    if force:
+                        flags |= protocol.CANCEL_FORCE
+                        lease.force_cancel = task
+                    if not lease.conn.closed:
+                        lease.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
+                    return
 
     def pump(self) -> None:
         """Send queued tasks to leases.
@@ -1333,6 +1478,7 @@ class _TaskPool:
         self.core.background.spawn(self._request(wait=not self.leases))
 
     async def _request(self, wait: bool):
+        lease = None
         try:
             reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched,
                                    self.runtime_env)
@@ -1347,7 +1493,8 @@ class _TaskPool:
             except Exception:
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
                 raise
-            lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
+            hello = {**self.core.hello, "demand": self.demand}   # get_assigned_resources
+            lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", hello)))
             await shm_store.wait_hello(lease.conn)
             if lease.conn.closed:   # the worker went away while answering our hello
                 await rpc.call(self.core.head, "return_lease", lease.lease_id)
@@ -1367,6 +1514,11 @@ class _TaskPool:
         finally:
             self.requesting = False
         self.pump()
+        if (lease is not None and lease in self.leases and not lease.inflight
+                and lease.idle_timer is None):
+            # It came after the queue drained: without a timer it would hold its CPU
+            # (at the head) until this process disconnects.
+            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
 
     def task_done(self, lease: _Lease) -> None:
         if self.queue:
@@ -1398,7 +1550,15 @@ class _TaskPool:
             return
         retry = []
         for task in inflight.values():
-            if task.retries != 0:   # -1: unlimited, as in Ray
+            if task.cancelled:
+                how = ("ddlf.cancel(force=True) ended its worker process"
+                       if lease.force_cancel is task else
+                       "it was cancelled with ddlf.cancel(), then its worker process exited")
+                self.core._fail(task.obj_id, TaskCancelledError(f"task {task.fn_name}: {how}"))
+            elif lease.force_cancel is not None:
+                # Queued behind a task that ddlf.cancel(force=True) killed: not their fault.
+                retry.append(task)
+            elif task.retries != 0:   # -1: unlimited, as in Ray
                 if task.retries > 0:
                     task.retries -= 1
                 retry.append(task)
@@ -1441,11 +1601,37 @@ class _LeaseHandler:
         task = self.lease.inflight.pop(msg_id, None)
         if task is None:
             return
+        if task.cancelled and self.lease.force_cancel is task:
+            self.lease.force_cancel = None   # it ended before force could kill its worker
+        if (kind == protocol.RESULT_ERR and task.retry_exc is not None and task.retries != 0
+                and not task.cancelled and _should_retry(task.retry_exc, segs)):
+            if task.retries > 0:
+                task.retries -= 1
+            self.pool.queue.append(task)   # as in Ray, the retry may run on any worker
+            self.pool.task_done(self.lease)
+            return
         self.pool.core._complete_result(task.obj_id, kind, segs)
         self.pool.task_done(self.lease)
 
     def connection_closed(self, conn, exc):
         self.pool.lost(self.lease)
+
+
+def _should_retry(retry_exc, segs) -> bool:
+    """retry_exceptions: does the exception a task raised call for a retry?
+
+    Decided by the caller, which holds the option. An exception whose class cannot be
+    rebuilt here matches only ``retry_exceptions=True``; a cancelled task never retries.
+    """
+    try:
+        cause = decode_error(segs[1:]).cause
+    except Exception:
+        return retry_exc is True
+    if isinstance(cause, TaskCancelledError):
+        return False
+    if retry_exc is True:
+        return True
+    return cause is not None and isinstance(cause, retry_exc)
 
 
 # -- the process-wide core -----------------------------------------------------------------

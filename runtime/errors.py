@@ -21,6 +21,7 @@ __all__ = [
     "PlacementGroupRemovedError",
     "ActorPlacementGroupRemovedError",
     "TaskPlacementGroupRemovedError",
+    "TaskCancelledError",
 ]
 
 
@@ -80,6 +81,16 @@ class ActorDiedError(DDLFError):
 
 class WorkerCrashedError(DDLFError):
     """The worker process running a task died before the task finished."""
+
+
+class TaskCancelledError(DDLFError):
+    """The task or actor call was cancelled with ``ddlf.cancel`` before it finished.
+
+    ``ddlf.get`` raises it for a call cancelled while it was queued, or while it ran and
+    the cancellation reached it. When the worker itself settles the call as cancelled
+    (it was interrupted there), ``get`` raises a ``TaskError`` that is also a
+    ``TaskCancelledError``, as Ray's ``RayTaskError(TaskCancelledError)`` is.
+    """
 
 
 class TaskError(DDLFError):

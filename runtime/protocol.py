@@ -7,7 +7,8 @@ import struct
 __all__ = ["HEADER", "REQUEST", "REPLY_OK", "REPLY_ERR", "PUSH", "CALL", "RESULT_OK", "RESULT_ERR",
            "OBJ", "FREE", "FUNC", "RESULT_REFS", "RESULT_MULTI", "RESULT_SHM", "OBJ_SHM",
            "SHM_ACK", "STREAM_ITEM", "STREAM_END", "STREAM_ITEM_HEAD", "STREAM_CREDIT",
-           "STREAM_COUNT", "FETCH", "FETCH_REPLY", "header", "parse_header"]
+           "STREAM_COUNT", "CANCEL", "CANCEL_FORCE", "CANCEL_RECURSIVE", "FETCH", "FETCH_REPLY",
+           "header", "parse_header"]
 
 # kind (u8) | message id (u64)
 HEADER = struct.Struct("!BQ")
@@ -42,6 +43,9 @@ STREAM_COUNT = struct.Struct("!Q")
 # A ref pickled out of band, fetched from the worker that pinned it (runtime/oob.py).
 FETCH = 24        # seg1 = object id
 FETCH_REPLY = 25  # seg1 = outcome byte (oob.VALUE/REFS/ERROR/MISSING), then the object's segments
+CANCEL = 18      # cancel the CALL with this message id: seg1 = one byte of CANCEL_* flags
+CANCEL_FORCE = 1
+CANCEL_RECURSIVE = 2
 
 _pack = HEADER.pack
 _unpack = HEADER.unpack

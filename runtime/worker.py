@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import inspect
 import os
 import pickle
@@ -41,7 +42,7 @@ import psutil
 from . import context, oob, protocol, rpc, runtime_env, shm_store
 from . import core as core_mod
 from .connection import connect, serve
-from .errors import ActorDiedError, ActorExit, SerializationError
+from .errors import ActorDiedError, ActorExit, SerializationError, TaskCancelledError
 from .eventloop import new_event_loop
 from .object_ref import set_default_resolver
 from .refs import ArgRef
@@ -388,6 +389,9 @@ class Worker:
         self.executor: Executor | None = None
         self.node_conn = None
         self.server = None
+        # (caller connection, message id) -> CallContext, from a call's arrival to its reply.
+        self.calls: dict[tuple, context.CallContext] = {}
+        self._seq = 0
         context.current = context.WorkerContext(head_address, token, node_id, worker_id)
 
     def _exec(self) -> Executor:
@@ -417,6 +421,7 @@ class Worker:
         if sched.get("group_id"):
             ctx.placement = {"group_id": sched["group_id"], "bundles": sched.get("bundles"),
                              "capture": bool(sched.get("capture"))}
+        ctx.actor_info = {k: spec.get(k) for k in ("name", "class_name", "methods", "resources")}
         self.actor_name = spec["class_name"]
         _log_marker(f"actor:{self.actor_name}:{ctx.job_id or ''}")
         for obj_id, segs in spec.get("objects", {}).items():
@@ -492,6 +497,7 @@ class Worker:
             event, data = loads(segs[1:])
             if event == "hello":
                 apply_sys_path(data.get("sys_path", ()), data.get("cwd"))
+                conn.info["demand"] = data.get("demand")   # a lease's resources, for tasks
                 conn.info["shm_peer"] = shm_store.same_host(data.get("shm"))
                 shm_store.send_hello(conn)   # the caller waits for ours before its first call
         elif kind == protocol.OBJ_SHM:
@@ -512,6 +518,8 @@ class Worker:
                 out.credit(consumed)
         elif kind == protocol.FETCH:
             oob.serve_fetch(conn, msg_id, segs, self.loop)
+        elif kind == protocol.CANCEL:
+            self._cancel(conn, msg_id, bytes(segs[1])[0] if len(segs) > 1 and len(segs[1]) else 0)
         else:
             conn.abort()
 
@@ -538,6 +546,13 @@ class Worker:
                 return _EXIT, self._begin_exit(e, where)
             return protocol.RESULT_ERR, encode_error(e, where)
         except BaseException as e:
+            if type(e) is KeyboardInterrupt:
+                call = context.current_call()
+                if call is not None and call.interrupted:   # ddlf.cancel's: Ray raises this
+                    err = TaskCancelledError(f"task {call.name} was cancelled with "
+                                             "ddlf.cancel() while it ran")
+                    err.__cause__ = e
+                    e = err
             return protocol.RESULT_ERR, encode_error(e, where)
         return _encode(result, nret, where)
 
@@ -609,10 +624,39 @@ class Worker:
         # Let completions already handed to the loop (the exiting call's reply) go first.
         self.loop.call_soon(check)
 
-    def _run_job(self, conn, msg_id, fn, args, kwargs, where: str, nret: int = 1):
+    def _new_call(self, conn, msg_id, name: str, fn, is_async: bool) -> context.CallContext:
+        self._seq += 1
+        call = self.calls[(conn, msg_id)] = context.CallContext(self._seq, name, fn, conn, is_async)
+        return call
+
+    def _run_job(self, conn, msg_id, fn, args, kwargs, where: str, nret: int,
+                 call: context.CallContext):
         """An executor job: run the call, then send its outcome from the loop."""
         def job():
-            kind, segs = self._outcome(fn, args, kwargs, where, nret)
+            if not call.claim():
+                return None   # cancelled while queued here: already answered
+            context.set_current_call(call)
+            call.thread = threading.get_ident()
+            call.state = context.RUNNING
+            kind = segs = None
+            try:
+                # cancel() sets .cancelled before it reads .state: one of us sees the other.
+                if not call.cancelled:
+                    kind, segs = self._outcome(fn, args, kwargs, where, nret)
+            except KeyboardInterrupt:
+                kind = None   # a cancel's interrupt that landed in our code, not the user's
+            while True:   # at most one interrupt is ever sent: this loop ends
+                try:
+                    _settle(call)
+                    break
+                except KeyboardInterrupt:
+                    pass
+            context.set_current_call(None)
+            self.calls.pop((conn, msg_id), None)
+            if kind is None or (call.cancelled and self.is_actor and kind != _EXIT):
+                # As in Ray, a call the cancel reached while it ran has no other outcome.
+                kind, segs = protocol.RESULT_ERR, encode_error(TaskCancelledError(
+                    f"{call.name} was cancelled with ddlf.cancel() while it ran"), where)
             if kind == _EXIT:
                 return lambda: self._exit_reply(conn, msg_id, segs)
             kind, segs = shm_store.wrap_result(conn, kind, segs)
@@ -710,6 +754,42 @@ class Worker:
                 index += 1
         self._end_stream(conn, msg_id, index)
 
+    def _cancel(self, conn, msg_id: int, flags: int) -> None:
+        """A CANCEL frame: drop the call if it is queued here; else interrupt it.
+
+        A sync task gets a ``KeyboardInterrupt`` in its thread (or, with force, this
+        process exits); an async task or method has its asyncio task cancelled; a
+        running sync actor method only sees ``is_canceled()`` turn True, as in Ray.
+        """
+        call = self.calls.get((conn, msg_id))
+        if call is None:
+            return   # already finished: nothing to do
+        force = bool(flags & protocol.CANCEL_FORCE) and not self.is_actor
+        call.cancelled = True
+        if call.claim():   # not started: it never will
+            self.calls.pop((conn, msg_id), None)
+            if call.atask is not None:
+                call.atask.cancel()   # before its first step: none of its code runs
+            what = call.name if self.is_actor else f"task {call.name}"
+            self._reply_error(conn, msg_id, TaskCancelledError(
+                f"{what} was cancelled with ddlf.cancel() while queued on its worker"),
+                f"{what} (pid {_pid})")
+            return
+        if flags & protocol.CANCEL_RECURSIVE and call.children:
+            core = core_mod.get_core(auto=False)
+            if core is not None:
+                ids = list(call.children)
+                if force:   # this process exits next: send the cancels first
+                    core.cancel_and_flush(ids, True, True)
+                else:
+                    core._submit(core.cancel_ids, ids, False, True)
+        if force:
+            _exit_now(1)
+        if call.atask is not None:
+            call.atask.cancel()
+        elif not self.is_actor:
+            _interrupt(call)
+
     def _reply(self, conn, msg_id, value, where: str, nret: int = 1):
         if conn.closed:
             return
@@ -760,32 +840,66 @@ class Worker:
                 self.executor.submit(
                     self._stream_job(conn, msg_id, fn, args, kwargs, where, out))
             return
+        call = self._new_call(conn, msg_id, f"{self.actor_name}.{name}", fn, is_async)
         if is_async:
-            self.background.spawn(self._run_async(conn, msg_id, fn, args, kwargs, name, nret))
+            call.atask = self.background.spawn(
+                self._run_async(conn, msg_id, fn, args, kwargs, name, nret, call))
         else:
             self.executor.submit(self._run_job(
-                conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})", nret))
+                conn, msg_id, fn, args, kwargs, f"{self.actor_name}.{name} (pid {_pid})", nret,
+                call))
 
-    async def _run_async(self, conn, msg_id, fn, args, kwargs, name, nret=1):
+    async def _run_async(self, conn, msg_id, fn, args, kwargs, name, nret, call):
         where = f"{self.actor_name}.{name} (pid {_pid})"
-        async with self.semaphore:
-            try:
-                result = await fn(*args, **kwargs)
-            except SystemExit as e:
-                if self.executor is not None:
-                    self.executor.stopped = True
-                self._exit_reply(conn, msg_id, self._begin_exit(e, where))
-                return
-            except BaseException as e:
-                self._reply_error(conn, msg_id, e, where)
-                return
+        call.claim()   # started: from now on a cancel is answered here
+        context.set_current_call(call)   # this asyncio task's own context
+        try:
+            async with self.semaphore:
+                call.state = context.RUNNING
+                try:
+                    result = await fn(*args, **kwargs)
+                except SystemExit as e:
+                    if self.executor is not None:
+                        self.executor.stopped = True
+                    self._exit_reply(conn, msg_id, self._begin_exit(e, where))
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as e:
+                    if not call.cancelled:
+                        self._reply_error(conn, msg_id, e, where)
+                        return
+        except asyncio.CancelledError:
+            if not call.cancelled:
+                raise   # not ours (the loop is closing)
+        finally:
+            self.calls.pop((conn, msg_id), None)
+        if call.cancelled:
+            # As in Ray, even when the method caught the CancelledError and returned.
+            self._reply_error(conn, msg_id, TaskCancelledError(
+                f"{call.name} was cancelled with ddlf.cancel()"), where)
+            return
         self._reply(conn, msg_id, result, where, nret)
 
-    async def _finish_async_task(self, conn, msg_id, awaitable, where, nret=1):
+    async def _run_async_task(self, conn, msg_id, fn, args, kwargs, where, nret, call, enter):
+        call.claim()   # started: from now on a cancel is answered here
+        context.set_current_call(call)
+        call.state = context.RUNNING
         try:
-            result = await awaitable
+            enter()
+            result = await fn(*args, **kwargs)
+        except asyncio.CancelledError:
+            if not call.cancelled:
+                raise
         except BaseException as e:
-            self._reply_error(conn, msg_id, e, where)
+            if not call.cancelled:
+                self._reply_error(conn, msg_id, e, where)
+                return
+        finally:
+            self.calls.pop((conn, msg_id), None)
+        if call.cancelled:
+            self._reply_error(conn, msg_id, TaskCancelledError(
+                f"task {call.name} was cancelled with ddlf.cancel()"), where)
             return
         self._reply(conn, msg_id, result, where, nret)
 
@@ -821,10 +935,11 @@ class Worker:
             return
 
         if inspect.iscoroutinefunction(fn):
-            enter()
-            self.background.spawn(
-                self._finish_async_task(conn, msg_id, fn(*args, **kwargs), where, nret))
+            call = self._new_call(conn, msg_id, fn_name, fn, True)
+            call.atask = self.background.spawn(self._run_async_task(
+                conn, msg_id, fn, args, kwargs, where, nret, call, enter))
             return
+        call = self._new_call(conn, msg_id, fn_name, fn, False)
 
         def run(*a, **kw):
             enter()
@@ -834,7 +949,55 @@ class Worker:
             finally:
                 context.set_running_task(False)
 
-        self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where, nret))
+        self._exec().submit(self._run_job(conn, msg_id, run, args, kwargs, where, nret, call))
+
+
+# -- interrupting a running task (ddlf.cancel) ----------------------------------------------
+# Held while a cancel decides to interrupt a thread and while that thread marks its call
+# done, so an interrupt never reaches the next call that thread runs.
+_interrupt_lock = threading.Lock()
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+
+
+def _interrupt(call: context.CallContext) -> None:
+    """Raise KeyboardInterrupt in the thread running ``call``, as Ray does for a task.
+
+    It lands at the thread's next Python instruction: a thread blocked in a C call
+    (``time.sleep``, a socket read) sees it when that call returns.
+    """
+    with _interrupt_lock:
+        if call.state == context.RUNNING and not call.interrupted:
+            call.interrupted = True
+            _set_async_exc(call.thread, KeyboardInterrupt)
+
+
+def _settle(call: context.CallContext) -> None:
+    """On the call's own thread: mark it done, and withdraw an interrupt not yet raised.
+
+    Lock-free unless cancelled: cancel() sets ``.cancelled`` before it reads ``.state``,
+    so if we read ``.cancelled`` False after writing DONE, it will read DONE.
+    """
+    call.state = context.DONE
+    if call.cancelled:
+        with _interrupt_lock:   # waits out a cancel() that is sending the interrupt now
+            if call.interrupted:
+                _clear_async_exc(call.thread, None)
+
+
+# The same C function, typed to pass NULL (clear) where py_object would pass None.
+_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi))
+
+
+def _exit_now(status: int) -> None:
+    """ddlf.cancel(force=True) of a running task: end this worker, as Ray does."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status)
 
 
 def _log_marker(text: str) -> None:

@@ -14,6 +14,7 @@ import os
 import sys
 
 import ddlf_actors as _ddlf
+from ddlf_actors import runtime_context as _runtime_context
 from ddlf_actors.api import ClusterInfo as _ClusterInfo
 from ddlf_actors.runtime.address import host_of as _host_of
 from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
@@ -26,7 +27,7 @@ from ._missing import NotProvidedError, missing, not_provided
 from ._remote import remote
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill",
+    "init", "shutdown", "is_initialized", "remote", "get", "wait", "put", "kill", "cancel",
     "get_actor", "nodes", "cluster_resources", "available_resources", "method",
     "get_runtime_context", "get_gpu_ids", "ObjectRef", "ObjectRefGenerator",
     "DynamicObjectRefGenerator", "exceptions", "util", "actor", "runtime_env", "RayContext",
@@ -126,6 +127,14 @@ def kill(actor, *, no_restart: bool = True) -> None:
     _ddlf.kill(actor, no_restart=no_restart)
 
 
+def cancel(ray_waitable, *, force: bool = False, recursive: bool = True) -> None:
+    """``ray.cancel``: DDLF's ``cancel`` (same semantics; see ``ddlf_actors.cancel``)."""
+    if not isinstance(ray_waitable, (ObjectRef, _ddlf.ObjectRefGenerator)):
+        raise TypeError("ray.cancel() only supported for object refs. For actors, try "
+                        f"ray.kill(). Got: {type(ray_waitable)}.")
+    _ddlf.cancel(ray_waitable, force=force, recursive=recursive)
+
+
 def get_actor(name: str, namespace: str | None = None):
     """The live actor named ``name``; DDLF has one namespace, so ``namespace`` is ignored."""
     return _ddlf.get_actor(name)
@@ -164,40 +173,13 @@ def method(*args, **kwargs):
     return _ddlf.method(*args, **kwargs)
 
 
-class RuntimeContext:
-    """``ray.get_runtime_context()``: ids of the job, node, worker and actor we run in."""
-
-    def get_job_id(self):
-        ctx = _ctx()
-        if ctx is not None:
-            return ctx.job_id
-        from ddlf_actors.runtime.core import get_core
-
-        core = get_core(auto=False)
-        return core.job_id if core is not None else None
-
-    def get_node_id(self):
-        """The node this code runs on; in a driver, as in Ray, the node on its own host
-        (None if the cluster has no live node on this host)."""
-        ctx = _ctx()
-        if ctx is not None:
-            return ctx.node_id
-        return _local_node_id()
-
-    def get_worker_id(self):
-        ctx = _ctx()
-        return ctx.worker_id if ctx else None
-
-    def get_actor_id(self):
-        ctx = _ctx()
-        return ctx.actor_id if ctx else None
-
-    def get_task_id(self):
-        return None
+class RuntimeContext(_runtime_context.RuntimeContext):
+    """``ray.get_runtime_context()``: DDLF's runtime context, plus Ray's spellings."""
 
     @property
-    def namespace(self) -> str:
-        return ""
+    def gcs_address(self) -> str | None:
+        """Ray's GCS is DDLF's head: its ``host:port``."""
+        return self.head_address
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
@@ -205,35 +187,11 @@ class RuntimeContext:
         raise missing(f"get_runtime_context().{name}")
 
 
-def _local_node_id():
-    from ddlf_actors.runtime.core import get_core
-
-    core = get_core(auto=False)
-    if core is None:
-        return None
-    import psutil
-
-    local = {"localhost"}
-    try:
-        for addrs in psutil.net_if_addrs().values():
-            local.update(a.address for a in addrs)
-    except (OSError, psutil.Error):
-        pass
-    for n in core.head_call("nodes"):
-        host = n["address"].rpartition(":")[0]
-        if n["alive"] and (host in local or host.startswith("127.")):
-            return n["node_id"]
-    return None
-
-
-def _ctx():
-    from ddlf_actors.runtime import context
-
-    return context.current
+_context = RuntimeContext()
 
 
 def get_runtime_context() -> RuntimeContext:
-    return RuntimeContext()
+    return _context
 
 
 def __getattr__(name: str):

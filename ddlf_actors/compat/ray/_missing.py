@@ -28,7 +28,6 @@ _REASONS = {
     "_raylet": "DDLF does not expose Ray's private modules",
     "_config": "DDLF does not expose Ray's private modules",
     # Core functions and types
-    "cancel": "DDLF cannot cancel a task or actor call yet",
     "timeline": "DDLF records no task timeline",
     "cpp_function": "DDLF runs Python only", "java_function": "DDLF runs Python only",
     "java_actor_class": "DDLF runs Python only", "Language": "DDLF runs Python only",
@@ -64,7 +63,10 @@ _REASONS = {
     "util.annotations": "DDLF does not expose Ray's API annotations",
     "util.check_serialize": "not provided",
     "util.scheduling_strategies.NodeLabelSchedulingStrategy": "DDLF has no node labels",
-    "get_runtime_context().current_actor": "not provided yet",
+    "get_runtime_context().get_accelerator_ids": "DDLF does not assign accelerator ids",
+    "get_runtime_context().runtime_env": "DDLF has no runtime environments",
+    "get_runtime_context().get_runtime_env_string": "DDLF has no runtime environments",
+    "get_runtime_context().get_node_labels": "DDLF has no node labels",
 }
 
 _DEFAULT = "DDLF does not implement it"

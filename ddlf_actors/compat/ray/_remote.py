@@ -31,7 +31,9 @@ _ASYNC_ACTOR_CONCURRENCY = 1000
 _IGNORED = {
     "object_store_memory": "DDLF has no shared object store",
     "max_task_retries": "max_task_retries applies to actors only",
-    "retry_exceptions": "DDLF does not retry a task that raised",
+    # Tasks take it (a DDLF option); on actors it falls through to here.
+    "retry_exceptions": "DDLF retries an actor call only when the actor's process dies "
+                        "(max_task_retries), not when the method raises",
     "max_pending_calls": "DDLF does not limit pending actor calls",
     "allow_out_of_order_execution": "DDLF runs one caller's calls in order",
     "namespace": "DDLF has one namespace per cluster",

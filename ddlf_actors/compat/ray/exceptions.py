@@ -15,6 +15,7 @@ from ddlf_actors.errors import (
     AuthenticationError,
     DDLFError,
     GetTimeoutError,
+    TaskCancelledError,
     TaskError,
     TaskPlacementGroupRemovedError,
     UnschedulableError,
@@ -32,6 +33,7 @@ ActorDiedError = ActorDiedError
 GetTimeoutError = GetTimeoutError
 WorkerCrashedError = WorkerCrashedError
 AuthenticationError = AuthenticationError
+TaskCancelledError = TaskCancelledError
 ActorAlreadyExistsError = ActorNameTakenError
 ActorPlacementGroupRemoved = ActorPlacementGroupRemovedError
 TaskPlacementGroupRemoved = TaskPlacementGroupRemovedError
@@ -52,10 +54,6 @@ class RaySystemError(DDLFError):
 
 class ActorUnavailableError(ActorDiedError):
     """Ray: the actor is temporarily unreachable. DDLF reports a lost actor as died."""
-
-
-class TaskCancelledError(DDLFError):
-    """Ray: the task was cancelled. DDLF has no ray.cancel."""
 
 
 class ObjectLostError(DDLFError):
