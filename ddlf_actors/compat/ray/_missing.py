@@ -15,8 +15,8 @@ _REASONS = {
     "data": _LIBRARY, "serve": _LIBRARY, "tune": _LIBRARY, "train": _LIBRARY,
     "rllib": _LIBRARY, "air": _LIBRARY, "workflow": _LIBRARY, "llm": _LIBRARY,
     "dag": "DDLF's ray.dag has the DAG nodes and compiled graphs only",
-    "experimental": "DDLF has none of Ray's experimental APIs (channels, tqdm_ray, ...); "
-                    "compiled graphs are dag.experimental_compile()",
+    "experimental": "DDLF's ray.experimental has tqdm_ray only (channels and the rest are "
+                    "missing); compiled graphs are dag.experimental_compile()",
     "autoscaler": "DDLF clusters are started by hand with `ddlf-node start`; there is no autoscaler",
     "job_submission": "DDLF has no job server; run the driver script directly",
     "client": "DDLF has no Ray Client (ray://); connect with ray.init('host:port')",
