@@ -1242,7 +1242,7 @@ class _ActorClient:
         for i, call in enumerate(self.queue):
             if call.obj_id == obj_id:
                 del self.queue[i]
-                self.core._cancelled(obj_id, f"call {self.class_name}.{call.method}")
+                self.core._cancelled(obj_id, f"a call to actor {self.class_name}")
                 if i == 0 and self.blocked:
                     # It held the queue waiting for its arguments: let the next one go.
                     self.blocked = False
