@@ -36,6 +36,7 @@ from .messages import (
     Heartbeat,
     LeaseGrant,
     LogBatch,
+    MessageError,
     WorkerDied,
 )
 from .states import ActorState
@@ -151,6 +152,7 @@ class Head:
         self.stopping = False
         self.stopped = loop.create_future()
         self.handler = _HeadRpcHandler(self, self.rpc_handlers())
+        self._pushes = self.push_handlers()
         self.background = TaskGroup(loop, "head")
 
     def rpc_handlers(self) -> dict:
@@ -221,24 +223,45 @@ class Head:
     def _node_totals(self) -> list[dict]:
         return [dict(n.total) for n in self.nodes.values() if n.alive]
 
+    def push_handlers(self) -> dict:
+        """Every one-way event a node, driver or worker may send the head."""
+        return {
+            "heartbeat": self._on_heartbeat,        # node
+            "worker_died": self._on_worker_died,    # node
+            "logs": self._on_logs,                  # node
+            "task_blocked": self._on_task_blocked,  # a leased task waits in get
+            "task_unblocked": self._on_task_unblocked,
+            "release_name": self._on_release_name,  # a named actor was never created
+        }
+
     def on_push(self, conn, event, data):
-        if event == "heartbeat":
-            n = self.nodes.get(Heartbeat.from_wire(data).node_id)
-            if n is not None:
-                n.heard()
-        elif event == "worker_died":
-            self._worker_died(conn.info.get("node"), WorkerDied.from_wire(data))
-        elif event == "task_blocked":
-            self._lend(data.get("worker_id"))
-        elif event == "task_unblocked":
-            self._unlend(data.get("worker_id"))
-        elif event == "logs":
-            self._route_logs(LogBatch.from_wire(data))
-        elif event == "release_name":
-            r = self.reserved.get(data["actor_id"])
-            # Only the connection that reserved a name may give it back.
-            if r is not None and r["owner"] == conn.info.get("owner_id"):
-                self._unreserve(data["actor_id"])
+        fn = self._pushes.get(event) if isinstance(event, str) else None
+        if fn is not None:   # an unknown event is ignored, as it always was
+            fn(conn, data)
+
+    def _on_heartbeat(self, conn, data):
+        n = self.nodes.get(Heartbeat.from_wire(data).node_id)
+        if n is not None:
+            n.heard()
+
+    def _on_worker_died(self, conn, data):
+        self._worker_died(conn.info.get("node"), WorkerDied.from_wire(data))
+
+    def _on_logs(self, conn, data):
+        self._route_logs(LogBatch.from_wire(data))
+
+    def _on_task_blocked(self, conn, data):
+        self._lend(_field(data, "worker_id", "task_blocked"))
+
+    def _on_task_unblocked(self, conn, data):
+        self._unlend(_field(data, "worker_id", "task_unblocked"))
+
+    def _on_release_name(self, conn, data):
+        actor_id = _field(data, "actor_id", "release_name")
+        r = self.reserved.get(actor_id)
+        # Only the connection that reserved a name may give it back.
+        if r is not None and r["owner"] == conn.info.get("owner_id"):
+            self._unreserve(actor_id)
 
     def on_closed(self, conn, exc):
         node = conn.info.get("node")
@@ -894,6 +917,14 @@ class _HeadRpcHandler(rpc.RpcHandler):
         if node is not None:
             node.heard()
         super().frame_received(conn, segs)
+
+
+def _field(data, key: str, event: str) -> str:
+    """``data[key]`` of a one-key push (a str id); ``MessageError`` if it is not there."""
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, str):
+        raise MessageError(f"a {event} push must be a dict with a str {key!r}, got {data!r:.80}")
+    return value
 
 
 def _sum(dicts) -> dict:

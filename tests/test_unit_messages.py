@@ -234,6 +234,23 @@ def test_every_request_sent_somewhere_is_in_the_receivers_table():
                                                 f"the {_RECEIVER[conn]} table"
 
 
+_PUSH = re.compile(r'(?:rpc\.push\(\s*([\w.]+)|(_push_head)),\s*"(\w+)"')
+_TO_HEAD = {"self.head", "self.core.head", "self.head_conn", "_push_head"}
+
+
+def test_every_event_pushed_to_the_head_is_in_its_push_table():
+    table = Head.push_handlers(object.__new__(Head))
+    pushed = []
+    for folder in ("runtime", "ddlf_actors"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for conn, via, event in _PUSH.findall(path.read_text()):
+                if (conn or via) in _TO_HEAD:
+                    pushed.append((path.name, event))
+    assert len(pushed) >= 6, f"found too few pushes to the head ({pushed}): update this test"
+    for where, event in pushed:
+        assert event in table, f"{where} pushes {event!r}, which the head ignores"
+
+
 def test_the_head_asks_a_node_only_what_its_link_answers():
     tables = _tables()
     assert "worker_ready" not in tables["head->node"]   # only the node's own workers send it
@@ -290,7 +307,9 @@ def test_a_malformed_request_is_answered_as_a_bad_request():
 
 @pytest.mark.parametrize("event,data", [("heartbeat", 3), ("heartbeat", {}),
                                         ("worker_died", {"actor_id": "a"}),
-                                        ("logs", {"records": None})])
+                                        ("logs", {"records": None}), ("task_blocked", 5),
+                                        ("task_unblocked", {}),
+                                        ("release_name", {"actor_id": 7})])
 def test_a_malformed_push_is_dropped_and_the_connection_kept(event, data, caplog):
     async def scenario(head):
         conn = FakeConn(asyncio.get_running_loop())
