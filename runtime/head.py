@@ -602,8 +602,8 @@ class Head:
                 self.names.pop(r["name"], None)
             r["created"].set()
 
-    async def rpc_create_actor(self, conn, spec: dict):
-        creation = ActorCreation.from_wire(spec)
+    async def rpc_create_actor(self, conn, creation: dict):
+        creation = ActorCreation.from_wire(creation)
         if creation.name:
             self._claim_name(creation.name, creation.actor_id)
         a = ActorRecord(creation, conn.info.get("owner_id"))

@@ -382,12 +382,13 @@ class NodeDaemon:
     async def _fetch_package(self, pkg_id: str):
         return await rpc.call(self.head_conn, "get_package", pkg_id, timeout=300)
 
-    async def _env_setup(self, wire: dict | None, gpu_ids: list) -> dict:
-        """What a worker applies before user code: the env's variables, unpacked packages
-        (fetched from the head once per node) and its GPUs as CUDA_VISIBLE_DEVICES."""
-        for pkg_id in runtime_env.packages(wire):
+    async def _env_setup(self, env: dict | None, gpu_ids: list) -> dict:
+        """What a worker applies before user code: the runtime env's (``env``, in its wire
+        form) variables, unpacked packages (fetched from the head once per node) and its
+        GPUs as CUDA_VISIBLE_DEVICES."""
+        for pkg_id in runtime_env.packages(env):
             await self.packages.ensure(pkg_id)
-        setup = runtime_env.local_setup(self.packages, wire)
+        setup = runtime_env.local_setup(self.packages, env)
         if gpu_ids:
             setup.setdefault("env_vars", {})["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
             setup["gpu_ids"] = list(gpu_ids)
@@ -471,8 +472,8 @@ class NodeDaemon:
             if not pool:
                 self.idle_task.pop(key, None)
 
-    async def rpc_start_actor(self, conn, spec: dict):
-        creation = ActorCreation.from_wire(spec)
+    async def rpc_start_actor(self, conn, creation: dict):
+        creation = ActorCreation.from_wire(creation)
         gpus = float(creation.demand.get("GPU", 0))
         gpu_ids = await self._claim_gpus(gpus)
         try:
@@ -512,16 +513,16 @@ class NodeDaemon:
             raise DDLFError("the head connection closed while the actor was starting")
         return ActorStarted(True, address=w.address, pid=w.pid, worker_id=w.worker_id).to_wire()
 
-    async def rpc_lease_worker(self, conn, demand: dict | None = None, wire: dict | None = None):
+    async def rpc_lease_worker(self, conn, demand: dict | None = None, env: dict | None = None):
         gpus = float((demand or {}).get("GPU", 0))
         gpu_ids = await self._claim_gpus(gpus)
-        key = (wire or {}).get("key", "") + (f"|gpu={gpu_ids}" if gpu_ids else "")
+        key = (env or {}).get("key", "") + (f"|gpu={gpu_ids}" if gpu_ids else "")
         pool = self.idle_task.get(key)
         try:
             if pool:
                 w = pool.pop()
             else:
-                setup = await self._env_setup(wire, gpu_ids)
+                setup = await self._env_setup(env, gpu_ids)
                 w = await self._fresh_worker()
                 if setup:
                     try:

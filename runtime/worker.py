@@ -410,31 +410,31 @@ class Worker:
         _apply_env(setup)
         return None
 
-    async def rpc_start_actor(self, conn, spec: dict):
-        """Become the actor ``spec`` (an :class:`ActorCreation`) describes; return an
+    async def rpc_start_actor(self, conn, creation: dict):
+        """Become the actor ``creation`` (an :class:`ActorCreation`) describes; return an
         :class:`ActorStarted` (with its init error if that failed).
 
         An ``async def __init__`` is awaited on this loop, where the actor's async
         methods run (as in Ray); an error in it is a creation error like a sync one's.
         """
-        spec = ActorCreation.from_wire(spec)
+        creation = ActorCreation.from_wire(creation)
         self.is_actor = True
-        _apply_env(spec.env_setup)
-        apply_sys_path(spec.sys_path, spec.cwd)
+        _apply_env(creation.env_setup)
+        apply_sys_path(creation.sys_path, creation.cwd)
         ctx = context.current
-        ctx.actor_id = spec.actor_id
-        ctx.job_id = spec.job_id
-        sched = spec.scheduling or {}
+        ctx.actor_id = creation.actor_id
+        ctx.job_id = creation.job_id
+        sched = creation.scheduling or {}
         if sched.get("group_id"):
             ctx.placement = {"group_id": sched["group_id"], "bundles": sched.get("bundles"),
                              "capture": bool(sched.get("capture"))}
-        ctx.actor_info = {"name": spec.name, "class_name": spec.class_name,
-                          "methods": spec.methods, "resources": spec.resources}
-        self.actor_name = spec.class_name
+        ctx.actor_info = {"name": creation.name, "class_name": creation.class_name,
+                          "methods": creation.methods, "resources": creation.resources}
+        self.actor_name = creation.class_name
         _log_marker(f"actor:{self.actor_name}:{ctx.job_id or ''}")
-        for obj_id, segs in (spec.objects or {}).items():
+        for obj_id, segs in (creation.objects or {}).items():
             self.objects.add(obj_id, segs)
-        max_conc = int(spec.max_concurrency or 1)
+        max_conc = int(creation.max_concurrency or 1)
         self.semaphore = asyncio.Semaphore(max_conc)
         self.executor = Executor(self.loop, max_conc, name="ddlf-actor")
         done = self.loop.create_future()
@@ -444,8 +444,8 @@ class Worker:
             # model: both run here, so the loop keeps answering the node meanwhile.
             where = f"loading {self.actor_name} (pid {_pid})"
             try:
-                cls = loads(spec.class_segments)
-                args, kwargs = loads(spec.args_segments)
+                cls = loads(creation.class_segments)
+                args, kwargs = loads(creation.args_segments)
                 args, kwargs = _resolve(args, kwargs, self.objects)
                 where = f"{self.actor_name}.__init__ (pid {_pid})"
                 if inspect.iscoroutinefunction(getattr(cls, "__init__", None)):
