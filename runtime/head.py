@@ -27,6 +27,18 @@ from .errors import (
     UnschedulableError,
 )
 from .eventloop import new_event_loop
+from .messages import (
+    ActorCreation,
+    ActorDeath,
+    ActorLost,
+    ActorStarted,
+    ActorView,
+    Heartbeat,
+    LeaseGrant,
+    LogBatch,
+    MessageError,
+    WorkerDied,
+)
 from .states import ActorState
 from .taskgroup import TaskGroup
 
@@ -64,19 +76,18 @@ class NodeRecord:
 
 
 class ActorRecord:
-    def __init__(self, spec: dict, owner: str | None):
-        self.actor_id = spec["actor_id"]
-        self.spec = spec
-        self.name = spec.get("name")
-        self.class_name = spec["class_name"]
-        self.demand = spec.get("resources") or {}
-        # Where it may run (node affinity, SPREAD, a placement group's bundle); the
-        # node_id option is the older spelling of a hard node affinity.
-        self.sched = spec.get("scheduling") or (
-            {"node_id": spec["node_id"]} if spec.get("node_id") else None)
+    def __init__(self, creation: ActorCreation | dict, owner: str | None):
+        creation = ActorCreation.from_wire(creation)
+        self.actor_id = creation.actor_id
+        self.creation = creation   # kept to start it again on a restart
+        self.name = creation.name
+        self.class_name = creation.class_name
+        self.demand = creation.demand
+        # Where it may run (node affinity, SPREAD, a placement group's bundle).
+        self.sched = creation.placement
         self.charge = None         # what its demand was taken from: its node, or a bundle
-        self.restarts_left = int(spec.get("max_restarts") or 0)
-        self.detached = bool(spec.get("detached"))
+        self.restarts_left = int(creation.max_restarts or 0)
+        self.detached = creation.detached
         self.owner = owner
         self.state = PENDING
         self.epoch = 0
@@ -84,17 +95,19 @@ class ActorRecord:
         self.address = None
         self.pid = None
         self.worker_id = None
-        self.error = None          # serialized creation error, or a text reason
+        self.death: ActorDeath | None = None   # why it is dead, once it is
         self.killed = False
         self.changed = asyncio.Event()
 
+    @property
+    def error(self) -> dict | None:
+        return self.death.to_wire() if self.death is not None else None
+
     def view(self) -> dict:
-        return {"actor_id": self.actor_id, "state": str(self.state), "epoch": self.epoch,
-                "address": self.address, "pid": self.pid, "name": self.name,
-                "class_name": self.class_name, "error": self.error,
-                "node_id": self.node.node_id if self.node else None,
-                "methods": self.spec.get("methods"),
-                "max_task_retries": self.spec.get("max_task_retries", 0)}
+        return ActorView(self.actor_id, self.state.value, self.epoch, self.address, self.pid,
+                         self.name, self.class_name, self.error,
+                         self.node.node_id if self.node else None, self.creation.methods,
+                         self.creation.max_task_retries).to_wire()
 
     def touch(self):
         self.changed.set()
@@ -138,8 +151,42 @@ class Head:
         self.server = None
         self.stopping = False
         self.stopped = loop.create_future()
-        self.handler = _HeadRpcHandler(self)
+        self.handler = _HeadRpcHandler(self, self.rpc_handlers())
+        self._pushes = self.push_handlers()
         self.background = TaskGroup(loop, "head")
+
+    def rpc_handlers(self) -> dict:
+        """Every request a driver, worker or node may send the head."""
+        return {
+            # registration
+            "register_node": self.rpc_register_node,
+            "hello_driver": self.rpc_hello_driver,
+            # actors
+            "reserve_name": self.rpc_reserve_name,
+            "create_actor": self.rpc_create_actor,
+            "wait_actor": self.rpc_wait_actor,
+            "get_actor": self.rpc_get_actor,
+            "kill_actor": self.rpc_kill_actor,
+            "list_actors": self.rpc_list_actors,
+            # task leases
+            "lease_worker": self.rpc_lease_worker,
+            "return_lease": self.rpc_return_lease,
+            # placement groups
+            "create_placement_group": self.rpc_create_placement_group,
+            "remove_placement_group": self.rpc_remove_placement_group,
+            "wait_placement_group": self.rpc_wait_placement_group,
+            "placement_group_table": self.rpc_placement_group_table,
+            "get_placement_group": self.rpc_get_placement_group,
+            # runtime_env packages
+            "has_package": self.rpc_has_package,
+            "put_package": self.rpc_put_package,
+            "get_package": self.rpc_get_package,
+            # cluster information
+            "nodes": self.rpc_nodes,
+            "cluster_resources": self.rpc_cluster_resources,
+            "available_resources": self.rpc_available_resources,
+            "shutdown": self.rpc_shutdown,
+        }
 
     async def start(self):
         self.server = await serve(self.host, self.port, self.token, self.handler)
@@ -176,24 +223,45 @@ class Head:
     def _node_totals(self) -> list[dict]:
         return [dict(n.total) for n in self.nodes.values() if n.alive]
 
+    def push_handlers(self) -> dict:
+        """Every one-way event a node, driver or worker may send the head."""
+        return {
+            "heartbeat": self._on_heartbeat,        # node
+            "worker_died": self._on_worker_died,    # node
+            "logs": self._on_logs,                  # node
+            "task_blocked": self._on_task_blocked,  # a leased task waits in get
+            "task_unblocked": self._on_task_unblocked,
+            "release_name": self._on_release_name,  # a named actor was never created
+        }
+
     def on_push(self, conn, event, data):
-        if event == "heartbeat":
-            n = self.nodes.get(data["node_id"])
-            if n is not None:
-                n.heard()
-        elif event == "worker_died":
-            self._worker_died(conn.info.get("node"), data)
-        elif event == "task_blocked":
-            self._lend(data.get("worker_id"))
-        elif event == "task_unblocked":
-            self._unlend(data.get("worker_id"))
-        elif event == "logs":
-            self._route_logs(data)
-        elif event == "release_name":
-            r = self.reserved.get(data["actor_id"])
-            # Only the connection that reserved a name may give it back.
-            if r is not None and r["owner"] == conn.info.get("owner_id"):
-                self._unreserve(data["actor_id"])
+        fn = self._pushes.get(event) if isinstance(event, str) else None
+        if fn is not None:   # an unknown event is ignored, as it always was
+            fn(conn, data)
+
+    def _on_heartbeat(self, conn, data):
+        n = self.nodes.get(Heartbeat.from_wire(data).node_id)
+        if n is not None:
+            n.heard()
+
+    def _on_worker_died(self, conn, data):
+        self._worker_died(conn.info.get("node"), WorkerDied.from_wire(data))
+
+    def _on_logs(self, conn, data):
+        self._route_logs(LogBatch.from_wire(data))
+
+    def _on_task_blocked(self, conn, data):
+        self._lend(_field(data, "worker_id", "task_blocked"))
+
+    def _on_task_unblocked(self, conn, data):
+        self._unlend(_field(data, "worker_id", "task_unblocked"))
+
+    def _on_release_name(self, conn, data):
+        actor_id = _field(data, "actor_id", "release_name")
+        r = self.reserved.get(actor_id)
+        # Only the connection that reserved a name may give it back.
+        if r is not None and r["owner"] == conn.info.get("owner_id"):
+            self._unreserve(actor_id)
 
     def on_closed(self, conn, exc):
         node = conn.info.get("node")
@@ -465,8 +533,8 @@ class Head:
         for a in list(self.actors.values()):
             if a.sched and a.sched.get("group_id") == g.group_id and a.state != DEAD:
                 # Callers holding a connection fail their in-flight calls with this reason.
-                self._push_all_cores("actor_lost", {"actor_id": a.actor_id, "epoch": a.epoch,
-                                                    "why": reason})
+                self._push_all_cores("actor_lost",
+                                     ActorLost(a.actor_id, a.epoch, reason).to_wire())
                 self._kill(a, reason, pg_removed=True)
         for lease_id, lease in list(self.leases.items()):
             if isinstance(lease.charge, placement.Reservation) and lease.charge.group is g:
@@ -534,11 +602,11 @@ class Head:
                 self.names.pop(r["name"], None)
             r["created"].set()
 
-    async def rpc_create_actor(self, conn, spec: dict):
-        name = spec.get("name")
-        if name:
-            self._claim_name(name, spec["actor_id"])
-        a = ActorRecord(spec, conn.info.get("owner_id"))
+    async def rpc_create_actor(self, conn, creation: dict):
+        creation = ActorCreation.from_wire(creation)
+        if creation.name:
+            self._claim_name(creation.name, creation.actor_id)
+        a = ActorRecord(creation, conn.info.get("owner_id"))
         self.actors[a.actor_id] = a
         self._unreserve(a.actor_id)
         await self._start_actor(a)
@@ -559,24 +627,25 @@ class Head:
         a.node, a.charge = node, charge
         node.actors.add(a.actor_id)
         try:
-            reply = await rpc.call(node.conn, "start_actor", a.spec)
+            reply = ActorStarted.from_wire(
+                await rpc.call(node.conn, "start_actor", a.creation.to_wire())).check_placed()
         except Exception as e:
             node.actors.discard(a.actor_id)
             a.charge = None
             self._free(charge, a.demand)
             self._actor_lost(a, f"its node failed to start it: {e}")
             return
-        if not reply["ok"]:
+        if not reply.ok:
             node.actors.discard(a.actor_id)
             a.charge = None
             self._free(charge, a.demand)
             a.node = None
-            self._set_dead(a, "its __init__ raised", creation_error=reply["error"])
+            self._set_dead(a, "its __init__ raised", creation_error=reply.error)
             return
         if a.state == DEAD:  # killed while starting
             await self._safe_call(node.conn, "kill_actor", a.actor_id)
             return
-        a.address, a.pid, a.worker_id = reply["address"], reply["pid"], reply["worker_id"]
+        a.address, a.pid, a.worker_id = reply.address, reply.pid, reply.worker_id
         a.state = ALIVE
         a.epoch += 1
         a.touch()
@@ -584,9 +653,8 @@ class Head:
     def _set_dead(self, a: ActorRecord, why: str, creation_error=None, error_obj=None,
                   pg_removed: bool = False):
         a.state = DEAD
-        a.error = {"reason": why, "creation_error": creation_error,
-                   "unschedulable": isinstance(error_obj, UnschedulableError),
-                   "pg_removed": pg_removed or isinstance(error_obj, PlacementGroupRemovedError)}
+        a.death = ActorDeath.of(why, creation_error=creation_error, error=error_obj,
+                                pg_removed=pg_removed)
         a.address = None
         if a.node is not None:
             a.node.actors.discard(a.actor_id)
@@ -600,13 +668,13 @@ class Head:
         """The actor's process is gone: restart it if allowed, else mark it dead."""
         # Callers holding a connection to it may never see that connection close (a cut
         # link sends no FIN): tell every core, so in-flight calls fail instead of hanging.
-        self._push_all_cores("actor_lost", {"actor_id": a.actor_id, "epoch": a.epoch, "why": why})
+        self._push_all_cores("actor_lost", ActorLost(a.actor_id, a.epoch, why).to_wire())
         if a.node is not None:
             a.node.actors.discard(a.actor_id)
             self._free(a.charge, a.demand)
             a.node = a.charge = None
         if a.killed or a.state == DEAD:
-            self._set_dead(a, a.error["reason"] if a.error else why)
+            self._set_dead(a, a.death.reason if a.death else why)
             return
         if a.restarts_left != 0:   # -1: unlimited, as in Ray
             if a.restarts_left > 0:
@@ -619,24 +687,22 @@ class Head:
         else:
             self._set_dead(a, why)
 
-    def _worker_died(self, node: NodeRecord | None, data: dict):
-        actor_id = data.get("actor_id")
-        if actor_id:
-            a = self.actors.get(actor_id)
-            if a is not None and a.worker_id == data["worker_id"] and a.state == ALIVE:
-                code = data.get("exitcode")
-                if data.get("on_purpose"):
+    def _worker_died(self, node: NodeRecord | None, died: WorkerDied):
+        if died.actor_id:
+            a = self.actors.get(died.actor_id)
+            if a is not None and a.worker_id == died.worker_id and a.state == ALIVE:
+                if died.on_purpose:
                     # sys.exit(0) or exit_actor(), announced by the worker: it left on
                     # purpose, as in Ray. A bare os._exit(0) is not announced, so it is
                     # a crash and restarts.
                     a.killed = True
                     self._actor_lost(a, f"it exited on purpose (sys.exit(0) or exit_actor(), "
-                                        f"pid {data.get('pid')}); it is not restarted")
+                                        f"pid {died.pid}); it is not restarted")
                 else:
-                    self._actor_lost(a, f"its process (pid {data.get('pid')}) died with exit "
-                                        f"code {code}")
+                    self._actor_lost(a, f"its process (pid {died.pid}) died with exit "
+                                        f"code {died.exitcode}")
         for lease_id, lease in list(self.leases.items()):
-            if lease.worker_id == data["worker_id"]:
+            if lease.worker_id == died.worker_id:
                 self.leases.pop(lease_id, None)
                 if lease_id in self.lent:
                     self.lent.discard(lease_id)
@@ -654,14 +720,14 @@ class Head:
                 try:
                     await asyncio.wait_for(r["created"].wait(), max(0.0, deadline - time.monotonic()))
                 except asyncio.TimeoutError:
-                    return {"actor_id": actor_id, "state": ActorState.RESERVED.value, "epoch": 0,
-                            "address": None}
+                    return ActorView(actor_id, ActorState.RESERVED.value).to_wire(
+                        ActorView.RESERVED_KEYS)
                 continue
             if a is None:
-                return {"actor_id": actor_id, "state": DEAD.value, "epoch": 0, "address": None,
-                        "error": {"reason": "no such actor in this cluster (it may have been "
-                                  "created by a driver that has since disconnected)",
-                                  "creation_error": None, "unschedulable": False}}
+                death = ActorDeath.of("no such actor in this cluster (it may have been created "
+                                      "by a driver that has since disconnected)")
+                return ActorView(actor_id, DEAD.value, error=death.to_wire()).to_wire(
+                    ActorView.UNKNOWN_KEYS)
             if a.state == DEAD or (a.state == ALIVE and a.epoch > after_epoch):
                 return a.view()
             left = deadline - time.monotonic()
@@ -678,7 +744,8 @@ class Head:
             return None
         if actor_id in self.reserved:
             r = self.reserved[actor_id]
-            return {"actor_id": actor_id, "class_name": r["class_name"], "methods": r["methods"]}
+            return ActorView(actor_id, class_name=r["class_name"],
+                             methods=r["methods"]).to_wire(ActorView.STUB_KEYS)
         return self.actors[actor_id].view()
 
     def rpc_kill_actor(self, conn, actor_id: str, no_restart: bool = True):
@@ -720,17 +787,18 @@ class Head:
             node, charge = got
         try:
             # The node picks GPU ids and a worker set up for this runtime env.
-            reply = await rpc.call(node.conn, "lease_worker", demand, runtime_env)
+            grant = LeaseGrant.from_wire(
+                await rpc.call(node.conn, "lease_worker", demand, runtime_env))
         except Exception:
             self._free(charge, demand)
             raise
         if isinstance(charge, placement.Reservation) and not charge.active:
             # Its group was removed (or its node died) while the node answered.
-            self.background.spawn(self._safe_call(node.conn, "kill_worker", reply["worker_id"]))
+            self.background.spawn(self._safe_call(node.conn, "kill_worker", grant.worker_id))
             return await self.rpc_lease_worker(conn, demand, wait, sched, runtime_env)
-        lease_id = uuid.uuid4().hex[:12]
-        self.leases[lease_id] = LeaseRecord(node, charge, demand, reply["worker_id"], owner_id)
-        return {"lease_id": lease_id, **reply}
+        grant.lease_id = uuid.uuid4().hex[:12]
+        self.leases[grant.lease_id] = LeaseRecord(node, charge, demand, grant.worker_id, owner_id)
+        return grant.to_wire()
 
     def rpc_return_lease(self, conn, lease_id: str):
         self._release_lease(lease_id)
@@ -801,16 +869,15 @@ class Head:
         return _sum([n.available for n in self._alive_nodes()])
 
     # -- logs --------------------------------------------------------------------------------
-    def _route_logs(self, data: dict):
+    def _route_logs(self, batch: LogBatch):
         by_job: dict = {}
-        for rec in data["records"]:
+        for rec in batch.records:
             by_job.setdefault(rec[0], []).append(rec)
         for job_id, recs in by_job.items():
             targets = [self.drivers[job_id]] if job_id in self.drivers else (
                 list(self.drivers.values()) if job_id is None else [])
             for conn in targets:
-                rpc.push(conn, "logs", {"host": data["host"], "node_id": data.get("node_id"),
-                                        "records": recs})
+                rpc.push(conn, "logs", LogBatch(recs, batch.host, batch.node_id).to_wire())
 
     def _push_all_cores(self, event, data):
         for conn in list(self.cores):
@@ -850,6 +917,14 @@ class _HeadRpcHandler(rpc.RpcHandler):
         if node is not None:
             node.heard()
         super().frame_received(conn, segs)
+
+
+def _field(data, key: str, event: str) -> str:
+    """``data[key]`` of a one-key push (a str id); ``MessageError`` if it is not there."""
+    value = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(value, str):
+        raise MessageError(f"a {event} push must be a dict with a str {key!r}, got {data!r:.80}")
+    return value
 
 
 def _sum(dicts) -> dict:

@@ -37,6 +37,7 @@ from .address import split_address
 from .connection import connect, serve
 from .errors import ConnectionLostError, DDLFError
 from .eventloop import new_event_loop
+from .messages import ActorCreation, ActorStarted, LeaseGrant, LogBatch, WorkerDied
 from .remote_error import encode_error
 from .states import WorkerState
 from .taskgroup import TaskGroup
@@ -124,9 +125,30 @@ class NodeDaemon:
         _skip_main_module_in_workers()
         self._refilling = False
 
+    # -- what peers may ask ----------------------------------------------------------------------
+    def head_requests(self) -> dict:
+        """What the head may ask of this node, on the connection the node opened to it."""
+        return {
+            "start_actor": self.rpc_start_actor,
+            "lease_worker": self.rpc_lease_worker,
+            "release_worker": self.rpc_release_worker,
+            "kill_worker": self.rpc_kill_worker,
+            "kill_actor": self.rpc_kill_actor,
+            "shutdown": self.rpc_shutdown,
+        }
+
+    def rpc_handlers(self) -> dict:
+        """What this node's own port answers: its workers announce themselves there.
+
+        The head's requests are answered there too, as they always were (nothing sends
+        them on this port today, but the wire fuzzer's control request is one of them).
+        """
+        return {"worker_ready": self.rpc_worker_ready, **self.head_requests()}
+
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.server = await serve(self.host, 0, self.token, rpc.RpcHandler(self))
+        self.server = await serve(self.host, 0, self.token,
+                                  rpc.RpcHandler(self, self.rpc_handlers()))
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.host}:{port}"
         await self._register()
@@ -137,7 +159,8 @@ class NodeDaemon:
 
     async def _register(self) -> None:
         hhost, hport = split_address(self.head_address)
-        conn = await connect(hhost, hport, self.token, rpc.RpcHandler(_HeadLink(self)))
+        conn = await connect(hhost, hport, self.token,
+                             rpc.RpcHandler(_HeadLink(self), self.head_requests()))
         try:
             await rpc.call(conn, "register_node", {
                 "node_id": self.node_id, "address": self.address, "resources": self.resources,
@@ -301,10 +324,9 @@ class NodeDaemon:
         # While stopping, shutdown() may be joining this process from another thread.
         self._release(w, close_process=not self.stopping)
         if not self.stopping and self.head_conn is not None:
-            rpc.push(self.head_conn, "worker_died", {
-                "worker_id": w.worker_id, "actor_id": w.actor_id, "exitcode": code, "state": str(prev),
-                "pid": w.pid, "on_purpose": w.on_purpose and code == 0,
-            })
+            rpc.push(self.head_conn, "worker_died", WorkerDied(
+                w.worker_id, w.actor_id, code, prev.value, w.pid,
+                on_purpose=w.on_purpose and code == 0).to_wire())
             self._refill()
 
     @staticmethod
@@ -360,12 +382,13 @@ class NodeDaemon:
     async def _fetch_package(self, pkg_id: str):
         return await rpc.call(self.head_conn, "get_package", pkg_id, timeout=300)
 
-    async def _env_setup(self, wire: dict | None, gpu_ids: list) -> dict:
-        """What a worker applies before user code: the env's variables, unpacked packages
-        (fetched from the head once per node) and its GPUs as CUDA_VISIBLE_DEVICES."""
-        for pkg_id in runtime_env.packages(wire):
+    async def _env_setup(self, env: dict | None, gpu_ids: list) -> dict:
+        """What a worker applies before user code: the runtime env's (``env``, in its wire
+        form) variables, unpacked packages (fetched from the head once per node) and its
+        GPUs as CUDA_VISIBLE_DEVICES."""
+        for pkg_id in runtime_env.packages(env):
             await self.packages.ensure(pkg_id)
-        setup = runtime_env.local_setup(self.packages, wire)
+        setup = runtime_env.local_setup(self.packages, env)
         if gpu_ids:
             setup.setdefault("env_vars", {})["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids))
             setup["gpu_ids"] = list(gpu_ids)
@@ -449,18 +472,19 @@ class NodeDaemon:
             if not pool:
                 self.idle_task.pop(key, None)
 
-    async def rpc_start_actor(self, conn, spec: dict):
-        gpus = float((spec.get("resources") or {}).get("GPU", 0))
+    async def rpc_start_actor(self, conn, creation: dict):
+        creation = ActorCreation.from_wire(creation)
+        gpus = float(creation.demand.get("GPU", 0))
         gpu_ids = await self._claim_gpus(gpus)
         try:
-            setup = await self._env_setup(spec.get("runtime_env"), gpu_ids)
+            setup = await self._env_setup(creation.runtime_env, gpu_ids)
         except Exception as e:
             self._return_gpus(gpu_ids, self._gpu_share(gpus))
-            err = DDLFError(f"could not set up the runtime_env of actor {spec['class_name']} "
+            err = DDLFError(f"could not set up the runtime_env of actor {creation.class_name} "
                             f"on node {self.node_id}: {type(e).__name__}: {e}")
-            return {"ok": False, "error": [bytes(s) for s in encode_error(err, "runtime_env")]}
+            return ActorStarted(False, [bytes(s) for s in encode_error(err, "runtime_env")]).to_wire()
         if setup:
-            spec = {**spec, "env_setup": setup}
+            creation.env_setup = setup
         try:
             w = await self._fresh_worker()
         except BaseException:
@@ -469,35 +493,36 @@ class NodeDaemon:
         w.gpu_ids, w.gpu_share = gpu_ids, self._gpu_share(gpus)
         w.env_key = "actor"   # never back in a pool: the process ends with its actor
         w.state = WorkerState.ACTOR
-        w.actor_id = spec["actor_id"]
-        w.name = spec["class_name"]
-        w.job_id = spec.get("job_id")
+        w.actor_id = creation.actor_id
+        w.name = creation.class_name
+        w.job_id = creation.job_id
         try:
-            reply = await rpc.call(w.conn, "start_actor", spec)
+            reply = ActorStarted.from_wire(
+                await rpc.call(w.conn, "start_actor", creation.to_wire()))
         except Exception as e:
             _signal(w.pid, signal.SIGKILL)
             raise DDLFError(f"worker {w.pid} died while starting actor {w.name}: {e}")
-        if not reply["ok"]:
+        if not reply.ok:
             w.actor_id = None  # a failed __init__ is reported here, not as a crash
             _signal(w.pid, signal.SIGKILL)
-            return {"ok": False, "error": reply["error"], "pid": w.pid}
+            return ActorStarted(False, reply.error, pid=w.pid).to_wire()
         if conn.closed:
             # The head dropped us meanwhile: it will never know this actor. Do not leave
             # it running unseen.
             _signal(w.pid, signal.SIGKILL)
             raise DDLFError("the head connection closed while the actor was starting")
-        return {"ok": True, "address": w.address, "pid": w.pid, "worker_id": w.worker_id}
+        return ActorStarted(True, address=w.address, pid=w.pid, worker_id=w.worker_id).to_wire()
 
-    async def rpc_lease_worker(self, conn, demand: dict | None = None, wire: dict | None = None):
+    async def rpc_lease_worker(self, conn, demand: dict | None = None, env: dict | None = None):
         gpus = float((demand or {}).get("GPU", 0))
         gpu_ids = await self._claim_gpus(gpus)
-        key = (wire or {}).get("key", "") + (f"|gpu={gpu_ids}" if gpu_ids else "")
+        key = (env or {}).get("key", "") + (f"|gpu={gpu_ids}" if gpu_ids else "")
         pool = self.idle_task.get(key)
         try:
             if pool:
                 w = pool.pop()
             else:
-                setup = await self._env_setup(wire, gpu_ids)
+                setup = await self._env_setup(env, gpu_ids)
                 w = await self._fresh_worker()
                 if setup:
                     try:
@@ -514,7 +539,7 @@ class NodeDaemon:
         if conn.closed:  # the head that asked for it is gone: nobody would release it
             _signal(w.pid, signal.SIGKILL)
             raise DDLFError("the head connection closed while leasing a worker")
-        return {"address": w.address, "pid": w.pid, "worker_id": w.worker_id, "node_id": self.node_id}
+        return LeaseGrant(w.address, w.worker_id, w.pid, self.node_id).to_wire()
 
     def rpc_release_worker(self, conn, worker_id):
         w = self.workers.get(worker_id)
@@ -567,7 +592,7 @@ class NodeDaemon:
         for w in list(self.workers.values()):
             records.extend(self._read_logs(w, push=False))
         if records and self.head_conn is not None:
-            rpc.push(self.head_conn, "logs", {"node_id": self.node_id, "host": self.host, "records": records})
+            rpc.push(self.head_conn, "logs", LogBatch(records, self.host, self.node_id).to_wire())
         return bool(records)
 
     def _read_logs(self, w: WorkerProc, push: bool = True) -> list:
@@ -598,7 +623,7 @@ class NodeDaemon:
                     continue
                 records.append((w.job_id, w.name, w.pid, suffix[1:], line))
         if push and records and self.head_conn is not None and not self.head_conn.closed:
-            rpc.push(self.head_conn, "logs", {"node_id": self.node_id, "host": self.host, "records": records})
+            rpc.push(self.head_conn, "logs", LogBatch(records, self.host, self.node_id).to_wire())
         return records
 
 
@@ -629,15 +654,11 @@ def _skip_main_module_in_workers() -> None:
 
 
 class _HeadLink:
-    """RPC target for requests the head sends to this node; delegates to the daemon."""
+    """Pushes and the end of the connection this node opened to the head (the head's
+    requests on it are answered from ``NodeDaemon.head_requests``)."""
 
     def __init__(self, node: NodeDaemon):
         self.node = node
-
-    def __getattr__(self, name):
-        if name.startswith("rpc_"):
-            return getattr(self.node, name)
-        raise AttributeError(name)
 
     def on_push(self, conn, event, data):
         pass

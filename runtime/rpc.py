@@ -1,9 +1,12 @@
 """Request/reply and one-way messages over a :class:`Connection` (the control plane).
 
-``RpcHandler(target)`` answers ``REQUEST`` frames by calling ``target.rpc_<method>(conn,
-*args)`` (plain or ``async``) and routes ``PUSH`` frames to ``target.on_push(conn, event,
-data)``. :func:`call` sends a request and awaits its reply. The data plane (actor calls,
-task calls, objects) does not go through here: it has its own lean handlers.
+``RpcHandler(target, handlers)`` answers ``REQUEST`` frames by calling
+``handlers[method](conn, *args)`` (plain or ``async``) and routes ``PUSH`` frames to
+``target.on_push(conn, event, data)``. Each role (head, node daemon, worker) lists what a
+peer may ask of it in one handler table, so a request can only reach a function named
+there, never an attribute found by name. :func:`call` sends a request and awaits its
+reply. The data plane (actor calls, task calls, objects) does not go through here: it has
+its own lean handlers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import traceback
 
 from . import protocol
 from .errors import ConnectionLostError, DDLFError, FrameError
+from .messages import MessageError
 from .serialization import dumps, loads
 from .taskgroup import TaskGroup
 
@@ -61,15 +65,20 @@ def push(conn, event: str, data) -> None:
 
 
 class RpcHandler:
-    def __init__(self, target):
+    """Answers requests from ``handlers`` ({method name: callable(conn, *args)}) and hands
+    pushes and the connection's end to ``target`` (``on_push``, optional ``on_closed``).
+    Without ``handlers`` (a driver's link to the head) every request is unknown."""
+
+    def __init__(self, target, handlers: dict | None = None):
         self.target = target
+        self.handlers = dict(handlers or {})
         self._requests: TaskGroup | None = None   # async requests being answered
 
     def frame_received(self, conn, segs):
         kind, msg_id = protocol.parse_header(segs[0])
         if kind == protocol.REQUEST:
             method, args = loads(segs[1:])
-            fn = getattr(self.target, "rpc_" + method, None)
+            fn = self.handlers.get(method) if isinstance(method, str) else None
             if fn is None:
                 self._reply_err(conn, msg_id, DDLFError(f"unknown request {method!r}"))
                 return
@@ -101,7 +110,11 @@ class RpcHandler:
                 fut.set_exception(value)
         elif kind == protocol.PUSH:
             event, data = loads(segs[1:])
-            self.target.on_push(conn, event, data)
+            try:
+                self.target.on_push(conn, event, data)
+            except MessageError as e:
+                # A push has no reply to carry the error: drop it, keep the connection.
+                log.warning("dropped a malformed %r push from %s: %s", event, conn.peer, e)
         else:
             # A data-plane frame on a control port: a confused or hostile peer. Drop the
             # connection quietly instead of logging a traceback per frame.

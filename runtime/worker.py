@@ -44,6 +44,7 @@ from . import core as core_mod
 from .connection import connect, serve
 from .errors import ActorDiedError, ActorExit, SerializationError, TaskCancelledError
 from .eventloop import new_event_loop
+from .messages import ActorCreation, ActorStarted
 from .object_ref import set_default_resolver
 from .refs import ArgRef
 from .remote_error import encode_error
@@ -400,33 +401,40 @@ class Worker:
         return self.executor
 
     # -- control plane (from the node daemon) ------------------------------------------------
+    def rpc_handlers(self) -> dict:
+        """What this worker's node daemon may ask of it."""
+        return {"setup_env": self.rpc_setup_env, "start_actor": self.rpc_start_actor}
+
     def rpc_setup_env(self, conn, setup: dict):
         """A task worker's runtime env, set once, before its first task arrives."""
         _apply_env(setup)
         return None
 
-    async def rpc_start_actor(self, conn, spec: dict):
-        """Become the actor described by ``spec``; return ``{"ok": ...}`` with its init error.
+    async def rpc_start_actor(self, conn, creation: dict):
+        """Become the actor ``creation`` (an :class:`ActorCreation`) describes; return an
+        :class:`ActorStarted` (with its init error if that failed).
 
         An ``async def __init__`` is awaited on this loop, where the actor's async
         methods run (as in Ray); an error in it is a creation error like a sync one's.
         """
+        creation = ActorCreation.from_wire(creation)
         self.is_actor = True
-        _apply_env(spec.get("env_setup"))
-        apply_sys_path(spec.get("sys_path", ()), spec.get("cwd"))
+        _apply_env(creation.env_setup)
+        apply_sys_path(creation.sys_path, creation.cwd)
         ctx = context.current
-        ctx.actor_id = spec["actor_id"]
-        ctx.job_id = spec.get("job_id")
-        sched = spec.get("scheduling") or {}
+        ctx.actor_id = creation.actor_id
+        ctx.job_id = creation.job_id
+        sched = creation.scheduling or {}
         if sched.get("group_id"):
             ctx.placement = {"group_id": sched["group_id"], "bundles": sched.get("bundles"),
                              "capture": bool(sched.get("capture"))}
-        ctx.actor_info = {k: spec.get(k) for k in ("name", "class_name", "methods", "resources")}
-        self.actor_name = spec["class_name"]
+        ctx.actor_info = {"name": creation.name, "class_name": creation.class_name,
+                          "methods": creation.methods, "resources": creation.resources}
+        self.actor_name = creation.class_name
         _log_marker(f"actor:{self.actor_name}:{ctx.job_id or ''}")
-        for obj_id, segs in spec.get("objects", {}).items():
+        for obj_id, segs in (creation.objects or {}).items():
             self.objects.add(obj_id, segs)
-        max_conc = int(spec.get("max_concurrency") or 1)
+        max_conc = int(creation.max_concurrency or 1)
         self.semaphore = asyncio.Semaphore(max_conc)
         self.executor = Executor(self.loop, max_conc, name="ddlf-actor")
         done = self.loop.create_future()
@@ -436,8 +444,8 @@ class Worker:
             # model: both run here, so the loop keeps answering the node meanwhile.
             where = f"loading {self.actor_name} (pid {_pid})"
             try:
-                cls = loads(spec["class_segments"])
-                args, kwargs = loads(spec["args_segments"])
+                cls = loads(creation.class_segments)
+                args, kwargs = loads(creation.args_segments)
                 args, kwargs = _resolve(args, kwargs, self.objects)
                 where = f"{self.actor_name}.__init__ (pid {_pid})"
                 if inspect.iscoroutinefunction(getattr(cls, "__init__", None)):
@@ -445,18 +453,18 @@ class Worker:
                     init = instance.__init__(*args, **kwargs)
                     return lambda: self.background.spawn(finish_async(instance, init, where))
                 self.instance = cls(*args, **kwargs)
-                reply = {"ok": True}
+                reply = ActorStarted(True).to_wire()
             except BaseException as e:
-                reply = {"ok": False, "error": [bytes(s) for s in encode_error(e, where)]}
+                reply = _init_failed(e, where)
             return lambda: done.done() or done.set_result(reply)
 
         async def finish_async(instance, init, where):
             try:
                 await init
                 self.instance = instance
-                reply = {"ok": True}
+                reply = ActorStarted(True).to_wire()
             except BaseException as e:
-                reply = {"ok": False, "error": [bytes(s) for s in encode_error(e, where)]}
+                reply = _init_failed(e, where)
             if not done.done():
                 done.set_result(reply)
 
@@ -960,6 +968,10 @@ _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 
 
+def _init_failed(e: BaseException, where: str) -> dict:
+    return ActorStarted(False, [bytes(s) for s in encode_error(e, where)]).to_wire()
+
+
 def _interrupt(call: context.CallContext) -> None:
     """Raise KeyboardInterrupt in the thread running ``call``, as Ray does for a task.
 
@@ -1084,7 +1096,8 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
         worker.server = await serve(listen_host, 0, token, worker, on_open=worker.callers.add)
         port = worker.server.sockets[0].getsockname()[1]
         context.current.address = f"{listen_host}:{port}"   # named by out-of-band refs
-        worker.node_conn = await connect(node_host, node_port, token, rpc.RpcHandler(worker))
+        worker.node_conn = await connect(node_host, node_port, token,
+                                         rpc.RpcHandler(worker, worker.rpc_handlers()))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, _pid_now(), port)
 
     try:

@@ -43,6 +43,9 @@ class Target:
         await asyncio.sleep(0)
         return x * 2
 
+    def handlers(self) -> dict:
+        return {"add": self.rpc_add, "boom": self.rpc_boom, "later": self.rpc_later}
+
     def on_push(self, conn, event, data):
         self.pushed.append((event, data))
 
@@ -56,7 +59,7 @@ def _request(msg_id, method, *args):
 
 def test_request_reply_error_and_unknown_method():
     conn, target = FakeConn(), Target()
-    h = rpc.RpcHandler(target)
+    h = rpc.RpcHandler(target, target.handlers())
     h.frame_received(conn, _request(1, "add", 2, 3))
     h.frame_received(conn, _request(2, "boom"))
     h.frame_received(conn, _request(3, "no_such"))
@@ -70,7 +73,8 @@ def test_request_reply_error_and_unknown_method():
 def test_async_request_replies_when_done():
     async def scenario():
         conn = FakeConn(asyncio.get_running_loop())
-        rpc.RpcHandler(Target()).frame_received(conn, _request(7, "later", 21))
+        target = Target()
+        rpc.RpcHandler(target, target.handlers()).frame_received(conn, _request(7, "later", 21))
         for _ in range(10):
             await asyncio.sleep(0)
         return conn.sent
@@ -80,7 +84,7 @@ def test_async_request_replies_when_done():
 
 def test_push_goes_to_on_push():
     conn, target = FakeConn(), Target()
-    rpc.RpcHandler(target).frame_received(
+    rpc.RpcHandler(target, target.handlers()).frame_received(
         conn, [protocol.header(protocol.PUSH), *dumps(("heartbeat", {"n": 1}))])
     assert target.pushed == [("heartbeat", {"n": 1})]
 
@@ -88,7 +92,7 @@ def test_push_goes_to_on_push():
 @pytest.mark.parametrize("kind", [protocol.CALL, protocol.OBJ, protocol.RESULT_OK, 200])
 def test_a_data_plane_frame_on_a_control_connection_aborts_it(kind):
     conn, target = FakeConn(), Target()
-    rpc.RpcHandler(target).frame_received(conn, [protocol.header(kind, 1), b"x"])
+    rpc.RpcHandler(target, target.handlers()).frame_received(conn, [protocol.header(kind, 1), b"x"])
     assert conn.closed and isinstance(conn.aborted, FrameError)
     assert conn.sent == [] and target.pushed == []
 
@@ -96,7 +100,7 @@ def test_a_data_plane_frame_on_a_control_connection_aborts_it(kind):
 def test_closing_fails_pending_calls_and_tells_the_target():
     async def scenario():
         conn, target = FakeConn(asyncio.get_running_loop()), Target()
-        h = rpc.RpcHandler(target)
+        h = rpc.RpcHandler(target, target.handlers())
         call = asyncio.ensure_future(rpc.call(conn, "add", 1, 2))
         await asyncio.sleep(0)
         h.connection_closed(conn, None)

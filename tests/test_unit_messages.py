@@ -1,0 +1,339 @@
+"""runtime/messages.py and the RPC handler tables, with no sockets and no processes.
+
+Messages: every one survives to_wire -> from_wire, the dicts peers send today are read
+back unchanged, malformed ones are refused with MessageError, and a malformed message
+reaching a server is a bad request, not a crash. Tables: every request some process
+sends is in the table of the role that receives it (found by reading the source), and
+every ``rpc_`` method of a role is in its table.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import pathlib
+import re
+
+import pytest
+
+from ddlf_actors.runtime import process, protocol, rpc
+from ddlf_actors.runtime.errors import (
+    ActorDiedError,
+    ActorPlacementGroupRemovedError,
+    PlacementGroupRemovedError,
+    UnschedulableError,
+)
+from ddlf_actors.runtime.head import Head
+from ddlf_actors.runtime.messages import (
+    ActorCreation,
+    ActorDeath,
+    ActorLost,
+    ActorStarted,
+    ActorView,
+    Heartbeat,
+    LeaseGrant,
+    LogBatch,
+    MessageError,
+    WorkerDied,
+)
+from ddlf_actors.runtime.node import NodeDaemon
+from ddlf_actors.runtime.remote_error import encode_error
+from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.worker import Worker
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def creation_dict(**over) -> dict:
+    """What a driver sends in create_actor today (core.create_actor's dict)."""
+    d = {
+        "actor_id": "a1", "class_name": "Counter", "class_segments": [b"cls"],
+        "args_segments": [b"args"], "resources": {"CPU": 1.0}, "max_restarts": 0,
+        "max_concurrency": 1, "name": None, "max_task_retries": 0, "detached": False,
+        "node_id": None, "scheduling": None, "methods": {"inc": False}, "sys_path": ["/x"],
+        "cwd": "/x", "job_id": "j1", "runtime_env": None,
+    }
+    d.update(over)
+    return d
+
+
+# Each: (message class, a dict as a peer sends it today).
+WIRE = [
+    (ActorCreation, creation_dict()),
+    (ActorCreation, creation_dict(objects={b"\x01" * 16: [b"v"]}, env_setup={"env_vars": {}},
+                                  scheduling={"group_id": "g", "bundle_index": 0},
+                                  max_restarts=-1, name="svc", detached=True)),
+    (ActorStarted, {"ok": True}),                                       # worker -> node
+    (ActorStarted, {"ok": True, "address": "h:1", "pid": 7, "worker_id": "w"}),
+    (ActorStarted, {"ok": False, "error": [b"e"]}),
+    (ActorStarted, {"ok": False, "error": [b"e"], "pid": 7}),
+    (LeaseGrant, {"address": "h:1", "worker_id": "w", "pid": 7, "node_id": "n"}),
+    (LeaseGrant, {"lease_id": "L", "address": "h:1", "worker_id": "w", "pid": 7,
+                  "node_id": "n"}),
+    (ActorDeath, {"reason": "r", "creation_error": None, "unschedulable": False,
+                  "pg_removed": True}),
+    (ActorView, {"actor_id": "a1", "state": "ALIVE", "epoch": 2, "address": "h:1", "pid": 7,
+                 "name": None, "class_name": "C", "error": None, "node_id": "n",
+                 "methods": {}, "max_task_retries": 0}),
+    (ActorView, {"actor_id": "a1", "state": "RESERVED", "epoch": 0, "address": None}),
+    (ActorView, {"actor_id": "a1", "class_name": "C", "methods": {}}),
+    (WorkerDied, {"worker_id": "w", "actor_id": None, "exitcode": -9, "state": "task",
+                  "pid": 7, "on_purpose": False}),
+    (ActorLost, {"actor_id": "a1", "epoch": 1, "why": "gone"}),
+    (LogBatch, {"node_id": "n", "host": "h", "records": [("j", "C", 7, "out", "hi")]}),
+    (Heartbeat, {"node_id": "n", "cpu_percent": 3.5, "mem_available": 10, "rss": 5}),
+    (Heartbeat, {"node_id": "n"}),
+]
+
+
+@pytest.mark.parametrize("cls,data", WIRE)
+def test_a_wire_dict_reads_back_and_is_sent_as_it_was(cls, data):
+    msg = cls.from_wire(data)
+    assert cls.from_wire(msg.to_wire()) == msg
+    if cls is ActorView and "state" not in data:
+        assert msg.state == "RESERVED"
+        assert msg.to_wire(ActorView.STUB_KEYS) == data
+    elif cls is ActorView and len(data) == 4:
+        assert msg.to_wire(ActorView.RESERVED_KEYS) == data
+    else:
+        assert msg.to_wire() == data
+
+
+def test_unknown_keys_travel_on_unchanged():
+    # A newer driver's field reaches the worker through an older head and node.
+    msg = ActorCreation.from_wire(creation_dict(new_option=[1, 2]))
+    assert msg.extra == {"new_option": [1, 2]} and msg.to_wire()["new_option"] == [1, 2]
+
+
+def test_the_creation_dict_the_driver_builds_has_only_known_keys():
+    # Found in the source: any dict literal with "class_segments" and "actor_id" keys.
+    found = []
+    for path in (ROOT / "runtime").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                if {"class_segments", "actor_id"} <= keys:
+                    found.append((path.name, keys))
+    assert found, "no actor creation dict found in runtime/: update this test"
+    for where, keys in found:
+        assert keys <= set(ActorCreation.CHECKS), (where, keys - set(ActorCreation.CHECKS))
+
+
+MALFORMED = [
+    (ActorCreation, None, "must be a dict"),
+    (ActorCreation, [1, 2], "must be a dict"),
+    (ActorCreation, {"class_name": "C"}, "lacks 'actor_id'"),
+    (ActorCreation, creation_dict(actor_id=""), "actor_id must be a non-empty str"),
+    (ActorCreation, creation_dict(class_name=3), "class_name must be a str"),
+    (ActorCreation, creation_dict(class_segments=b"raw"), "class_segments must be a list"),
+    (ActorCreation, creation_dict(args_segments=["not bytes"]), r"args_segments\[0\]"),
+    (ActorCreation, creation_dict(resources={"CPU": "one"}), "resources must map"),
+    (ActorCreation, creation_dict(resources={"CPU": True}), "resources must map"),
+    (ActorCreation, creation_dict(max_restarts=True), "max_restarts must be an int, got a bool"),
+    (ActorCreation, creation_dict(max_concurrency=2.5), "max_concurrency must be an int"),
+    (ActorCreation, creation_dict(detached="yes"), "detached must be True or False"),
+    (ActorCreation, creation_dict(sys_path="/x"), "sys_path must be a list"),
+    (ActorCreation, creation_dict(scheduling=[]), "scheduling must be a dict"),
+    (ActorStarted, {"error": None}, "lacks 'ok'"),
+    (ActorStarted, {"ok": 1}, "ok must be True or False"),
+    (LeaseGrant, {"address": "h:1"}, "lacks 'worker_id'"),
+    (LeaseGrant, {"address": "h:1", "worker_id": "w", "pid": "7"}, "pid must be an int"),
+    (ActorView, {"actor_id": "a", "state": "DEAD", "error": {"creation_error": None}},
+     "ActorDeath message lacks 'reason'"),
+    (ActorView, {"actor_id": "a", "epoch": "1"}, "epoch must be an int"),
+    (WorkerDied, {"actor_id": "a"}, "lacks 'worker_id'"),
+    (WorkerDied, {"worker_id": "w", "on_purpose": None}, "on_purpose must be True or False"),
+    (ActorLost, {"actor_id": "a", "epoch": 1}, "lacks 'why'"),
+    (LogBatch, {"records": [("too", "short")]}, "must be a .job_id"),
+    (LogBatch, {"records": "line"}, "records must be a list"),
+    (Heartbeat, {"node_id": 5}, "node_id must be a str"),
+    (Heartbeat, "beat", "must be a dict"),
+]
+
+
+@pytest.mark.parametrize("cls,data,match", MALFORMED)
+def test_a_malformed_message_is_refused_with_what_is_wrong(cls, data, match):
+    with pytest.raises(MessageError, match=match):
+        cls.from_wire(data)
+
+
+def test_started_reply_must_say_where_the_actor_is():
+    with pytest.raises(MessageError, match="address and worker_id"):
+        ActorStarted.from_wire({"ok": True}).check_placed()
+    assert ActorStarted.from_wire({"ok": False, "error": None}).check_placed().ok is False
+
+
+# -- the death of an actor: built in one place, read in one place -------------------------------
+def test_a_death_is_classified_from_the_error_that_caused_it():
+    assert ActorDeath.of("r").to_wire() == {"reason": "r", "creation_error": None,
+                                            "unschedulable": False, "pg_removed": False}
+    assert ActorDeath.of("r", error=UnschedulableError("x")).unschedulable
+    assert ActorDeath.of("r", error=PlacementGroupRemovedError("x")).pg_removed
+    assert ActorDeath.of("r", pg_removed=True).pg_removed
+
+
+def test_a_death_becomes_the_error_a_caller_gets():
+    err = ActorDeath.of("it was killed").to_error("Counter", "a1")
+    assert type(err) is ActorDiedError and str(err).startswith("actor Counter (a1) is dead: it was")
+    assert type(ActorDeath.of("no room", error=UnschedulableError()).to_error("C", "a")) \
+        is UnschedulableError
+    assert isinstance(ActorDeath.of("gone", pg_removed=True).to_error("C", "a"),
+                      ActorPlacementGroupRemovedError)
+    try:
+        raise ValueError("bad arg")
+    except ValueError as e:
+        segs = [bytes(s) for s in encode_error(e, "Counter.__init__")]
+    err = ActorDeath.from_wire(ActorDeath.of("its __init__ raised", creation_error=segs)
+                               .to_wire()).to_error("Counter", "a1")
+    assert isinstance(err, ActorDiedError) and "bad arg" in str(err)
+    assert isinstance(err.cause, ValueError)
+
+
+# -- handler tables --------------------------------------------------------------------------
+def _tables() -> dict:
+    """Each role's table, from objects that were never started (tables are only read)."""
+    head, node, worker = object.__new__(Head), object.__new__(NodeDaemon), object.__new__(Worker)
+    return {"head": Head.rpc_handlers(head), "node": NodeDaemon.rpc_handlers(node),
+            "head->node": NodeDaemon.head_requests(node), "worker": Worker.rpc_handlers(worker)}
+
+
+@pytest.mark.parametrize("cls,role", [(Head, "head"), (NodeDaemon, "node"), (Worker, "worker")])
+def test_every_rpc_method_of_a_role_is_in_its_table(cls, role):
+    table = _tables()[role]
+    methods = {n for n in dir(cls) if n.startswith("rpc_") and n != "rpc_handlers"}
+    assert methods, f"{cls.__name__} has no rpc_ methods: update this test"
+    assert {f"rpc_{name}" for name in table} == methods
+    for name, fn in table.items():
+        assert fn.__func__ is getattr(cls, f"rpc_{name}")
+
+
+# Which role answers a request, by the connection it is sent on.
+_RECEIVER = {
+    "core.head": "head", "self.core.head": "head", "self.head": "head",
+    "self.head_conn": "head", "conn": "head",   # conn: register_node's new connection
+    "node.conn": "head->node", "n.conn": "head->node", "lease.node.conn": "head->node",
+    "w.conn": "worker", "worker.node_conn": "node",
+}
+_CALL = re.compile(r'(?:rpc\.call|_safe_call)\(\s*([\w.]+),\s*"(\w+)"')
+_HEAD_CALL = re.compile(r'head_call\(\s*"(\w+)"')
+
+
+def test_every_request_sent_somewhere_is_in_the_receivers_table():
+    tables = _tables()
+    sent = []
+    for folder in ("runtime", "ddlf_actors"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            sent += [(path.name, conn, name) for conn, name in _CALL.findall(text)]
+            sent += [(path.name, "core.head", name) for name in _HEAD_CALL.findall(text)]
+    assert len(sent) > 20, "found too few requests in the source: update this test"
+    for where, conn, name in sent:
+        assert conn in _RECEIVER, f"{where}: a request on {conn!r}: add it to _RECEIVER"
+        assert name in tables[_RECEIVER[conn]], f"{where}: {name!r} is not answered by " \
+                                                f"the {_RECEIVER[conn]} table"
+
+
+_PUSH = re.compile(r'(?:rpc\.push\(\s*([\w.]+)|(_push_head)),\s*"(\w+)"')
+_TO_HEAD = {"self.head", "self.core.head", "self.head_conn", "_push_head"}
+
+
+def test_every_event_pushed_to_the_head_is_in_its_push_table():
+    table = Head.push_handlers(object.__new__(Head))
+    pushed = []
+    for folder in ("runtime", "ddlf_actors"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for conn, via, event in _PUSH.findall(path.read_text()):
+                if (conn or via) in _TO_HEAD:
+                    pushed.append((path.name, event))
+    assert len(pushed) >= 6, f"found too few pushes to the head ({pushed}): update this test"
+    for where, event in pushed:
+        assert event in table, f"{where} pushes {event!r}, which the head ignores"
+
+
+def test_the_head_asks_a_node_only_what_its_link_answers():
+    tables = _tables()
+    assert "worker_ready" not in tables["head->node"]   # only the node's own workers send it
+    assert set(tables["head->node"]) <= set(tables["node"])
+
+
+# -- a malformed message reaching a server -----------------------------------------------------
+class FakeConn:
+    def __init__(self, loop):
+        self.loop = loop
+        self.info: dict = {}
+        self.closed = False
+        self.sent: list = []
+        self.peer = ("127.0.0.1", 1)
+
+    def send_msg(self, kind, msg_id, segs):
+        self.sent.append((kind, msg_id, loads(segs)))
+
+    def abort(self, exc=None):
+        self.closed = True
+
+
+def _run_head(scenario):
+    async def main():
+        head = Head(asyncio.get_running_loop(), "token")
+        try:
+            return await asyncio.wait_for(scenario(head), 10)
+        finally:
+            head.background.close()
+
+    return asyncio.run(main())
+
+
+def test_a_malformed_request_is_answered_as_a_bad_request():
+    async def scenario(head):
+        conn = FakeConn(asyncio.get_running_loop())
+        head.rpc_hello_driver(conn, process.versions())
+        bad = creation_dict(class_name=["not", "a", "name"])
+        head.handler.frame_received(
+            conn, [protocol.header(protocol.REQUEST, 5), *dumps(("create_actor", (bad,)))])
+        head.handler.frame_received(
+            conn, [protocol.header(protocol.REQUEST, 6), *dumps((("a", "tuple"), ()))])
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return conn, head
+
+    conn, head = _run_head(scenario)
+    (k1, i1, e1), (k2, i2, e2) = sorted(conn.sent, key=lambda m: m[1])
+    assert (k1, i1) == (protocol.REPLY_ERR, 5) and isinstance(e1, MessageError)
+    assert "class_name must be a str" in str(e1)
+    assert (k2, i2) == (protocol.REPLY_ERR, 6) and "unknown request" in str(e2)
+    assert not conn.closed and head.actors == {}
+
+
+@pytest.mark.parametrize("event,data", [("heartbeat", 3), ("heartbeat", {}),
+                                        ("worker_died", {"actor_id": "a"}),
+                                        ("logs", {"records": None}), ("task_blocked", 5),
+                                        ("task_unblocked", {}),
+                                        ("release_name", {"actor_id": 7})])
+def test_a_malformed_push_is_dropped_and_the_connection_kept(event, data, caplog):
+    async def scenario(head):
+        conn = FakeConn(asyncio.get_running_loop())
+        with caplog.at_level(logging.WARNING, logger="ddlf.rpc"):
+            head.handler.frame_received(conn, [protocol.header(protocol.PUSH),
+                                               *dumps((event, data))])
+        return conn
+
+    conn = _run_head(scenario)
+    assert not conn.closed
+    assert f"dropped a malformed {event!r} push" in caplog.text
+
+
+def test_a_handler_without_a_table_answers_no_request():
+    # A driver's link to the head serves pushes only.
+    class Target:
+        def rpc_anything(self, conn):
+            return 1
+
+        def on_push(self, conn, event, data):
+            pass
+
+    conn = FakeConn(None)
+    rpc.RpcHandler(Target()).frame_received(
+        conn, [protocol.header(protocol.REQUEST, 1), *dumps(("anything", ()))])
+    ((kind, _, err),) = conn.sent
+    assert kind == protocol.REPLY_ERR and "unknown request 'anything'" in str(err)
