@@ -86,3 +86,23 @@ def test_only_runtime_and_apps_are_subpackages_from_the_repository_root():
     runtime = importlib.import_module("ddlf_actors.runtime")
     apps = importlib.util.find_spec("ddlf_actors.apps")
     assert runtime.__file__ and apps is not None and apps.submodule_search_locations
+
+
+def test_every_package_is_listed_in_pyproject():
+    """A non-editable `pip install .` installs only the packages pyproject lists."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    text = (root / "pyproject.toml").read_text()
+    listed = set(re.findall(r'"(ddlf_actors[\w.]*)"', text.split("packages = [", 1)[1]
+                            .split("]", 1)[0]))
+    mapping = {"runtime": "ddlf_actors.runtime", "apps": "ddlf_actors.apps"}
+    found = set()
+    for init in root.glob("**/__init__.py"):
+        rel = init.parent.relative_to(root).parts
+        if not rel or rel[0] not in ("ddlf_actors", "runtime", "apps"):
+            continue
+        head = mapping.get(rel[0], rel[0])
+        found.add(".".join([head, *rel[1:]]))
+    assert found - listed == set(), f"add these to [tool.setuptools] packages: {found - listed}"
