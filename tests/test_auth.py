@@ -190,6 +190,8 @@ def _good_challenge() -> bytes:
     return auth.make_challenge()[0]
 
 
+# ids= keeps collection identical across pytest-xdist workers: a good challenge holds a
+# random nonce, which would otherwise become part of the test id.
 @pytest.mark.parametrize("challenge", [
     b"",
     b"DDLFAUTH",
@@ -201,7 +203,7 @@ def _good_challenge() -> bytes:
     b"DDLFAUTH" + b"\x00" + b"\x00" * 32,
     b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\x00" * 14,
     b"\x00" * 41,
-])
+], ids=lambda c: f"{len(c)}B-{c[:9]!r}")
 def test_malformed_challenge_raises(challenge):
     with pytest.raises(AuthenticationError):
         auth.answer_challenge(TOKEN, challenge)
