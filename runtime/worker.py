@@ -790,7 +790,7 @@ class Worker:
                 if force:   # this process exits next: send the cancels first
                     core.cancel_and_flush(ids, True, True)
                 else:
-                    core._submit(core.cancel_ids, ids, False, True)
+                    core.submit_io(core.cancel_ids, ids, False, True)
         if force:
             _exit_now(1)
         if call.atask is not None:
