@@ -29,6 +29,14 @@ import time
 from . import config, context, oob, placement, process, protocol, rpc, runtime_env, shm_store
 from .address import split_address
 from .connection import connect
+from .dependencies import (
+    await_deps,
+    deps_objects,
+    deps_state,
+    ship_deps,
+    split_refs,
+    with_nested,
+)
 from .errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
@@ -52,7 +60,6 @@ from .object_store import (
     dumps_with_refs,
     unbundle_refs,
 )
-from .refs import ArgRef
 from .remote_error import decode_error
 from .serialization import dumps, loads
 from .streams import Streams
@@ -72,18 +79,6 @@ class ActorSpec:
         self.class_name = class_name
         self.class_segments = class_segments
         self.methods = methods
-
-
-def _split_refs(args, kwargs):
-    """Replace top-level ObjectRefs by ArgRef placeholders; return (args, kwargs, refs)."""
-    refs = None
-    if any(type(a) is ObjectRef for a in args):
-        refs = [a for a in args if type(a) is ObjectRef]
-        args = tuple(ArgRef(a.id) if type(a) is ObjectRef else a for a in args)
-    if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
-        refs = (refs or []) + [v for v in kwargs.values() if type(v) is ObjectRef]
-        kwargs = {k: ArgRef(v.id) if type(v) is ObjectRef else v for k, v in kwargs.items()}
-    return args, kwargs, refs
 
 
 class Core:
@@ -259,10 +254,10 @@ class Core:
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
         env = runtime_env.for_call(self, options.get("runtime_env"))
-        args, kwargs, refs = _split_refs(args, kwargs)
+        args, kwargs, refs = split_refs(args, kwargs)
         args_segments, nested = dumps_with_refs((args, kwargs))
         args_segments = [bytes(s) for s in args_segments]
-        refs = _with_nested(refs, nested)
+        refs = with_nested(refs, nested)
         wire = {
             "actor_id": actor_id, "class_name": spec.class_name,
             "class_segments": spec.class_segments, "args_segments": args_segments,
@@ -291,10 +286,10 @@ class Core:
         what = f"{class_name}.{method}"
         nret = _check_num_returns(num_returns, what)
         backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
-        args, kwargs, refs = _split_refs(args, kwargs)
+        args, kwargs, refs = split_refs(args, kwargs)
         body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
-        refs = _with_nested(refs, nested)
+        refs = with_nested(refs, nested)
         ref = self.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
         self.submit_io(self._route_call, actor_id, class_name, ref.id, payload, refs)
@@ -404,14 +399,14 @@ class Core:
         backpressure = check_backpressure(
             options.get("_generator_backpressure_num_objects", -1), fn_name
         ) if nret == STREAMING else -1
-        args, kwargs, refs = _split_refs(args, kwargs)
+        args, kwargs, refs = split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
         if group is not None:
             body = (*body, nret, backpressure, group)
         elif nret != 1:
             body = (*body, nret, backpressure)
         payload, nested = dumps_with_refs(body)
-        refs = _with_nested(refs, nested)
+        refs = with_nested(refs, nested)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
         key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
         ref = self.new_ref(key)
@@ -537,60 +532,6 @@ def _fits(demand: dict, total: dict) -> bool:
     return all(total.get(k, 0.0) + 1e-9 >= v for k, v in demand.items())
 
 
-def _with_nested(refs, nested):
-    """Top-level refs plus refs found nested in the arguments (shipped, not replaced)."""
-    if not nested:
-        return refs
-    return (refs or []) + nested
-
-
-def _ship_deps(core: Core, conn, refs) -> None:
-    """Send each dependency's value on ``conn`` unless it was sent there already; the
-    objects a value contains go first, so the callee has them when it unpickles it."""
-    for ref in refs:
-        e = core.objects.get(ref.id)
-        if e is None:
-            continue
-        if e.sent_to is None:
-            e.sent_to = set()
-        if conn not in e.sent_to:
-            if e.contained:
-                _ship_deps(core, conn, e.contained)
-            if not shm_store.ship(conn, ref.id, e.segments):
-                conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
-            e.sent_to.add(conn)
-
-
-def _deps_objects(core: Core, refs, out: dict) -> dict:
-    """id -> segments of ``refs`` and of the objects their values contain (actor creation
-    ships them inside the request rather than as ``OBJ`` frames)."""
-    for ref in refs:
-        e = core.objects.get(ref.id)
-        if e is None or ref.id in out:
-            continue
-        if e.contained:
-            _deps_objects(core, e.contained, out)
-        out[ref.id] = e.segments
-    return out
-
-
-def _deps_state(core: Core, refs):
-    """Return (pending_entry, failed_entry) for the first dependency not yet ready/ok."""
-    for ref in refs:
-        e = core.objects.get(ref.id)
-        if e is None:
-            continue
-        if e.state == PENDING:
-            return e, None
-        if e.state != OK:
-            return None, e
-        if e.contained:
-            pending, failed = _deps_state(core, e.contained)
-            if pending is not None or failed is not None:
-                return pending, failed
-    return None, None
-
-
 class _Call:
     __slots__ = ("obj_id", "payload", "refs", "retries")
 
@@ -627,13 +568,13 @@ class _ActorClient:
     async def _create(self, wire, refs):
         try:
             if refs:
-                await self._await_refs(refs)
-                _, failed = _deps_state(self.core, refs)
+                await await_deps(self.core.store, self.core.loop, refs)
+                _, failed = deps_state(self.core.store, refs)
                 if failed is not None:
                     self._die_with(self._dep_error(failed))
                     self._release_name(wire)
                     return
-                wire["objects"] = _deps_objects(self.core, refs, {})
+                wire["objects"] = deps_objects(self.core.store, refs, {})
             view = await rpc.call(self.core.head, "create_actor", wire)
         except Exception as e:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
@@ -653,14 +594,6 @@ class _ActorClient:
         """Give back a name reserved at .remote() for an actor that was never created."""
         if wire.get("name") and self.core.head is not None and not self.core.head.closed:
             rpc.push(self.core.head, "release_name", {"actor_id": self.actor_id})
-
-    async def _await_refs(self, refs):
-        for r in refs:
-            e = self.core.objects.get(r.id)
-            if e is not None and e.state == PENDING:
-                fut = self.core.loop.create_future()
-                if self.core.store.on_done(e, lambda f=fut: f.done() or f.set_result(None)):
-                    await fut
 
     def _dep_error(self, e: Entry) -> BaseException:
         return self.core.store.error_of(e)
@@ -767,7 +700,7 @@ class _ActorClient:
         while queue and self.state == "ready":
             call = queue[0]
             if call.refs:
-                pending, failed = _deps_state(core, call.refs)
+                pending, failed = deps_state(core.store, call.refs)
                 if pending is not None:
                     # Head-of-line wait keeps calls from one caller in submission order.
                     self.blocked = True
@@ -779,7 +712,7 @@ class _ActorClient:
                     queue.popleft()
                     core.store.copy_outcome(call.obj_id, failed)
                     continue
-                _ship_deps(core, conn, call.refs)
+                ship_deps(core.store, conn, call.refs)
             queue.popleft()
             msg_id = next(core.msg_ids)
             if self.max_task_retries:
@@ -939,7 +872,7 @@ class _TaskPool:
 
     def add(self, task: _Task) -> None:
         if task.refs:
-            pending, failed = _deps_state(self.core, task.refs)
+            pending, failed = deps_state(self.core.store, task.refs)
             if failed is not None:
                 self.core.store.copy_outcome(task.obj_id, failed)
                 return
@@ -1023,7 +956,7 @@ class _TaskPool:
             conn.send_msg(protocol.FUNC, 0, [task.fn_id, *task.fn_segments])
             sent.add(task.fn_id)
         if task.refs:
-            _ship_deps(self.core, conn, task.refs)
+            ship_deps(self.core.store, conn, task.refs)
         msg_id = next(self.core.msg_ids)
         lease.inflight[msg_id] = task
         conn.send_msg(protocol.CALL, msg_id, task.payload)
