@@ -12,7 +12,16 @@ frame) and the callee caches it until the last local ref is dropped (a ``FREE``
 frame). A top-level argument ref is replaced by its value; a ref nested in an
 argument stays a ref, and the callee adopts a copy of its object into its own core
 (so ``ddlf.get`` works there). A value that contains refs (a ``put`` of a list of refs,
-a result that returns refs) keeps their entries alive in ``Entry.contained`` (runtime/object_store.py).
+a result that returns refs) keeps their entries alive in ``Entry.contained``.
+
+Core is the façade the API layer uses; the work is done by parts it wires together and
+hands to each other, as in Ray's core worker (none calls another's private methods):
+
+* ``object_store.ObjectStore``: the objects, their refcounts, waiters and callbacks;
+* ``dependencies``: a call's argument refs, shipped once per connection;
+* ``actor_submitter.ActorClient``: calls to one actor, in order;
+* ``task_submitter.TaskPool``: tasks of one kind, on leased workers;
+* ``streams.Streams``: the items of generator calls.
 """
 
 from __future__ import annotations
@@ -24,28 +33,13 @@ import logging
 import os
 import sys
 import threading
-import time
 
-from . import config, context, oob, placement, process, protocol, rpc, runtime_env, shm_store
+from . import context, oob, placement, process, rpc, runtime_env, shm_store
+from .actor_submitter import ActorCall, ActorClient
 from .address import split_address
 from .connection import connect
-from .dependencies import (
-    await_deps,
-    deps_objects,
-    deps_state,
-    ship_deps,
-    split_refs,
-    with_nested,
-)
-from .errors import (
-    ActorDiedError,
-    ActorPlacementGroupRemovedError,
-    DDLFError,
-    PlacementGroupRemovedError,
-    TaskCancelledError,
-    UnschedulableError,
-    WorkerCrashedError,
-)
+from .dependencies import split_refs, with_nested
+from .errors import ActorDiedError, DDLFError, UnschedulableError
 from .eventloop import LoopThread
 from .generators import DYNAMIC, STREAMING
 from .object_ref import ObjectRef
@@ -54,15 +48,14 @@ from .object_store import (
     LOCAL_ERR,
     OK,
     PENDING,
-    Entry,
     ObjectStore,
     bundle_refs,
     dumps_with_refs,
     unbundle_refs,
 )
-from .remote_error import decode_error
-from .serialization import dumps, loads
+from .serialization import dumps
 from .streams import Streams
+from .task_submitter import Task, TaskPool
 from .taskgroup import TaskGroup
 
 # The object store's names are re-exported: callers imported them from here before the
@@ -71,6 +64,7 @@ __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bund
            "unbundle_refs", "check_backpressure", "PENDING", "OK", "ERR", "LOCAL_ERR"]
 
 log = logging.getLogger("ddlf.core")
+
 
 class ActorSpec:
     """What the driver knows about an actor class (shipped once per class)."""
@@ -82,6 +76,8 @@ class ActorSpec:
 
 
 class Core:
+    """One process's client of a DDLF cluster: ``connect``, then submit and get."""
+
     def __init__(self, head_address: str, token: str, *, is_driver: bool = True,
                  job_id: str | None = None, cluster=None):
         self.head_address = head_address
@@ -100,8 +96,8 @@ class Core:
         self.decref = self.store.decref
         self.streams = Streams(self.store, self.submit_io)   # generator calls still running
         self.msg_ids = itertools.count(1)   # CALL frame ids, unique over all connections
-        self.actors: dict[str, _ActorClient] = {}
-        self.pools: dict[tuple, _TaskPool] = {}
+        self.actors: dict[str, ActorClient] = {}
+        self.pools: dict[tuple, TaskPool] = {}
         self.head = None
         self.job_id = job_id
         self.node_totals: list[dict] = []
@@ -273,7 +269,7 @@ class Core:
             # As in Ray, a name belongs to the actor once .remote() returns: reserve it
             # now, so a duplicate fails here and get_actor(name) works right away.
             self.head_call("reserve_name", wire["name"], actor_id, spec.class_name, spec.methods)
-        client = _ActorClient(self, actor_id, spec.class_name)
+        client = ActorClient(self, actor_id, spec.class_name)
         self.actors[actor_id] = client
         self.submit_io(client.create, wire, refs)
 
@@ -306,9 +302,9 @@ class Core:
     def _route_call(self, actor_id, class_name, obj_id, payload, refs):
         client = self.actors.get(actor_id)
         if client is None:
-            client = self.actors[actor_id] = _ActorClient(self, actor_id, class_name)
+            client = self.actors[actor_id] = ActorClient(self, actor_id, class_name)
             client.resolve(0)
-        client.enqueue(_Call(obj_id, payload, refs))
+        client.enqueue(ActorCall(obj_id, payload, refs))
 
     def kill_actor(self, actor_id: str, no_restart: bool = True) -> None:
         self.head_call("kill_actor", actor_id, no_restart)
@@ -411,7 +407,7 @@ class Core:
         key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
         ref = self.new_ref(key)
         out = self._returns(ref, nret, backpressure)
-        task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
+        task = Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
                      int(options.get("max_retries", 3)))
         retry_exc = options.get("retry_exceptions")
         if retry_exc:
@@ -422,7 +418,7 @@ class Core:
     def _route_task(self, key, demand, task, sched=None, env=None):
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _TaskPool(self, demand, sched, env)
+            pool = self.pools[key] = TaskPool(self, demand, sched, env)
         pool.add(task)
 
     # -- refs settled by the I/O loop ------------------------------------------------------
@@ -530,598 +526,6 @@ def _sched_key(sched: dict | None) -> tuple:
 
 def _fits(demand: dict, total: dict) -> bool:
     return all(total.get(k, 0.0) + 1e-9 >= v for k, v in demand.items())
-
-
-class _Call:
-    __slots__ = ("obj_id", "payload", "refs", "retries")
-
-    def __init__(self, obj_id, payload, refs):
-        self.obj_id = obj_id
-        self.payload = payload
-        self.refs = refs
-        self.retries = None   # set from the actor's max_task_retries when first sent
-
-
-class _ActorClient:
-    """The caller's side of one actor: resolution, connection, ordered queue, in-flight calls."""
-
-    def __init__(self, core: Core, actor_id: str, class_name: str):
-        self.core = core
-        self.actor_id = actor_id
-        self.class_name = class_name
-        self.state = "resolving"   # resolving | ready | dead
-        self.conn = None
-        self.queue: collections.deque = collections.deque()
-        # msg id -> object id, or the _Call itself when the actor retries calls
-        # (max_task_retries): only then is the payload kept until the reply.
-        self.inflight: dict[int, object] = {}
-        self.max_task_retries = 0
-        self.epoch = 0
-        self.dead_error: BaseException | None = None
-        self.blocked = False
-        self.cancelled: set = set()   # object ids of in-flight calls asked to cancel
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    def create(self, wire: dict, refs) -> None:
-        self.core.background.spawn(self._create(wire, refs))
-
-    async def _create(self, wire, refs):
-        try:
-            if refs:
-                await await_deps(self.core.store, self.core.loop, refs)
-                _, failed = deps_state(self.core.store, refs)
-                if failed is not None:
-                    self._die_with(self._dep_error(failed))
-                    self._release_name(wire)
-                    return
-                wire["objects"] = deps_objects(self.core.store, refs, {})
-            view = await rpc.call(self.core.head, "create_actor", wire)
-        except Exception as e:
-            self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
-            self._release_name(wire)
-            return
-        if self.state == "dead" and view.get("state") != "DEAD":
-            # ddlf.kill() ran while the arguments were pending: the head did not know
-            # the actor yet, so the kill must follow the creation.
-            try:
-                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
-            except Exception as e:
-                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
-            return
-        await self._apply(view)
-
-    def _release_name(self, wire: dict) -> None:
-        """Give back a name reserved at .remote() for an actor that was never created."""
-        if wire.get("name") and self.core.head is not None and not self.core.head.closed:
-            rpc.push(self.core.head, "release_name", {"actor_id": self.actor_id})
-
-    def _dep_error(self, e: Entry) -> BaseException:
-        return self.core.store.error_of(e)
-
-    def resolve(self, after_epoch: int) -> None:
-        self.state = "resolving"
-        self.core.background.spawn(self._resolve(after_epoch))
-
-    async def _resolve(self, after_epoch):
-        for _attempt in range(1000):
-            try:
-                view = await rpc.call(self.core.head, "wait_actor", self.actor_id, after_epoch)
-            except Exception as e:
-                self._die_with(ActorDiedError(
-                    f"actor {self.class_name} ({self.actor_id}) is unreachable: the head did not "
-                    f"answer ({e})"))
-                return
-            if view["state"] == "ALIVE" or view["state"] == "DEAD":
-                await self._apply(view)
-                return
-
-    async def _apply(self, view: dict) -> None:
-        if view["state"] == "DEAD":
-            self._die_with(self._death_error(view))
-            return
-        if view["state"] != "ALIVE":
-            self.resolve(self.epoch)
-            return
-        self.epoch = view["epoch"]
-        self.max_task_retries = view.get("max_task_retries") or 0
-        host, port = split_address(view["address"])
-        for attempt in range(config.ACTOR_CONNECT_TRIES):
-            try:
-                conn = await connect(host, port, self.core.token, self)
-                break
-            except (OSError, asyncio.TimeoutError, DDLFError) as e:
-                last = e
-                await asyncio.sleep(0.05 * (attempt + 1))
-        else:
-            log.debug("could not reach actor %s at %s: %s", self.actor_id, view["address"], last)
-            self.resolve(self.epoch)
-            return
-        conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
-        await shm_store.wait_hello(conn)
-        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
-            conn.close()
-            return
-        if conn.closed:   # it went away while answering our hello
-            self.resolve(self.epoch)
-            return
-        self.conn = conn
-        self.state = "ready"
-        self.pump()
-
-    def _death_error(self, view: dict) -> BaseException:
-        err = view.get("error") or {}
-        reason = err.get("reason") or "it died"
-        cause = None
-        if err.get("creation_error"):
-            try:
-                cause = decode_error(err["creation_error"])
-                reason = f"{reason}:\n{cause}"
-            except Exception as e:
-                reason = f"{reason} (its error could not be loaded here: {e})"
-        if err.get("unschedulable"):
-            return UnschedulableError(reason)
-        if err.get("pg_removed"):
-            return ActorPlacementGroupRemovedError(
-                f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
-        return ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
-
-    def _die_with(self, exc: BaseException) -> None:
-        self.state = "dead"
-        self.dead_error = exc
-        while self.queue:
-            self.core.store.fail(self.queue.popleft().obj_id, exc)
-
-    def killed(self) -> None:
-        """ddlf.kill() from this process: fail queued, in-flight and later calls now."""
-        err = ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: "
-                             "it was killed with ddlf.kill()")
-        self._die_with(err)
-        if self.conn is not None:
-            self.conn.abort(err)
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-
-    # -- calls -------------------------------------------------------------------------------
-    def enqueue(self, call: _Call) -> None:
-        if self.state == "dead":
-            self.core.store.fail(call.obj_id, self.dead_error)
-            return
-        self.queue.append(call)
-        if self.state == "ready" and not self.blocked:
-            self.pump()
-
-    def pump(self) -> None:
-        core = self.core
-        conn = self.conn
-        queue = self.queue
-        inflight = self.inflight
-        while queue and self.state == "ready":
-            call = queue[0]
-            if call.refs:
-                pending, failed = deps_state(core.store, call.refs)
-                if pending is not None:
-                    # Head-of-line wait keeps calls from one caller in submission order.
-                    self.blocked = True
-                    if not core.store.on_done(pending, self._unblock):
-                        self.blocked = False
-                        continue
-                    return
-                if failed is not None:
-                    queue.popleft()
-                    core.store.copy_outcome(call.obj_id, failed)
-                    continue
-                ship_deps(core.store, conn, call.refs)
-            queue.popleft()
-            msg_id = next(core.msg_ids)
-            if self.max_task_retries:
-                if call.retries is None:
-                    call.retries = self.max_task_retries
-                inflight[msg_id] = call
-            else:
-                inflight[msg_id] = call.obj_id
-            conn.send_msg(protocol.CALL, msg_id, call.payload)
-
-    def _unblock(self):
-        self.blocked = False
-        self.pump()
-
-    def cancel(self, obj_id: bytes, recursive: bool) -> None:
-        """Drop a queued call, or ask the actor to cancel one it has (queued or running)."""
-        for i, call in enumerate(self.queue):
-            if call.obj_id == obj_id:
-                del self.queue[i]
-                self.core.store.fail_cancelled(obj_id, f"a call to actor {self.class_name}")
-                if i == 0 and self.blocked:
-                    # It held the queue waiting for its arguments: let the next one go.
-                    self.blocked = False
-                    if self.state == "ready":
-                        self.pump()
-                return
-        for msg_id, call in self.inflight.items():
-            if (call.obj_id if isinstance(call, _Call) else call) == obj_id:
-                if isinstance(call, _Call):
-                    call.retries = 0   # as in Ray, a cancelled call is never retried
-                self.cancelled.add(obj_id)
-                if self.conn is not None and not self.conn.closed:
-                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
-                    self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
-                return
-
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.PUSH:
-            event, data = loads(segs[1:])
-            if event != "exiting":
-                shm_store.client_frame(conn, kind, segs)   # the worker's hello
-                return
-            if conn is self.conn:
-                # The actor called sys.exit/exit_actor: its replies so far still arrive
-                # here, but later calls wait for the head's next view of the actor
-                # (restarted or dead), resolved when this connection closes.
-                self.state = "resolving"
-                if data.get("status") and data.get("msg_id") in self.inflight:
-                    # A crash (non-zero exit) in a call the actor may retry: retry it
-                    # on the restarted actor instead of taking the exit's error reply.
-                    call = self.inflight[data["msg_id"]]
-                    if isinstance(call, _Call) and call.retries != 0:
-                        del self.inflight[data["msg_id"]]
-                        self._retry([call])
-            return
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
-                msg_id, None)
-            if entry is not None:
-                self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
-                    entry, _Call) else entry, segs)
-            return
-        if kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
-        entry = self.inflight.pop(msg_id, None)
-        if entry is None:
-            return
-        obj_id = entry.obj_id if isinstance(entry, _Call) else entry
-        if self.cancelled:
-            self.cancelled.discard(obj_id)
-        self.core.store.complete_result(obj_id, kind, segs)
-
-    def _retry(self, calls) -> None:
-        """Queue calls lost with the actor's process again, ahead of newer ones."""
-        for call in calls:
-            if call.retries > 0:
-                call.retries -= 1
-        self.queue.extendleft(reversed(calls))
-
-    def connection_closed(self, conn, exc):
-        if conn is not self.conn:
-            return
-        self.conn = None
-        inflight, self.inflight = self.inflight, {}
-        if self.core.closed:
-            return
-        retry = [c for c in inflight.values() if isinstance(c, _Call) and c.retries != 0]
-        # Chosen before _retry counts the attempt down: max_task_retries=1 retries once.
-        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
-        if retry:
-            self._retry(retry)
-        if lost:
-            why = str(exc) if isinstance(exc, ActorDiedError) else (
-                "its connection closed (the process exited or was killed)")
-            err = ActorDiedError(
-                f"actor {self.class_name} ({self.actor_id}) died while running this call: {why}")
-            cancelled, self.cancelled = self.cancelled, set()
-            for c in lost:
-                obj_id = c.obj_id if isinstance(c, _Call) else c
-                if obj_id in cancelled:
-                    self.core.store.fail(obj_id, TaskCancelledError(
-                        f"a call to actor {self.class_name} ({self.actor_id}) was cancelled "
-                        f"with ddlf.cancel(), and the actor's process then went away: {why}"))
-                else:
-                    self.core.store.fail(obj_id, err)
-        if self.state != "dead":
-            self.resolve(self.epoch)
-
-
-class _Task:
-    __slots__ = ("obj_id", "fn_id", "fn_segments", "fn_name", "payload", "refs", "retries",
-                 "retry_exc", "cancelled")
-
-    def __init__(self, obj_id, fn_id, fn_segments, fn_name, payload, refs, retries):
-        self.obj_id = obj_id
-        self.fn_id = fn_id
-        self.fn_segments = fn_segments
-        self.fn_name = fn_name
-        self.payload = payload
-        self.refs = refs
-        self.retries = retries
-        self.retry_exc = None     # retry_exceptions: True, or a tuple of exception classes
-        self.cancelled = False
-
-
-class _Lease:
-    __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer",
-                 "force_cancel")
-
-    def __init__(self, lease_id, worker_id, node_id, conn):
-        self.lease_id = lease_id
-        self.worker_id = worker_id
-        self.node_id = node_id
-        self.conn = conn
-        self.inflight: dict[int, _Task] = {}
-        self.idle_timer = None
-        self.force_cancel = None   # the task cancelled with force=True: its worker may exit
-
-
-class _TaskPool:
-    """Tasks of one resource shape: a queue, and the worker leases that run them."""
-
-    def __init__(self, core: Core, demand: dict, sched: dict | None = None,
-                 runtime_env: dict | None = None):
-        self.core = core
-        self.demand = demand
-        self.sched = sched
-        self.runtime_env = runtime_env
-        self.queue: collections.deque = collections.deque()
-        self.leases: list[_Lease] = []
-        self.requesting = False
-        self.retry_after = 0.0
-        self.parked: dict[bytes, _Task] = {}   # waiting for their arguments
-
-    def add(self, task: _Task) -> None:
-        if task.refs:
-            pending, failed = deps_state(self.core.store, task.refs)
-            if failed is not None:
-                self.core.store.copy_outcome(task.obj_id, failed)
-                return
-            if pending is not None:
-                # Tasks have no ordering promise: park this one until its inputs exist.
-                self.parked[task.obj_id] = task
-                if self.core.store.on_done(pending, lambda: self._unpark(task)):
-                    return
-                return self._unpark(task)
-        self.queue.append(task)
-        self.pump()
-
-    def _unpark(self, task: _Task) -> None:
-        if self.parked.pop(task.obj_id, None) is task:   # not cancelled meanwhile
-            self.add(task)
-
-    def cancel(self, obj_id: bytes, force: bool, recursive: bool) -> None:
-        """Drop a task not yet sent, or ask its worker to cancel it (queued or running)."""
-        task = self.parked.pop(obj_id, None)
-        if task is not None:
-            self.core.store.fail_cancelled(obj_id, f"task {task.fn_name}")
-            return
-        for i, task in enumerate(self.queue):
-            if task.obj_id == obj_id:
-                del self.queue[i]
-                self.core.store.fail_cancelled(obj_id, f"task {task.fn_name}")
-                return
-        for lease in self.leases:
-            for msg_id, task in lease.inflight.items():
-                if task.obj_id == obj_id:
-                    task.cancelled = True
-                    task.retries = 0   # as in Ray, a cancelled task is never retried
-                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
-                    if force:
-                        flags |= protocol.CANCEL_FORCE
-                        lease.force_cancel = task
-                    if not lease.conn.closed:
-                        lease.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
-                    return
-
-    def pump(self) -> None:
-        """Send queued tasks to leases.
-
-        An idle lease takes a task at once. A busy lease takes more (pipelined, up to
-        ``config.TASK_PIPELINE_DEPTH``) only once the head has said that no CPU is free: otherwise a
-        fast task could queue behind a slow one while another CPU sits idle.
-        """
-        queue = self.queue
-        while queue:
-            best = None
-            for lease in self.leases:
-                if lease.conn.closed:
-                    continue  # aborted; its connection_closed (-> lost) has not run yet
-                if best is None or len(lease.inflight) < len(best.inflight):
-                    best = lease
-            if best is None:
-                break
-            if best.inflight:
-                if not self._saturated():
-                    self._maybe_request()
-                    break
-                if len(best.inflight) >= config.TASK_PIPELINE_DEPTH:
-                    break
-            self._send(best, queue.popleft())
-        if queue and not any(not lease.conn.closed for lease in self.leases):
-            self._maybe_request()
-
-    def _saturated(self) -> bool:
-        """True while the head's last answer was "no free worker" (re-asked after a pause)."""
-        return time.monotonic() < self.retry_after
-
-    def _send(self, lease: _Lease, task: _Task) -> None:
-        conn = lease.conn
-        if lease.idle_timer is not None:
-            lease.idle_timer.cancel()
-            lease.idle_timer = None
-        sent = conn.info.get("funcs")
-        if sent is None:
-            sent = conn.info["funcs"] = set()
-        if task.fn_id not in sent:
-            conn.send_msg(protocol.FUNC, 0, [task.fn_id, *task.fn_segments])
-            sent.add(task.fn_id)
-        if task.refs:
-            ship_deps(self.core.store, conn, task.refs)
-        msg_id = next(self.core.msg_ids)
-        lease.inflight[msg_id] = task
-        conn.send_msg(protocol.CALL, msg_id, task.payload)
-
-    def _maybe_request(self) -> None:
-        if self.requesting or self.core.closed:
-            return
-        self.requesting = True
-        self.core.background.spawn(self._request(wait=not self.leases))
-
-    async def _request(self, wait: bool):
-        lease = None
-        try:
-            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched,
-                                   self.runtime_env)
-            if reply is None:
-                self.retry_after = time.monotonic() + 0.05
-                return
-            host, port = split_address(reply["address"])
-            lease = _Lease(reply["lease_id"], reply["worker_id"], reply.get("node_id"), None)
-            handler = _LeaseHandler(self, lease)
-            try:
-                lease.conn = await connect(host, port, self.core.token, handler)
-            except Exception:
-                await rpc.call(self.core.head, "return_lease", lease.lease_id)
-                raise
-            hello = {**self.core.hello, "demand": self.demand}   # get_assigned_resources
-            lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", hello)))
-            await shm_store.wait_hello(lease.conn)
-            if lease.conn.closed:   # the worker went away while answering our hello
-                await rpc.call(self.core.head, "return_lease", lease.lease_id)
-                raise DDLFError("the leased worker closed its connection")
-            self.leases.append(lease)
-        except (UnschedulableError, PlacementGroupRemovedError) as e:
-            while self.queue:
-                self.core.store.fail(self.queue.popleft().obj_id, e)
-        except Exception as e:
-            # With leases in hand, treat a failed request like "nothing free" so that
-            # pump() pipelines instead of asking again at once.
-            self.retry_after = time.monotonic() + 0.05
-            if not self.leases:
-                err = e if isinstance(e, DDLFError) else DDLFError(f"could not lease a worker: {e}")
-                while self.queue:
-                    self.core.store.fail(self.queue.popleft().obj_id, err)
-        finally:
-            self.requesting = False
-        self.pump()
-        if (lease is not None and lease in self.leases and not lease.inflight
-                and lease.idle_timer is None):
-            # It came after the queue drained: without a timer it would hold its CPU
-            # (at the head) until this process disconnects.
-            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
-
-    def task_done(self, lease: _Lease) -> None:
-        if self.queue:
-            self.pump()
-        elif not lease.inflight and lease.idle_timer is None:
-            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
-
-    def _return(self, lease: _Lease) -> None:
-        lease.idle_timer = None
-        if lease.inflight or lease not in self.leases:
-            return
-        self.leases.remove(lease)
-        lease.conn.close()
-        self.core.background.spawn(self._return_remote(lease.lease_id))
-
-    async def _return_remote(self, lease_id):
-        try:
-            await rpc.call(self.core.head, "return_lease", lease_id)
-        except Exception:
-            pass
-
-    def lost(self, lease: _Lease) -> None:
-        if lease in self.leases:
-            self.leases.remove(lease)
-        if lease.idle_timer is not None:
-            lease.idle_timer.cancel()
-        inflight, lease.inflight = lease.inflight, {}
-        if self.core.closed:
-            return
-        retry = []
-        for task in inflight.values():
-            if task.cancelled:
-                how = ("ddlf.cancel(force=True) ended its worker process"
-                       if lease.force_cancel is task else
-                       "it was cancelled with ddlf.cancel(), then its worker process exited")
-                self.core.store.fail(task.obj_id, TaskCancelledError(f"task {task.fn_name}: {how}"))
-            elif lease.force_cancel is not None:
-                # Queued behind a task that ddlf.cancel(force=True) killed: not their fault.
-                retry.append(task)
-            elif task.retries != 0:   # -1: unlimited, as in Ray
-                if task.retries > 0:
-                    task.retries -= 1
-                retry.append(task)
-            else:
-                self.core.store.fail(task.obj_id, WorkerCrashedError(
-                    f"the worker process running task {task.fn_name} died before it finished "
-                    "(it exited, was killed, or ran out of memory)"))
-        self.queue.extendleft(reversed(retry))
-        self.pump()
-
-    def close(self):
-        for lease in self.leases:
-            if lease.idle_timer is not None:
-                lease.idle_timer.cancel()
-            if lease.conn is not None:
-                lease.conn.close()
-
-
-class _LeaseHandler:
-    __slots__ = ("pool", "lease")
-
-    def __init__(self, pool: _TaskPool, lease: _Lease):
-        self.pool = pool
-        self.lease = lease
-
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            inflight = self.lease.inflight
-            task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
-            if task is not None:
-                self.pool.core.streams.frame(conn, kind, msg_id, task.obj_id, segs)
-                if kind == protocol.STREAM_END:
-                    self.pool.task_done(self.lease)
-            return
-        if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
-        task = self.lease.inflight.pop(msg_id, None)
-        if task is None:
-            return
-        if task.cancelled and self.lease.force_cancel is task:
-            self.lease.force_cancel = None   # it ended before force could kill its worker
-        if (kind == protocol.RESULT_ERR and task.retry_exc is not None and task.retries != 0
-                and not task.cancelled and _should_retry(task.retry_exc, segs)):
-            if task.retries > 0:
-                task.retries -= 1
-            self.pool.queue.append(task)   # as in Ray, the retry may run on any worker
-            self.pool.task_done(self.lease)
-            return
-        self.pool.core.store.complete_result(task.obj_id, kind, segs)
-        self.pool.task_done(self.lease)
-
-    def connection_closed(self, conn, exc):
-        self.pool.lost(self.lease)
-
-
-def _should_retry(retry_exc, segs) -> bool:
-    """retry_exceptions: does the exception a task raised call for a retry?
-
-    Decided by the caller, which holds the option. An exception whose class cannot be
-    rebuilt here matches only ``retry_exceptions=True``; a cancelled task never retries.
-    """
-    try:
-        cause = decode_error(segs[1:]).cause
-    except Exception:
-        return retry_exc is True
-    if isinstance(cause, TaskCancelledError):
-        return False
-    if retry_exc is True:
-        return True
-    return cause is not None and isinstance(cause, retry_exc)
 
 
 # -- the process-wide core -----------------------------------------------------------------
