@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from ddlf_actors.runtime import protocol
-from ddlf_actors.runtime.dependencies import deps_state, resolve_args, split_refs, ship_deps
+from ddlf_actors.runtime.dependencies import deps_state, resolve_args, ship_deps, split_refs
 from ddlf_actors.runtime.errors import DDLFError, GetTimeoutError
 from ddlf_actors.runtime.object_store import OK, PENDING, ObjectStore
 from ddlf_actors.runtime.refs import ArgRef
