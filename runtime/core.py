@@ -230,7 +230,7 @@ class Core:
         # As in Ray, the task resumes at once; its node may run over its CPU count until
         # the work started meanwhile finishes.
         self.submit_io(self._push_head, "task_unblocked",
-                     {"worker_id": context.current.worker_id})
+                       {"worker_id": context.current.worker_id})
 
     def _push_head(self, event, data) -> None:
         if self.head is not None and not self.head.closed:
@@ -286,7 +286,7 @@ class Core:
         body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
         refs = with_nested(refs, nested)
-        ref = self.new_ref(actor_id)
+        ref = self.store.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
         self.submit_io(self._route_call, actor_id, class_name, ref.id, payload, refs)
         return out
@@ -405,10 +405,10 @@ class Core:
         refs = with_nested(refs, nested)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
         key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
-        ref = self.new_ref(key)
+        ref = self.store.new_ref(key)
         out = self._returns(ref, nret, backpressure)
         task = Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
-                     int(options.get("max_retries", 3)))
+                    int(options.get("max_retries", 3)))
         retry_exc = options.get("retry_exceptions")
         if retry_exc:
             task.retry_exc = True if retry_exc is True else tuple(retry_exc)
