@@ -12,7 +12,16 @@ frame) and the callee caches it until the last local ref is dropped (a ``FREE``
 frame). A top-level argument ref is replaced by its value; a ref nested in an
 argument stays a ref, and the callee adopts a copy of its object into its own core
 (so ``ddlf.get`` works there). A value that contains refs (a ``put`` of a list of refs,
-a result that returns refs) keeps their entries alive in ``_Entry.contained``.
+a result that returns refs) keeps their entries alive in ``Entry.contained``.
+
+Core is the façade the API layer uses; the work is done by parts it wires together and
+hands to each other, as in Ray's core worker (none calls another's private methods):
+
+* ``object_store.ObjectStore``: the objects, their refcounts, waiters and callbacks;
+* ``dependencies``: a call's argument refs, shipped once per connection;
+* ``actor_submitter.ActorClient``: calls to one actor, in order;
+* ``task_submitter.TaskPool``: tasks of one kind, on leased workers;
+* ``streams.Streams``: the items of generator calls.
 """
 
 from __future__ import annotations
@@ -22,56 +31,39 @@ import collections
 import itertools
 import logging
 import os
-import pickle
 import sys
 import threading
-import time
 
-from . import config, context, oob, placement, process, protocol, rpc, runtime_env, shm_store
+from . import context, oob, placement, process, rpc, runtime_env, shm_store
+from .actor_submitter import ActorCall, ActorClient
 from .address import split_address
 from .connection import connect
-from .errors import (
-    ActorDiedError,
-    ActorPlacementGroupRemovedError,
-    DDLFError,
-    GetTimeoutError,
-    PlacementGroupRemovedError,
-    TaskCancelledError,
-    UnschedulableError,
-    WorkerCrashedError,
-)
+from .dependencies import split_refs, with_nested
+from .errors import ActorDiedError, DDLFError, UnschedulableError
 from .eventloop import LoopThread
-from .generators import DYNAMIC, STREAMING, DynamicObjectRefGenerator, ObjectRefGenerator, Stream
-from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_refs
-from .refs import ArgRef
-from .remote_error import decode_error, encode_error
-from .serialization import dumps, loads, snapshot
+from .generators import DYNAMIC, STREAMING
+from .object_ref import ObjectRef
+from .object_store import (
+    ERR,
+    LOCAL_ERR,
+    OK,
+    PENDING,
+    ObjectStore,
+    bundle_refs,
+    dumps_with_refs,
+    unbundle_refs,
+)
+from .serialization import dumps
+from .streams import Streams
+from .task_submitter import Task, TaskPool
 from .taskgroup import TaskGroup
 
+# The object store's names are re-exported: callers imported them from here before the
+# store had a module of its own.
 __all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
-           "unbundle_refs", "check_backpressure"]
+           "unbundle_refs", "check_backpressure", "PENDING", "OK", "ERR", "LOCAL_ERR"]
 
 log = logging.getLogger("ddlf.core")
-
-PENDING, OK, ERR, LOCAL_ERR = 0, 1, 2, 3
-
-
-class _Entry:
-    __slots__ = ("state", "segments", "value", "has_value", "refs", "sent_to", "callbacks",
-                 "contained", "origin")
-
-    def __init__(self):
-        self.state = PENDING
-        self.segments = None
-        self.value = None
-        self.has_value = False
-        self.refs = 0
-        self.sent_to = None
-        self.callbacks = None
-        self.contained = None   # ObjectRefs inside this value: kept alive, shipped with it
-        # Who computes it, for ddlf.cancel: an actor id (str), a task pool key (tuple), or
-        # the id of the num_returns parent it is split from (bytes); None for put/adopted.
-        self.origin = None
 
 
 class ActorSpec:
@@ -83,31 +75,9 @@ class ActorSpec:
         self.methods = methods
 
 
-def dumps_with_refs(value) -> tuple[list, list]:
-    """``dumps(value)`` and the distinct ``ObjectRef``s found inside it."""
-    segs, found = collect_refs(dumps, value)
-    if not found:
-        return segs, found
-    distinct = {}
-    for r in found:
-        if type(r) is ObjectRef:
-            distinct.setdefault(r.id, r)
-    return segs, list(distinct.values())
-
-
-def _split_refs(args, kwargs):
-    """Replace top-level ObjectRefs by ArgRef placeholders; return (args, kwargs, refs)."""
-    refs = None
-    if any(type(a) is ObjectRef for a in args):
-        refs = [a for a in args if type(a) is ObjectRef]
-        args = tuple(ArgRef(a.id) if type(a) is ObjectRef else a for a in args)
-    if kwargs and any(type(v) is ObjectRef for v in kwargs.values()):
-        refs = (refs or []) + [v for v in kwargs.values() if type(v) is ObjectRef]
-        kwargs = {k: ArgRef(v.id) if type(v) is ObjectRef else v for k, v in kwargs.items()}
-    return args, kwargs, refs
-
-
 class Core:
+    """One process's client of a DDLF cluster: ``connect``, then submit and get."""
+
     def __init__(self, head_address: str, token: str, *, is_driver: bool = True,
                  job_id: str | None = None, cluster=None):
         self.head_address = head_address
@@ -117,18 +87,17 @@ class Core:
         self.io = LoopThread()
         self.loop = self.io.loop
         self.background = TaskGroup(self.loop, "core")
-        self.objects: dict[bytes, _Entry] = {}
-        self.cond = threading.Condition(threading.Lock())
-        self.waiters = 0
-        self._cb_lock = threading.Lock()
         self._q: collections.deque = collections.deque()
         self._wake_pending = False
-        self._prefix = os.urandom(8)
-        self._counter = itertools.count(1)
-        self._msg_ids = itertools.count(1)
-        self.actors: dict[str, _ActorClient] = {}
-        self.streams: dict[bytes, Stream] = {}   # generator calls still running, by call ref id
-        self.pools: dict[tuple, _TaskPool] = {}
+        self.store = ObjectStore(self, self.submit_io, self._lend_cpu, self._take_cpu_back)
+        self.objects = self.store.objects
+        # Bound once: every ObjectRef made or dropped calls these, so no per-call hop.
+        self.incref = self.store.incref
+        self.decref = self.store.decref
+        self.streams = Streams(self.store, self.submit_io)   # generator calls still running
+        self.msg_ids = itertools.count(1)   # CALL frame ids, unique over all connections
+        self.actors: dict[str, ActorClient] = {}
+        self.pools: dict[tuple, TaskPool] = {}
         self.head = None
         self.job_id = job_id
         self.node_totals: list[dict] = []
@@ -196,7 +165,8 @@ class Core:
             raise DDLFError("DDLF has been shut down; call ddlf.init() again")
 
     # -- cross-thread queue ----------------------------------------------------------------
-    def _submit(self, fn, *args) -> None:
+    def submit_io(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the I/O thread, after what was submitted before it."""
         self._q.append((fn, args))
         if not self._wake_pending:
             self._wake_pending = True
@@ -220,160 +190,29 @@ class Core:
             except Exception:
                 log.exception("internal error in the DDLF I/O thread")
 
-    # -- object registry -------------------------------------------------------------------
+    # -- objects (see object_store.py) -------------------------------------------------------
     def new_ref(self, origin=None) -> ObjectRef:
-        obj_id = self._prefix + next(self._counter).to_bytes(8, "big")
-        e = self.objects[obj_id] = _Entry()
-        if origin is not None:
-            e.origin = origin
-            call = context.current_call()
-            if call is not None:   # submitted by a running call: a recursive cancel reaches it
-                call.add_child(obj_id)
-        return ObjectRef(obj_id, self)
-
-    def incref(self, obj_id: bytes) -> None:
-        e = self.objects.get(obj_id)
-        if e is not None:
-            e.refs += 1
-
-    def decref(self, obj_id: bytes) -> None:
-        e = self.objects.get(obj_id)
-        if e is None:
-            return
-        e.refs -= 1
-        if e.refs <= 0:
-            self.objects.pop(obj_id, None)
-            if e.sent_to and not self.closed:
-                self._submit(self._send_free, obj_id, e.sent_to)
-
-    def _send_free(self, obj_id: bytes, conns) -> None:
-        for conn in conns:
-            if not conn.closed:
-                conn.send_msg(protocol.FREE, 0, [obj_id])
+        return self.store.new_ref(origin)
 
     def put(self, value) -> ObjectRef:
         self._check_open()
-        if isinstance(value, ObjectRef):
-            raise TypeError("ddlf.put() of an ObjectRef is not allowed: pass the ref itself")
-        # put() snapshots the value, as Ray's does: later changes to the caller's array
-        # must not leak into what workers receive. Large buffers are copied into shared
-        # memory instead (that copy is the snapshot), unless it is off or full.
-        segs, contained = dumps_with_refs(value)
-        segs = shm_store.store(segs) or snapshot(segs)
-        ref = self.new_ref()
-        e = self.objects[ref.id]
-        e.segments = segs
-        e.contained = contained or None
-        e.state = OK
-        return ref
+        return self.store.put(value)
 
     def adopt(self, obj_id: bytes, state: int, segments) -> ObjectRef:
-        """A ref of this core for an object another process shipped with a value.
+        """A ref of this core for an object another process shipped with a value."""
+        return self.store.adopt(obj_id, state, segments)
 
-        The copy lives here until the last local ref is dropped, whatever its sender
-        does meanwhile (the sender may exit: Ray's borrowers keep objects alive too).
-        """
-        if obj_id not in self.objects:
-            e = self.objects[obj_id] = _Entry()
-            e.segments = segments
-            e.state = state
-        return ObjectRef(obj_id, self)
-
-    def _resolve_known(self, obj_id: bytes):
-        return ObjectRef(obj_id, self) if obj_id in self.objects else None
-
-    def _complete(self, obj_id: bytes, state: int, segments=None, value=None,
-                  contained=None) -> None:
-        e = self.objects.get(obj_id)
-        if e is None:
-            return  # the caller dropped every ref to it
-        e.segments = segments
-        if contained:
-            e.contained = contained
-        if state == LOCAL_ERR:
-            e.value = value
-        with self._cb_lock:
-            e.state = state
-            callbacks, e.callbacks = e.callbacks, None
-        if callbacks:
-            for cb in callbacks:
-                try:
-                    cb()
-                except Exception:
-                    log.exception("error in an ObjectRef callback")
-        if self.waiters:
-            with self.cond:
-                self.cond.notify_all()
-
-    def _fail(self, obj_id: bytes, exc: BaseException) -> None:
-        self._complete(obj_id, LOCAL_ERR, value=exc)
-
-    def _copy_outcome(self, obj_id: bytes, src: _Entry) -> None:
-        self._complete(obj_id, src.state, src.segments, src.value)
-
-    def _complete_result(self, obj_id: bytes, kind: int, segs) -> None:
-        """Record a RESULT_* frame (on the I/O thread)."""
-        if kind == protocol.RESULT_OK or kind == protocol.RESULT_MULTI:
-            self._complete(obj_id, OK, segs[1:])  # RESULT_MULTI: split by _split_returns
-        elif kind == protocol.RESULT_REFS:
-            try:
-                contained, rest = unbundle_refs(self, segs[1:])
-            except Exception as e:
-                self._fail(obj_id, DDLFError(f"a result carrying ObjectRefs was malformed: {e!r}"))
-                return
-            self._complete(obj_id, OK, rest, contained=contained)
-        else:
-            self._complete(obj_id, ERR, segs[1:])
-
-    def _on_done(self, entry: _Entry, cb) -> bool:
-        """Register ``cb`` (run on the I/O thread). Return False if already done."""
-        with self._cb_lock:
-            if entry.state != PENDING:
-                return False
-            if entry.callbacks is None:
-                entry.callbacks = []
-            entry.callbacks.append(cb)
-            return True
-
-    def _entry(self, ref) -> _Entry:
-        if type(ref) is ForeignObjectRef:
-            raise ref._error()
-        if not isinstance(ref, ObjectRef):
-            raise TypeError(f"expected an ObjectRef, got {type(ref).__name__}: {ref!r}")
-        if ref._core is not self:
-            raise DDLFError(f"{ref!r} belongs to an earlier ddlf session that was shut down")
-        e = self.objects.get(ref.id)
-        if e is None:
-            raise DDLFError(f"{ref!r} is unknown to this process")
-        return e
-
-    def _value(self, e: _Entry):
-        state = e.state
-        if state == OK:
-            if not e.has_value:
-                if e.contained:
-                    with resolving_refs(self._resolve_known):
-                        e.value = loads(e.segments)
-                else:
-                    e.value = loads(e.segments)
-                e.has_value = True
-            return e.value
-        if state == ERR:
-            raise decode_error(e.segments)
-        raise e.value
-
-    # -- get / wait / await ----------------------------------------------------------------
     def get(self, refs, timeout: float | None = None):
-        entries = [self._entry(r) for r in refs]
-        if any(e.state == PENDING for e in entries):
-            lent = self._lend_cpu()
-            try:
-                self._wait_until(lambda: all(e.state != PENDING for e in entries), timeout,
-                                 lambda: sum(e.state == PENDING for e in entries), len(entries))
-            finally:
-                if lent:
-                    self._take_cpu_back()
-        return [self._value(e) for e in entries]
+        return self.store.get(refs, timeout)
+
+    def wait(self, refs, num_returns: int, timeout: float | None):
+        return self.store.wait(refs, num_returns, timeout)
+
+    async def await_ref(self, ref):
+        return await self.store.await_ref(ref)
+
+    def concurrent_future(self, ref):
+        return self.store.concurrent_future(ref)
 
     def _lend_cpu(self) -> bool:
         """In a task about to wait: let the head lend its resources to other work.
@@ -384,92 +223,18 @@ class Core:
         """
         if not context.running_task() or self.head is None or context.current is None:
             return False
-        self._submit(self._push_head, "task_blocked", {"worker_id": context.current.worker_id})
+        self.submit_io(self._push_head, "task_blocked", {"worker_id": context.current.worker_id})
         return True
 
     def _take_cpu_back(self) -> None:
         # As in Ray, the task resumes at once; its node may run over its CPU count until
         # the work started meanwhile finishes.
-        self._submit(self._push_head, "task_unblocked",
-                     {"worker_id": context.current.worker_id})
+        self.submit_io(self._push_head, "task_unblocked",
+                       {"worker_id": context.current.worker_id})
 
     def _push_head(self, event, data) -> None:
         if self.head is not None and not self.head.closed:
             rpc.push(self.head, event, data)
-
-    def wait(self, refs, num_returns: int, timeout: float | None):
-        # A streaming generator is ready when next() on it would not block (Ray's rule).
-        entries = [r if type(r) is ObjectRefGenerator else self._entry(r) for r in refs]
-
-        def ready(e) -> bool:
-            return e._settled() if type(e) is ObjectRefGenerator else e.state != PENDING
-
-        def enough():
-            return sum(ready(e) for e in entries) >= num_returns
-
-        if not enough():
-            lent = self._lend_cpu()
-            try:
-                self._wait_until(enough, timeout, None, 0)
-            except GetTimeoutError:
-                pass
-            finally:
-                if lent:
-                    self._take_cpu_back()
-        ready_refs, not_ready = [], []
-        for r, e in zip(refs, entries):
-            (ready_refs if ready(e) and len(ready_refs) < num_returns else not_ready).append(r)
-        return ready_refs, not_ready
-
-    def _wait_until(self, predicate, timeout, pending_count, total) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self.cond:
-            self.waiters += 1
-            try:
-                while not predicate():
-                    if self.closed:
-                        raise DDLFError("DDLF was shut down while waiting for results")
-                    if deadline is None:
-                        self.cond.wait(1.0)
-                    else:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            n = pending_count() if pending_count else 0
-                            raise GetTimeoutError(
-                                f"ddlf.get timed out after {timeout} s with {n} of {total} "
-                                "objects still pending")
-                        self.cond.wait(min(left, 1.0))
-            finally:
-                self.waiters -= 1
-
-    async def await_ref(self, ref):
-        e = self._entry(ref)
-        if e.state == PENDING:
-            loop = asyncio.get_running_loop()
-            fut = loop.create_future()
-
-            def wake():
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
-
-            if self._on_done(e, wake):
-                await fut
-        return self._value(e)
-
-    def concurrent_future(self, ref):
-        import concurrent.futures
-
-        f = concurrent.futures.Future()
-        e = self._entry(ref)
-
-        def settle():
-            try:
-                f.set_result(self._value(e))
-            except BaseException as exc:
-                f.set_exception(exc)
-
-        if not self._on_done(e, settle):
-            settle()
-        return f
 
     # -- actors ----------------------------------------------------------------------------
     def create_actor(self, actor_id: str, spec: ActorSpec, args, kwargs, options: dict) -> None:
@@ -485,10 +250,10 @@ class Core:
                 f"actor {spec.class_name} asks for {demand}, more than any node has "
                 f"(nodes: {self.node_totals}). Lower its num_cpus/resources, or add a node.")
         env = runtime_env.for_call(self, options.get("runtime_env"))
-        args, kwargs, refs = _split_refs(args, kwargs)
+        args, kwargs, refs = split_refs(args, kwargs)
         args_segments, nested = dumps_with_refs((args, kwargs))
         args_segments = [bytes(s) for s in args_segments]
-        refs = _with_nested(refs, nested)
+        refs = with_nested(refs, nested)
         wire = {
             "actor_id": actor_id, "class_name": spec.class_name,
             "class_segments": spec.class_segments, "args_segments": args_segments,
@@ -504,9 +269,9 @@ class Core:
             # As in Ray, a name belongs to the actor once .remote() returns: reserve it
             # now, so a duplicate fails here and get_actor(name) works right away.
             self.head_call("reserve_name", wire["name"], actor_id, spec.class_name, spec.methods)
-        client = _ActorClient(self, actor_id, spec.class_name)
+        client = ActorClient(self, actor_id, spec.class_name)
         self.actors[actor_id] = client
-        self._submit(client.create, wire, refs)
+        self.submit_io(client.create, wire, refs)
 
     def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs,
                           num_returns: int | str = 1, backpressure: int = -1):
@@ -517,13 +282,13 @@ class Core:
         what = f"{class_name}.{method}"
         nret = _check_num_returns(num_returns, what)
         backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
-        args, kwargs, refs = _split_refs(args, kwargs)
+        args, kwargs, refs = split_refs(args, kwargs)
         body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
         payload, nested = dumps_with_refs(body)
-        refs = _with_nested(refs, nested)
-        ref = self.new_ref(actor_id)
+        refs = with_nested(refs, nested)
+        ref = self.store.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
-        self._submit(self._route_call, actor_id, class_name, ref.id, payload, refs)
+        self.submit_io(self._route_call, actor_id, class_name, ref.id, payload, refs)
         return out
 
     def _returns(self, ref: ObjectRef, nret, backpressure: int):
@@ -531,172 +296,15 @@ class Core:
         if nret == 1:
             return ref
         if type(nret) is int:
-            return self._split_returns(ref, nret)
-        stream = Stream(ref.id, nret, backpressure if nret == STREAMING else -1)
-        # The stream keeps the call's ref (so its entry, and the callback below) alive until
-        # the call ends, whatever the caller drops meanwhile.
-        stream.call_ref = ObjectRef(ref.id, self)
-        self.streams[ref.id] = stream
-        # Whatever settles the call's ref (the end frame, a lost worker, a failed
-        # dependency) ends the stream.
-        self._on_done(self.objects[ref.id], lambda: self._stream_closed(stream))
-        return ObjectRefGenerator(ref, stream, self) if nret == STREAMING else ref
-
-    # -- generator calls (see generators.py) ------------------------------------------------
-    def _stream_frame(self, conn, kind: int, msg_id: int, obj_id: bytes, segs) -> None:
-        """A STREAM_ITEM or STREAM_END frame of the generator call ``obj_id`` (I/O thread)."""
-        stream = self.streams.get(obj_id)
-        if kind == protocol.STREAM_END:
-            if stream is not None:
-                self._stream_end(stream)
-            return
-        try:
-            index, item_kind = _ITEM.unpack(segs[1])
-        except Exception:
-            conn.abort()   # a malformed frame: this connection cannot be trusted further
-            return
-        item = [None, *segs[2:]]
-        if item_kind == protocol.RESULT_SHM:
-            # Mapped (and acknowledged) even when discarded, so the worker unpins it.
-            item_kind, item = shm_store.client_frame(conn, item_kind, item)
-        if stream is None:
-            return
-        if stream.released:
-            # The caller dropped the generator: its items are discarded, as in Ray, and a
-            # paused generator (this run, or a retried one) is told to go on to its end.
-            if stream.limit > 0 and conn is not stream.conn:
-                stream.conn, stream.msg_id = conn, msg_id
-                self._send_credit(stream)
-            return
-        stream.conn, stream.msg_id = conn, msg_id
-        if index < len(stream.items):
-            # A retried call replays what it yielded before: keep the first copies, and
-            # tell the new run how far the caller has got.
-            if stream.limit > 0 and stream.consumed:
-                self._send_credit(stream)
-            return
-        if index != len(stream.items) or item_kind not in (
-                protocol.RESULT_OK, protocol.RESULT_REFS, protocol.RESULT_ERR):
-            conn.abort()
-            return
-        ref = self.new_ref()
-        self._complete_result(ref.id, item_kind, item)
-        with self._cb_lock:
-            stream.items.append(ref)
-        self._stream_changed(stream)
-
-    def _stream_end(self, stream: Stream) -> None:
-        self.streams.pop(stream.parent_id, None)
-        if stream.mode == DYNAMIC:
-            segs, contained = dumps_with_refs(DynamicObjectRefGenerator(stream.items))
-            self._complete(stream.parent_id, OK, segs, contained=contained)
-        else:
-            self._complete(stream.parent_id, OK, _NONE)
-
-    def _stream_closed(self, stream: Stream) -> None:
-        self.streams.pop(stream.parent_id, None)
-        self._stream_changed(stream, ended=True)
-        stream.call_ref = None
-
-    def _stream_changed(self, stream: Stream, ended: bool = False) -> None:
-        with self._cb_lock:
-            if ended:
-                stream.ended = True
-            wakers, stream.wakers = stream.wakers, []
-        for wake in wakers:
-            try:
-                wake()
-            except Exception:
-                log.exception("error waking a generator's reader")
-        if self.waiters:
-            with self.cond:
-                self.cond.notify_all()
-
-    def wait_stream(self, predicate, timeout: float | None) -> None:
-        """Block a user thread until ``predicate()`` (a stream changed) or ``timeout``."""
-        lent = self._lend_cpu()
-        try:
-            self._wait_until(predicate, timeout, None, 0)
-        except GetTimeoutError:
-            pass
-        finally:
-            if lent:
-                self._take_cpu_back()
-
-    def failed(self, ref: ObjectRef) -> bool:
-        e = self.objects.get(ref.id)
-        return e is not None and e.state != PENDING and e.state != OK
-
-    def stream_consumed(self, stream: Stream, count: int) -> None:
-        """The caller took ``count`` refs so far: under backpressure, let the worker go on."""
-        stream.consumed = count
-        if stream.limit > 0 and not stream.released:
-            self._submit(self._send_credit, stream)
-
-    def stream_dropped(self, stream: Stream) -> None:
-        """The ObjectRefGenerator is gone: discard later items, lift the backpressure (the
-        generator runs to its end, as in Ray)."""
-        if self.closed or stream.ended:
-            return
-        stream.released = True
-        self._submit(self._release_stream, stream)
-
-    def _release_stream(self, stream: Stream) -> None:
-        if stream.limit > 0:
-            self._send_credit(stream)   # or at its next item, if none has come yet
-
-    def _send_credit(self, stream: Stream) -> None:
-        conn = stream.conn
-        if conn is not None and not conn.closed:
-            credit = -1 if stream.released else stream.consumed
-            conn.send_msg(protocol.STREAM_ITEM, stream.msg_id, [_CREDIT.pack(credit)])
-
-    def _split_returns(self, parent: ObjectRef, nret: int) -> list:
-        """``nret`` refs completed from the RESULT_MULTI that will settle ``parent``.
-
-        Every failure path (dead actor, lost worker, failed dependency) settles the one
-        parent entry, and its error is copied to each ref here.
-        """
-        children = [self.new_ref() for _ in range(nret)]
-        ids = [c.id for c in children]
-        for obj_id in ids:
-            self.objects[obj_id].origin = parent.id
-
-        def split():
-            e = self.objects.get(parent.id)
-            if e is None:
-                return
-            if e.state != OK:
-                for obj_id in ids:
-                    self._copy_outcome(obj_id, e)
-                return
-            try:
-                index = pickle.loads(e.segments[0])
-                pos = 1
-                for obj_id, (kind, n) in zip(ids, index):
-                    self._complete_result(obj_id, kind, [None, *e.segments[pos:pos + n]])
-                    pos += n
-            except Exception as exc:
-                for obj_id in ids:
-                    self._fail(obj_id, DDLFError(f"a num_returns result was malformed: {exc!r}"))
-            self.objects.pop(parent.id, None)  # its segments now live in the children
-
-        holder = [parent]  # keeps the parent entry until split() has run
-
-        def run():
-            split()
-            holder.clear()
-
-        if not self._on_done(self.objects[parent.id], run):
-            run()
-        return children
+            return self.store.split_returns(ref, nret)
+        return self.streams.open(ref, nret, backpressure)
 
     def _route_call(self, actor_id, class_name, obj_id, payload, refs):
         client = self.actors.get(actor_id)
         if client is None:
-            client = self.actors[actor_id] = _ActorClient(self, actor_id, class_name)
+            client = self.actors[actor_id] = ActorClient(self, actor_id, class_name)
             client.resolve(0)
-        client.enqueue(_Call(obj_id, payload, refs))
+        client.enqueue(ActorCall(obj_id, payload, refs))
 
     def kill_actor(self, actor_id: str, no_restart: bool = True) -> None:
         self.head_call("kill_actor", actor_id, no_restart)
@@ -705,7 +313,7 @@ class Core:
             # after kill() could still reach the old process over our open connection.
             # Looked up on the I/O thread, after calls submitted before kill() have been
             # routed (which may create the client).
-            self._submit(self._killed_here, actor_id)
+            self.submit_io(self._killed_here, actor_id)
 
     def _killed_here(self, actor_id: str) -> None:
         client = self.actors.get(actor_id)
@@ -720,7 +328,7 @@ class Core:
         and a ref received from another process (a copy of a value) are left alone.
         """
         self._check_open()
-        e = self._entry(ref)
+        e = self.store.entry(ref)
         origin = e.origin
         if type(origin) is bytes:   # one of num_returns refs: cancel the call itself
             parent = self.objects.get(origin)
@@ -732,7 +340,7 @@ class Core:
                 "ddlf.kill(actor)")
         if origin is None or e.state != PENDING:
             return
-        self._submit(self.cancel_ids, [ref.id], force, recursive)
+        self.submit_io(self.cancel_ids, [ref.id], force, recursive)
 
     def cancel_ids(self, ids, force: bool, recursive: bool) -> None:
         """On the I/O thread: cancel the calls computing these objects, where still pending."""
@@ -766,10 +374,6 @@ class Core:
         except Exception as e:
             log.debug("could not cancel child calls: %s", e)
 
-    def _cancelled(self, obj_id: bytes, what: str) -> None:
-        self._fail(obj_id, TaskCancelledError(
-            f"{what} was cancelled with ddlf.cancel() before it ran"))
-
     # -- tasks -----------------------------------------------------------------------------
     def submit_task(self, fn_id: bytes, fn_segments: list, fn_name: str, args, kwargs,
                     options: dict) -> ObjectRef:
@@ -791,30 +395,30 @@ class Core:
         backpressure = check_backpressure(
             options.get("_generator_backpressure_num_objects", -1), fn_name
         ) if nret == STREAMING else -1
-        args, kwargs, refs = _split_refs(args, kwargs)
+        args, kwargs, refs = split_refs(args, kwargs)
         body = (fn_id, fn_name, self.job_id, args, kwargs)
         if group is not None:
             body = (*body, nret, backpressure, group)
         elif nret != 1:
             body = (*body, nret, backpressure)
         payload, nested = dumps_with_refs(body)
-        refs = _with_nested(refs, nested)
+        refs = with_nested(refs, nested)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
         key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
-        ref = self.new_ref(key)
+        ref = self.store.new_ref(key)
         out = self._returns(ref, nret, backpressure)
-        task = _Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
-                     int(options.get("max_retries", 3)))
+        task = Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
+                    int(options.get("max_retries", 3)))
         retry_exc = options.get("retry_exceptions")
         if retry_exc:
             task.retry_exc = True if retry_exc is True else tuple(retry_exc)
-        self._submit(self._route_task, key, demand, task, sched, env)
+        self.submit_io(self._route_task, key, demand, task, sched, env)
         return out
 
     def _route_task(self, key, demand, task, sched=None, env=None):
         pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[key] = _TaskPool(self, demand, sched, env)
+            pool = self.pools[key] = TaskPool(self, demand, sched, env)
         pool.add(task)
 
     # -- refs settled by the I/O loop ------------------------------------------------------
@@ -829,14 +433,14 @@ class Core:
             try:
                 value = await make_coro()
             except BaseException as e:
-                self._fail(obj_id, e)
+                self.store.fail(obj_id, e)
                 return
             try:
-                self._complete(obj_id, OK, dumps(value))
+                self.store.complete(obj_id, OK, dumps(value))
             except BaseException as e:
-                self._fail(obj_id, e)
+                self.store.fail(obj_id, e)
 
-        self._submit(lambda: self.background.spawn(run()))
+        self.submit_io(lambda: self.background.spawn(run()))
         return ref
 
     # -- shutdown --------------------------------------------------------------------------
@@ -863,8 +467,7 @@ class Core:
         except Exception as e:
             log.debug("error while closing: %s", e)
         self.closed = True
-        with self.cond:
-            self.cond.notify_all()
+        self.store.close()
         self.io.stop()
         shm_store.release_all()
 
@@ -878,11 +481,6 @@ class Core:
         oob.close_driver_server(self)
         self.background.close()
         await asyncio.sleep(0)
-
-
-_ITEM = protocol.STREAM_ITEM_HEAD
-_CREDIT = protocol.STREAM_CREDIT
-_NONE = dumps(None)   # the value of a streaming call's own ref once it has ended
 
 
 def _check_num_returns(n, what: str) -> int | str:
@@ -928,710 +526,6 @@ def _sched_key(sched: dict | None) -> tuple:
 
 def _fits(demand: dict, total: dict) -> bool:
     return all(total.get(k, 0.0) + 1e-9 >= v for k, v in demand.items())
-
-
-def _with_nested(refs, nested):
-    """Top-level refs plus refs found nested in the arguments (shipped, not replaced)."""
-    if not nested:
-        return refs
-    return (refs or []) + nested
-
-
-def _ship_deps(core: Core, conn, refs) -> None:
-    """Send each dependency's value on ``conn`` unless it was sent there already; the
-    objects a value contains go first, so the callee has them when it unpickles it."""
-    for ref in refs:
-        e = core.objects.get(ref.id)
-        if e is None:
-            continue
-        if e.sent_to is None:
-            e.sent_to = set()
-        if conn not in e.sent_to:
-            if e.contained:
-                _ship_deps(core, conn, e.contained)
-            if not shm_store.ship(conn, ref.id, e.segments):
-                conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
-            e.sent_to.add(conn)
-
-
-def _deps_objects(core: Core, refs, out: dict) -> dict:
-    """id -> segments of ``refs`` and of the objects their values contain (actor creation
-    ships them inside the request rather than as ``OBJ`` frames)."""
-    for ref in refs:
-        e = core.objects.get(ref.id)
-        if e is None or ref.id in out:
-            continue
-        if e.contained:
-            _deps_objects(core, e.contained, out)
-        out[ref.id] = e.segments
-    return out
-
-
-def _deps_state(core: Core, refs):
-    """Return (pending_entry, failed_entry) for the first dependency not yet ready/ok."""
-    for ref in refs:
-        e = core.objects.get(ref.id)
-        if e is None:
-            continue
-        if e.state == PENDING:
-            return e, None
-        if e.state != OK:
-            return None, e
-        if e.contained:
-            pending, failed = _deps_state(core, e.contained)
-            if pending is not None or failed is not None:
-                return pending, failed
-    return None, None
-
-
-def bundle_refs(refs, segs) -> list:
-    """RESULT_REFS segments: a value's segments preceded by the objects it refers to.
-
-    Runs where the value was made (a worker), once each ref is settled. Objects inside
-    those objects go first (a returned ref to a ``put`` of refs). A ref whose object
-    failed travels as its error, so ``get`` on it raises that error at the caller; one
-    unknown here arrives as a ``ForeignObjectRef``.
-    """
-    index, body, seen = [], [], set()
-
-    def visit(ref):
-        if ref.id in seen or ref._core is None:
-            return
-        seen.add(ref.id)
-        e = ref._core.objects.get(ref.id)
-        if e is None or e.state == PENDING:
-            return
-        for inner in e.contained or ():
-            visit(inner)
-        if e.state == OK:
-            state, obj = OK, e.segments
-        elif e.state == ERR:
-            state, obj = ERR, e.segments
-        else:
-            state, obj = ERR, encode_error(e.value, "a returned ObjectRef")
-        index.append((ref.id, state, len(obj)))
-        body.extend(obj)
-
-    for r in refs:
-        visit(r)
-    return [pickle.dumps(index, protocol=5), *body, *segs]
-
-
-def unbundle_refs(core: Core, segs):
-    """Adopt the objects of a RESULT_REFS body; return (their refs, the value's segments)."""
-    index = pickle.loads(segs[0])
-    pos = 1
-    contained = []
-    for obj_id, state, n in index:
-        if state not in (OK, ERR) or n < 0 or pos + n > len(segs):
-            raise ValueError("bad object index")
-        contained.append(core.adopt(bytes(obj_id), state, segs[pos:pos + n]))
-        pos += n
-    return contained, segs[pos:]
-
-
-class _Call:
-    __slots__ = ("obj_id", "payload", "refs", "retries")
-
-    def __init__(self, obj_id, payload, refs):
-        self.obj_id = obj_id
-        self.payload = payload
-        self.refs = refs
-        self.retries = None   # set from the actor's max_task_retries when first sent
-
-
-class _ActorClient:
-    """The caller's side of one actor: resolution, connection, ordered queue, in-flight calls."""
-
-    def __init__(self, core: Core, actor_id: str, class_name: str):
-        self.core = core
-        self.actor_id = actor_id
-        self.class_name = class_name
-        self.state = "resolving"   # resolving | ready | dead
-        self.conn = None
-        self.queue: collections.deque = collections.deque()
-        # msg id -> object id, or the _Call itself when the actor retries calls
-        # (max_task_retries): only then is the payload kept until the reply.
-        self.inflight: dict[int, object] = {}
-        self.max_task_retries = 0
-        self.epoch = 0
-        self.dead_error: BaseException | None = None
-        self.blocked = False
-        self.cancelled: set = set()   # object ids of in-flight calls asked to cancel
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    def create(self, wire: dict, refs) -> None:
-        self.core.background.spawn(self._create(wire, refs))
-
-    async def _create(self, wire, refs):
-        try:
-            if refs:
-                await self._await_refs(refs)
-                _, failed = _deps_state(self.core, refs)
-                if failed is not None:
-                    self._die_with(self._dep_error(failed))
-                    self._release_name(wire)
-                    return
-                wire["objects"] = _deps_objects(self.core, refs, {})
-            view = await rpc.call(self.core.head, "create_actor", wire)
-        except Exception as e:
-            self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
-            self._release_name(wire)
-            return
-        if self.state == "dead" and view.get("state") != "DEAD":
-            # ddlf.kill() ran while the arguments were pending: the head did not know
-            # the actor yet, so the kill must follow the creation.
-            try:
-                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
-            except Exception as e:
-                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
-            return
-        await self._apply(view)
-
-    def _release_name(self, wire: dict) -> None:
-        """Give back a name reserved at .remote() for an actor that was never created."""
-        if wire.get("name") and self.core.head is not None and not self.core.head.closed:
-            rpc.push(self.core.head, "release_name", {"actor_id": self.actor_id})
-
-    async def _await_refs(self, refs):
-        for r in refs:
-            e = self.core.objects.get(r.id)
-            if e is not None and e.state == PENDING:
-                fut = self.core.loop.create_future()
-                if self.core._on_done(e, lambda f=fut: f.done() or f.set_result(None)):
-                    await fut
-
-    def _dep_error(self, e: _Entry) -> BaseException:
-        try:
-            self.core._value(e)
-        except BaseException as exc:
-            return exc
-        return DDLFError("dependency failed")
-
-    def resolve(self, after_epoch: int) -> None:
-        self.state = "resolving"
-        self.core.background.spawn(self._resolve(after_epoch))
-
-    async def _resolve(self, after_epoch):
-        for _attempt in range(1000):
-            try:
-                view = await rpc.call(self.core.head, "wait_actor", self.actor_id, after_epoch)
-            except Exception as e:
-                self._die_with(ActorDiedError(
-                    f"actor {self.class_name} ({self.actor_id}) is unreachable: the head did not "
-                    f"answer ({e})"))
-                return
-            if view["state"] == "ALIVE" or view["state"] == "DEAD":
-                await self._apply(view)
-                return
-
-    async def _apply(self, view: dict) -> None:
-        if view["state"] == "DEAD":
-            self._die_with(self._death_error(view))
-            return
-        if view["state"] != "ALIVE":
-            self.resolve(self.epoch)
-            return
-        self.epoch = view["epoch"]
-        self.max_task_retries = view.get("max_task_retries") or 0
-        host, port = split_address(view["address"])
-        for attempt in range(config.ACTOR_CONNECT_TRIES):
-            try:
-                conn = await connect(host, port, self.core.token, self)
-                break
-            except (OSError, asyncio.TimeoutError, DDLFError) as e:
-                last = e
-                await asyncio.sleep(0.05 * (attempt + 1))
-        else:
-            log.debug("could not reach actor %s at %s: %s", self.actor_id, view["address"], last)
-            self.resolve(self.epoch)
-            return
-        conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
-        await shm_store.wait_hello(conn)
-        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
-            conn.close()
-            return
-        if conn.closed:   # it went away while answering our hello
-            self.resolve(self.epoch)
-            return
-        self.conn = conn
-        self.state = "ready"
-        self.pump()
-
-    def _death_error(self, view: dict) -> BaseException:
-        err = view.get("error") or {}
-        reason = err.get("reason") or "it died"
-        cause = None
-        if err.get("creation_error"):
-            try:
-                cause = decode_error(err["creation_error"])
-                reason = f"{reason}:\n{cause}"
-            except Exception as e:
-                reason = f"{reason} (its error could not be loaded here: {e})"
-        if err.get("unschedulable"):
-            return UnschedulableError(reason)
-        if err.get("pg_removed"):
-            return ActorPlacementGroupRemovedError(
-                f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
-        return ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
-
-    def _die_with(self, exc: BaseException) -> None:
-        self.state = "dead"
-        self.dead_error = exc
-        while self.queue:
-            self.core._fail(self.queue.popleft().obj_id, exc)
-
-    def killed(self) -> None:
-        """ddlf.kill() from this process: fail queued, in-flight and later calls now."""
-        err = ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: "
-                             "it was killed with ddlf.kill()")
-        self._die_with(err)
-        if self.conn is not None:
-            self.conn.abort(err)
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-
-    # -- calls -------------------------------------------------------------------------------
-    def enqueue(self, call: _Call) -> None:
-        if self.state == "dead":
-            self.core._fail(call.obj_id, self.dead_error)
-            return
-        self.queue.append(call)
-        if self.state == "ready" and not self.blocked:
-            self.pump()
-
-    def pump(self) -> None:
-        core = self.core
-        conn = self.conn
-        queue = self.queue
-        inflight = self.inflight
-        while queue and self.state == "ready":
-            call = queue[0]
-            if call.refs:
-                pending, failed = _deps_state(core, call.refs)
-                if pending is not None:
-                    # Head-of-line wait keeps calls from one caller in submission order.
-                    self.blocked = True
-                    if not core._on_done(pending, self._unblock):
-                        self.blocked = False
-                        continue
-                    return
-                if failed is not None:
-                    queue.popleft()
-                    core._copy_outcome(call.obj_id, failed)
-                    continue
-                _ship_deps(core, conn, call.refs)
-            queue.popleft()
-            msg_id = next(core._msg_ids)
-            if self.max_task_retries:
-                if call.retries is None:
-                    call.retries = self.max_task_retries
-                inflight[msg_id] = call
-            else:
-                inflight[msg_id] = call.obj_id
-            conn.send_msg(protocol.CALL, msg_id, call.payload)
-
-    def _unblock(self):
-        self.blocked = False
-        self.pump()
-
-    def cancel(self, obj_id: bytes, recursive: bool) -> None:
-        """Drop a queued call, or ask the actor to cancel one it has (queued or running)."""
-        for i, call in enumerate(self.queue):
-            if call.obj_id == obj_id:
-                del self.queue[i]
-                self.core._cancelled(obj_id, f"a call to actor {self.class_name}")
-                if i == 0 and self.blocked:
-                    # It held the queue waiting for its arguments: let the next one go.
-                    self.blocked = False
-                    if self.state == "ready":
-                        self.pump()
-                return
-        for msg_id, call in self.inflight.items():
-            if (call.obj_id if isinstance(call, _Call) else call) == obj_id:
-                if isinstance(call, _Call):
-                    call.retries = 0   # as in Ray, a cancelled call is never retried
-                self.cancelled.add(obj_id)
-                if self.conn is not None and not self.conn.closed:
-                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
-                    self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
-                return
-
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.PUSH:
-            event, data = loads(segs[1:])
-            if event != "exiting":
-                shm_store.client_frame(conn, kind, segs)   # the worker's hello
-                return
-            if conn is self.conn:
-                # The actor called sys.exit/exit_actor: its replies so far still arrive
-                # here, but later calls wait for the head's next view of the actor
-                # (restarted or dead), resolved when this connection closes.
-                self.state = "resolving"
-                if data.get("status") and data.get("msg_id") in self.inflight:
-                    # A crash (non-zero exit) in a call the actor may retry: retry it
-                    # on the restarted actor instead of taking the exit's error reply.
-                    call = self.inflight[data["msg_id"]]
-                    if isinstance(call, _Call) and call.retries != 0:
-                        del self.inflight[data["msg_id"]]
-                        self._retry([call])
-            return
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
-                msg_id, None)
-            if entry is not None:
-                self.core._stream_frame(conn, kind, msg_id, entry.obj_id if isinstance(
-                    entry, _Call) else entry, segs)
-            return
-        if kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
-        entry = self.inflight.pop(msg_id, None)
-        if entry is None:
-            return
-        obj_id = entry.obj_id if isinstance(entry, _Call) else entry
-        if self.cancelled:
-            self.cancelled.discard(obj_id)
-        self.core._complete_result(obj_id, kind, segs)
-
-    def _retry(self, calls) -> None:
-        """Queue calls lost with the actor's process again, ahead of newer ones."""
-        for call in calls:
-            if call.retries > 0:
-                call.retries -= 1
-        self.queue.extendleft(reversed(calls))
-
-    def connection_closed(self, conn, exc):
-        if conn is not self.conn:
-            return
-        self.conn = None
-        inflight, self.inflight = self.inflight, {}
-        if self.core.closed:
-            return
-        retry = [c for c in inflight.values() if isinstance(c, _Call) and c.retries != 0]
-        # Chosen before _retry counts the attempt down: max_task_retries=1 retries once.
-        lost = [c for c in inflight.values() if not (isinstance(c, _Call) and c.retries != 0)]
-        if retry:
-            self._retry(retry)
-        if lost:
-            why = str(exc) if isinstance(exc, ActorDiedError) else (
-                "its connection closed (the process exited or was killed)")
-            err = ActorDiedError(
-                f"actor {self.class_name} ({self.actor_id}) died while running this call: {why}")
-            cancelled, self.cancelled = self.cancelled, set()
-            for c in lost:
-                obj_id = c.obj_id if isinstance(c, _Call) else c
-                if obj_id in cancelled:
-                    self.core._fail(obj_id, TaskCancelledError(
-                        f"a call to actor {self.class_name} ({self.actor_id}) was cancelled "
-                        f"with ddlf.cancel(), and the actor's process then went away: {why}"))
-                else:
-                    self.core._fail(obj_id, err)
-        if self.state != "dead":
-            self.resolve(self.epoch)
-
-
-class _Task:
-    __slots__ = ("obj_id", "fn_id", "fn_segments", "fn_name", "payload", "refs", "retries",
-                 "retry_exc", "cancelled")
-
-    def __init__(self, obj_id, fn_id, fn_segments, fn_name, payload, refs, retries):
-        self.obj_id = obj_id
-        self.fn_id = fn_id
-        self.fn_segments = fn_segments
-        self.fn_name = fn_name
-        self.payload = payload
-        self.refs = refs
-        self.retries = retries
-        self.retry_exc = None     # retry_exceptions: True, or a tuple of exception classes
-        self.cancelled = False
-
-
-class _Lease:
-    __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer",
-                 "force_cancel")
-
-    def __init__(self, lease_id, worker_id, node_id, conn):
-        self.lease_id = lease_id
-        self.worker_id = worker_id
-        self.node_id = node_id
-        self.conn = conn
-        self.inflight: dict[int, _Task] = {}
-        self.idle_timer = None
-        self.force_cancel = None   # the task cancelled with force=True: its worker may exit
-
-
-class _TaskPool:
-    """Tasks of one resource shape: a queue, and the worker leases that run them."""
-
-    def __init__(self, core: Core, demand: dict, sched: dict | None = None,
-                 runtime_env: dict | None = None):
-        self.core = core
-        self.demand = demand
-        self.sched = sched
-        self.runtime_env = runtime_env
-        self.queue: collections.deque = collections.deque()
-        self.leases: list[_Lease] = []
-        self.requesting = False
-        self.retry_after = 0.0
-        self.parked: dict[bytes, _Task] = {}   # waiting for their arguments
-
-    def add(self, task: _Task) -> None:
-        if task.refs:
-            pending, failed = _deps_state(self.core, task.refs)
-            if failed is not None:
-                self.core._copy_outcome(task.obj_id, failed)
-                return
-            if pending is not None:
-                # Tasks have no ordering promise: park this one until its inputs exist.
-                self.parked[task.obj_id] = task
-                if self.core._on_done(pending, lambda: self._unpark(task)):
-                    return
-                return self._unpark(task)
-        self.queue.append(task)
-        self.pump()
-
-    def _unpark(self, task: _Task) -> None:
-        if self.parked.pop(task.obj_id, None) is task:   # not cancelled meanwhile
-            self.add(task)
-
-    def cancel(self, obj_id: bytes, force: bool, recursive: bool) -> None:
-        """Drop a task not yet sent, or ask its worker to cancel it (queued or running)."""
-        task = self.parked.pop(obj_id, None)
-        if task is not None:
-            self.core._cancelled(obj_id, f"task {task.fn_name}")
-            return
-        for i, task in enumerate(self.queue):
-            if task.obj_id == obj_id:
-                del self.queue[i]
-                self.core._cancelled(obj_id, f"task {task.fn_name}")
-                return
-        for lease in self.leases:
-            for msg_id, task in lease.inflight.items():
-                if task.obj_id == obj_id:
-                    task.cancelled = True
-                    task.retries = 0   # as in Ray, a cancelled task is never retried
-                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
-                    if force:
-                        flags |= protocol.CANCEL_FORCE
-                        lease.force_cancel = task
-                    if not lease.conn.closed:
-                        lease.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
-                    return
-
-    def pump(self) -> None:
-        """Send queued tasks to leases.
-
-        An idle lease takes a task at once. A busy lease takes more (pipelined, up to
-        ``config.TASK_PIPELINE_DEPTH``) only once the head has said that no CPU is free: otherwise a
-        fast task could queue behind a slow one while another CPU sits idle.
-        """
-        queue = self.queue
-        while queue:
-            best = None
-            for lease in self.leases:
-                if lease.conn.closed:
-                    continue  # aborted; its connection_closed (-> lost) has not run yet
-                if best is None or len(lease.inflight) < len(best.inflight):
-                    best = lease
-            if best is None:
-                break
-            if best.inflight:
-                if not self._saturated():
-                    self._maybe_request()
-                    break
-                if len(best.inflight) >= config.TASK_PIPELINE_DEPTH:
-                    break
-            self._send(best, queue.popleft())
-        if queue and not any(not lease.conn.closed for lease in self.leases):
-            self._maybe_request()
-
-    def _saturated(self) -> bool:
-        """True while the head's last answer was "no free worker" (re-asked after a pause)."""
-        return time.monotonic() < self.retry_after
-
-    def _send(self, lease: _Lease, task: _Task) -> None:
-        conn = lease.conn
-        if lease.idle_timer is not None:
-            lease.idle_timer.cancel()
-            lease.idle_timer = None
-        sent = conn.info.get("funcs")
-        if sent is None:
-            sent = conn.info["funcs"] = set()
-        if task.fn_id not in sent:
-            conn.send_msg(protocol.FUNC, 0, [task.fn_id, *task.fn_segments])
-            sent.add(task.fn_id)
-        if task.refs:
-            _ship_deps(self.core, conn, task.refs)
-        msg_id = next(self.core._msg_ids)
-        lease.inflight[msg_id] = task
-        conn.send_msg(protocol.CALL, msg_id, task.payload)
-
-    def _maybe_request(self) -> None:
-        if self.requesting or self.core.closed:
-            return
-        self.requesting = True
-        self.core.background.spawn(self._request(wait=not self.leases))
-
-    async def _request(self, wait: bool):
-        lease = None
-        try:
-            reply = await rpc.call(self.core.head, "lease_worker", self.demand, wait, self.sched,
-                                   self.runtime_env)
-            if reply is None:
-                self.retry_after = time.monotonic() + 0.05
-                return
-            host, port = split_address(reply["address"])
-            lease = _Lease(reply["lease_id"], reply["worker_id"], reply.get("node_id"), None)
-            handler = _LeaseHandler(self, lease)
-            try:
-                lease.conn = await connect(host, port, self.core.token, handler)
-            except Exception:
-                await rpc.call(self.core.head, "return_lease", lease.lease_id)
-                raise
-            hello = {**self.core.hello, "demand": self.demand}   # get_assigned_resources
-            lease.conn.send_msg(protocol.PUSH, 0, dumps(("hello", hello)))
-            await shm_store.wait_hello(lease.conn)
-            if lease.conn.closed:   # the worker went away while answering our hello
-                await rpc.call(self.core.head, "return_lease", lease.lease_id)
-                raise DDLFError("the leased worker closed its connection")
-            self.leases.append(lease)
-        except (UnschedulableError, PlacementGroupRemovedError) as e:
-            while self.queue:
-                self.core._fail(self.queue.popleft().obj_id, e)
-        except Exception as e:
-            # With leases in hand, treat a failed request like "nothing free" so that
-            # pump() pipelines instead of asking again at once.
-            self.retry_after = time.monotonic() + 0.05
-            if not self.leases:
-                err = e if isinstance(e, DDLFError) else DDLFError(f"could not lease a worker: {e}")
-                while self.queue:
-                    self.core._fail(self.queue.popleft().obj_id, err)
-        finally:
-            self.requesting = False
-        self.pump()
-        if (lease is not None and lease in self.leases and not lease.inflight
-                and lease.idle_timer is None):
-            # It came after the queue drained: without a timer it would hold its CPU
-            # (at the head) until this process disconnects.
-            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
-
-    def task_done(self, lease: _Lease) -> None:
-        if self.queue:
-            self.pump()
-        elif not lease.inflight and lease.idle_timer is None:
-            lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
-
-    def _return(self, lease: _Lease) -> None:
-        lease.idle_timer = None
-        if lease.inflight or lease not in self.leases:
-            return
-        self.leases.remove(lease)
-        lease.conn.close()
-        self.core.background.spawn(self._return_remote(lease.lease_id))
-
-    async def _return_remote(self, lease_id):
-        try:
-            await rpc.call(self.core.head, "return_lease", lease_id)
-        except Exception:
-            pass
-
-    def lost(self, lease: _Lease) -> None:
-        if lease in self.leases:
-            self.leases.remove(lease)
-        if lease.idle_timer is not None:
-            lease.idle_timer.cancel()
-        inflight, lease.inflight = lease.inflight, {}
-        if self.core.closed:
-            return
-        retry = []
-        for task in inflight.values():
-            if task.cancelled:
-                how = ("ddlf.cancel(force=True) ended its worker process"
-                       if lease.force_cancel is task else
-                       "it was cancelled with ddlf.cancel(), then its worker process exited")
-                self.core._fail(task.obj_id, TaskCancelledError(f"task {task.fn_name}: {how}"))
-            elif lease.force_cancel is not None:
-                # Queued behind a task that ddlf.cancel(force=True) killed: not their fault.
-                retry.append(task)
-            elif task.retries != 0:   # -1: unlimited, as in Ray
-                if task.retries > 0:
-                    task.retries -= 1
-                retry.append(task)
-            else:
-                self.core._fail(task.obj_id, WorkerCrashedError(
-                    f"the worker process running task {task.fn_name} died before it finished "
-                    "(it exited, was killed, or ran out of memory)"))
-        self.queue.extendleft(reversed(retry))
-        self.pump()
-
-    def close(self):
-        for lease in self.leases:
-            if lease.idle_timer is not None:
-                lease.idle_timer.cancel()
-            if lease.conn is not None:
-                lease.conn.close()
-
-
-class _LeaseHandler:
-    __slots__ = ("pool", "lease")
-
-    def __init__(self, pool: _TaskPool, lease: _Lease):
-        self.pool = pool
-        self.lease = lease
-
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            inflight = self.lease.inflight
-            task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
-            if task is not None:
-                self.pool.core._stream_frame(conn, kind, msg_id, task.obj_id, segs)
-                if kind == protocol.STREAM_END:
-                    self.pool.task_done(self.lease)
-            return
-        if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
-        task = self.lease.inflight.pop(msg_id, None)
-        if task is None:
-            return
-        if task.cancelled and self.lease.force_cancel is task:
-            self.lease.force_cancel = None   # it ended before force could kill its worker
-        if (kind == protocol.RESULT_ERR and task.retry_exc is not None and task.retries != 0
-                and not task.cancelled and _should_retry(task.retry_exc, segs)):
-            if task.retries > 0:
-                task.retries -= 1
-            self.pool.queue.append(task)   # as in Ray, the retry may run on any worker
-            self.pool.task_done(self.lease)
-            return
-        self.pool.core._complete_result(task.obj_id, kind, segs)
-        self.pool.task_done(self.lease)
-
-    def connection_closed(self, conn, exc):
-        self.pool.lost(self.lease)
-
-
-def _should_retry(retry_exc, segs) -> bool:
-    """retry_exceptions: does the exception a task raised call for a retry?
-
-    Decided by the caller, which holds the option. An exception whose class cannot be
-    rebuilt here matches only ``retry_exceptions=True``; a cancelled task never retries.
-    """
-    try:
-        cause = decode_error(segs[1:]).cause
-    except Exception:
-        return retry_exc is True
-    if isinstance(cause, TaskCancelledError):
-        return False
-    if retry_exc is True:
-        return True
-    return cause is not None and isinstance(cause, retry_exc)
 
 
 # -- the process-wide core -----------------------------------------------------------------

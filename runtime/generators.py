@@ -27,7 +27,7 @@ class Stream:
     """One generator call's items as the caller receives them.
 
     Written by the core's I/O thread (``items``, ``ended``), read by user threads;
-    ``core._cb_lock`` orders an arrival against a waiter registering (``wakers``).
+    ``Streams.cb_lock`` (runtime/streams.py) orders an arrival against a waiter registering (``wakers``).
     """
 
     __slots__ = ("parent_id", "mode", "items", "ended", "limit", "consumed", "conn",
@@ -59,10 +59,10 @@ class ObjectRefGenerator:
     ``ddlf.wait([gen])`` treats ``gen`` as ready when ``next(gen)`` would not block.
     """
 
-    def __init__(self, generator_ref, stream: Stream, core):
+    def __init__(self, generator_ref, stream: Stream, streams):
         self._generator_ref = generator_ref
         self._stream = stream
-        self._core = core
+        self._streams = streams   # runtime/streams.py's Streams of the owning core
         self._next = 0
         self._error_given = False
 
@@ -79,7 +79,7 @@ class ObjectRefGenerator:
         Raises ``StopIteration`` at the end of the stream.
         """
         if not self._settled():
-            self._core.wait_stream(self._settled, timeout_s)
+            self._streams.wait_stream(self._settled, timeout_s)
             if not self._settled():
                 return None
         return self._take()
@@ -95,7 +95,7 @@ class ObjectRefGenerator:
             def wake(fut=fut):
                 loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
 
-            with self._core._cb_lock:
+            with self._streams.cb_lock:
                 if not self._settled():
                     self._stream.wakers.append(wake)
                     wait = True
@@ -120,9 +120,9 @@ class ObjectRefGenerator:
             ref = s.items[i]
             s.items[i] = None   # a consumed ref lives as long as the caller keeps it
             self._next = i + 1
-            self._core.stream_consumed(s, self._next)
+            self._streams.stream_consumed(s, self._next)
             return ref
-        if not self._error_given and self._core.failed(self._generator_ref):
+        if not self._error_given and self._streams.failed(self._generator_ref):
             # Ended early by a system error: hand it out once, as Ray does.
             self._error_given = True
             return self._generator_ref
@@ -139,7 +139,7 @@ class ObjectRefGenerator:
         """True when ``next(gen)`` returns a ref without blocking (False at the end)."""
         s = self._stream
         return self._next < len(s.items) or (
-            s.ended and not self._error_given and self._core.failed(self._generator_ref))
+            s.ended and not self._error_given and self._streams.failed(self._generator_ref))
 
     def is_finished(self) -> bool:
         """True when the call has ended and every ref has been handed out."""
@@ -148,7 +148,7 @@ class ObjectRefGenerator:
     # -- lifetime -------------------------------------------------------------------------------
     def __del__(self):
         try:
-            self._core.stream_dropped(self._stream)
+            self._streams.stream_dropped(self._stream)
         except Exception:  # interpreter shutdown, or the core already closed
             pass
 

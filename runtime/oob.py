@@ -113,7 +113,7 @@ def fetch(obj_id: bytes, owner: str | None):
             f"it was pickled out of band by the worker at {owner}, and this process is not "
             "connected to a DDLF cluster: call ddlf.init(address=...) before unpickling it"))
     ref = core.adopt(obj_id, PENDING, None)
-    core._submit(_start, core, obj_id, owner)
+    core.submit_io(_start, core, obj_id, owner)
     return ref
 
 
@@ -144,7 +144,7 @@ class _Requester:
 
     def fail(self, why: str) -> None:
         self.done = True
-        self.core._fail(self.obj_id, ObjectFetchError(
+        self.core.store.fail(self.obj_id, ObjectFetchError(
             f"ObjectRef {self.obj_id.hex()} (pickled out of band) could not be fetched: {why}"))
 
     def frame_received(self, conn, segs):
@@ -159,7 +159,7 @@ class _Requester:
         body = segs[2:]
         if outcome == VALUE:
             self.done = True
-            self.core._complete(self.obj_id, ENTRY_OK, body)
+            self.core.store.complete(self.obj_id, ENTRY_OK, body)
         elif outcome == REFS:
             from .core import unbundle_refs
 
@@ -169,10 +169,10 @@ class _Requester:
                 self.fail(f"its owner sent a malformed object ({e!r})")
             else:
                 self.done = True
-                self.core._complete(self.obj_id, ENTRY_OK, rest, contained=contained)
+                self.core.store.complete(self.obj_id, ENTRY_OK, rest, contained=contained)
         elif outcome == ERROR:
             self.done = True
-            self.core._complete(self.obj_id, ENTRY_ERR, body)
+            self.core.store.complete(self.obj_id, ENTRY_ERR, body)
         else:
             self.fail(f"its owner, the worker at {self.owner}, no longer pins it (it was "
                       "freed with free(), or pickled in another process)")
@@ -209,7 +209,7 @@ def serve_fetch(conn, msg_id: int, segs, loop) -> None:
             body = [bytes([ERROR]), *encode_error(DDLFError(f"encoding failed: {e!r}"), "fetch")]
         loop.call_soon_threadsafe(_send, conn, msg_id, body)
 
-    if not core._on_done(entry, reply):
+    if not core.store.on_done(entry, reply):
         reply()
 
 

@@ -42,11 +42,11 @@ import psutil
 from . import context, oob, protocol, rpc, runtime_env, shm_store
 from . import core as core_mod
 from .connection import connect, serve
+from .dependencies import resolve_args
 from .errors import ActorDiedError, ActorExit, SerializationError, TaskCancelledError
 from .eventloop import new_event_loop
 from .messages import ActorCreation, ActorStarted
 from .object_ref import set_default_resolver
-from .refs import ArgRef
 from .remote_error import encode_error
 from .serialization import dumps, loads
 from .taskgroup import TaskGroup
@@ -119,14 +119,6 @@ class ObjectCache:
 
     def __len__(self):
         return len(self._raw)
-
-
-def _resolve(args, kwargs, cache: ObjectCache):
-    if any(type(a) is ArgRef for a in args):
-        args = tuple(cache.get(a.obj_id) if type(a) is ArgRef else a for a in args)
-    if kwargs and any(type(v) is ArgRef for v in kwargs.values()):
-        kwargs = {k: cache.get(v.obj_id) if type(v) is ArgRef else v for k, v in kwargs.items()}
-    return args, kwargs
 
 
 def _encode_result(value, where: str, can_block: bool = True):
@@ -446,7 +438,7 @@ class Worker:
             try:
                 cls = loads(creation.class_segments)
                 args, kwargs = loads(creation.args_segments)
-                args, kwargs = _resolve(args, kwargs, self.objects)
+                args, kwargs = resolve_args(args, kwargs, self.objects)
                 where = f"{self.actor_name}.__init__ (pid {_pid})"
                 if inspect.iscoroutinefunction(getattr(cls, "__init__", None)):
                     instance = cls.__new__(cls)
@@ -790,7 +782,7 @@ class Worker:
                 if force:   # this process exits next: send the cancels first
                     core.cancel_and_flush(ids, True, True)
                 else:
-                    core._submit(core.cancel_ids, ids, False, True)
+                    core.submit_io(core.cancel_ids, ids, False, True)
         if force:
             _exit_now(1)
         if call.atask is not None:
@@ -827,7 +819,7 @@ class Worker:
             name, args, kwargs, *extra = loads(segs[1:])
             nret = extra[0] if extra else 1
             limit = extra[1] if len(extra) > 1 else -1
-            args, kwargs = _resolve(args, kwargs, self.objects)
+            args, kwargs = resolve_args(args, kwargs, self.objects)
             if self.instance is None:
                 raise RuntimeError(f"actor {self.actor_name} is not constructed")
             entry = self.methods.get(name)
@@ -924,7 +916,7 @@ class Worker:
                 if code is None:
                     raise RuntimeError(f"task code {fn_id.hex()} was never shipped to this worker")
                 fn = self.loaded[fn_id] = loads(code)
-            args, kwargs = _resolve(args, kwargs, self.objects)
+            args, kwargs = resolve_args(args, kwargs, self.objects)
         except BaseException as e:
             self._reply_error(conn, msg_id, e, f"task {fn_name} (pid {_pid})")
             return

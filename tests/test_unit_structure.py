@@ -106,3 +106,36 @@ def test_every_package_is_listed_in_pyproject():
         head = mapping.get(rel[0], rel[0])
         found.add(".".join([head, *rel[1:]]))
     assert found - listed == set(), f"add these to [tool.setuptools] packages: {found - listed}"
+
+
+_RUNTIME = os.path.join(os.path.dirname(_PKG), "runtime")
+_CORE_PARTS = ("object_store", "dependencies", "streams", "actor_submitter", "task_submitter")
+
+
+def test_the_core_parts_do_not_import_the_core():
+    """core.py wires the object store, dependency resolution and the submitters together;
+    none of them imports core.py back (it would be an import cycle)."""
+    for name in _CORE_PARTS:
+        mods = _imported_modules(os.path.join(_RUNTIME, f"{name}.py"))
+        assert not {m for m in mods if m in (".core", "core") or m.startswith(".core.")
+                    or m.endswith("runtime.core")}, (name, mods)
+
+
+def test_no_runtime_module_calls_private_methods_of_a_core():
+    """The submitters, oob.py and the worker use the core's public attributes and the
+    object store's public methods, never ``core._something``."""
+    offenders = []
+    for name in os.listdir(_RUNTIME):
+        if not name.endswith(".py") or name == "core.py":
+            continue
+        with open(os.path.join(_RUNTIME, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                owner = node.value
+                owner_name = owner.id if isinstance(owner, ast.Name) else (
+                    owner.attr if isinstance(owner, ast.Attribute) else "")
+                if owner_name in ("core", "_core", "core_mod"):
+                    offenders.append(f"{name}:{node.lineno}: {owner_name}.{node.attr}")
+    assert not offenders, offenders

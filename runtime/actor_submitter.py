@@ -1,0 +1,332 @@
+"""Actor calls, caller side: one ``ActorClient`` per actor this process calls.
+
+Ray's ``ActorTaskSubmitter`` plays this part in its core worker. A client resolves its
+actor through the head (and again after a restart), connects to the actor's process,
+and sends calls in the order they were submitted: a call whose arguments are pending
+holds the ones behind it. Calls in flight are failed, or retried (``max_task_retries``),
+when the connection is lost. Results settle the caller's entries in the object store;
+a generator method's items go to the core's ``Streams``.
+
+Everything runs on the core's I/O thread. A client is handed the owning core, of which
+it uses only public attributes: ``store`` and ``streams``; ``head``, ``token`` and
+``hello`` (connections); ``loop`` and ``background`` (tasks); ``msg_ids`` and ``closed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from . import config, protocol, rpc, shm_store
+from .address import split_address
+from .connection import connect
+from .dependencies import await_deps, deps_objects, deps_state, ship_deps
+from .errors import (
+    ActorDiedError,
+    ActorPlacementGroupRemovedError,
+    DDLFError,
+    TaskCancelledError,
+    UnschedulableError,
+)
+from .object_store import Entry
+from .remote_error import decode_error
+from .serialization import dumps, loads
+
+__all__ = ["ActorCall", "ActorClient"]
+
+log = logging.getLogger("ddlf.core")
+
+
+class ActorCall:
+    __slots__ = ("obj_id", "payload", "refs", "retries")
+
+    def __init__(self, obj_id, payload, refs):
+        self.obj_id = obj_id
+        self.payload = payload
+        self.refs = refs
+        self.retries = None   # set from the actor's max_task_retries when first sent
+
+
+class ActorClient:
+    """The caller's side of one actor: resolution, connection, ordered queue, in-flight calls."""
+
+    def __init__(self, core, actor_id: str, class_name: str):
+        self.core = core
+        self.store = core.store
+        self.actor_id = actor_id
+        self.class_name = class_name
+        self.state = "resolving"   # resolving | ready | dead
+        self.conn = None
+        self.queue: collections.deque = collections.deque()
+        # msg id -> object id, or the ActorCall itself when the actor retries calls
+        # (max_task_retries): only then is the payload kept until the reply.
+        self.inflight: dict[int, object] = {}
+        self.max_task_retries = 0
+        self.epoch = 0
+        self.dead_error: BaseException | None = None
+        self.blocked = False
+        self.cancelled: set = set()   # object ids of in-flight calls asked to cancel
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def create(self, wire: dict, refs) -> None:
+        self.core.background.spawn(self._create(wire, refs))
+
+    async def _create(self, wire, refs):
+        try:
+            if refs:
+                await await_deps(self.store, self.core.loop, refs)
+                _, failed = deps_state(self.store, refs)
+                if failed is not None:
+                    self._die_with(self._dep_error(failed))
+                    self._release_name(wire)
+                    return
+                wire["objects"] = deps_objects(self.store, refs, {})
+            view = await rpc.call(self.core.head, "create_actor", wire)
+        except Exception as e:
+            self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
+            self._release_name(wire)
+            return
+        if self.state == "dead" and view.get("state") != "DEAD":
+            # ddlf.kill() ran while the arguments were pending: the head did not know
+            # the actor yet, so the kill must follow the creation.
+            try:
+                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
+            except Exception as e:
+                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
+            return
+        await self._apply(view)
+
+    def _release_name(self, wire: dict) -> None:
+        """Give back a name reserved at .remote() for an actor that was never created."""
+        if wire.get("name") and self.core.head is not None and not self.core.head.closed:
+            rpc.push(self.core.head, "release_name", {"actor_id": self.actor_id})
+
+    def _dep_error(self, e: Entry) -> BaseException:
+        return self.store.error_of(e)
+
+    def resolve(self, after_epoch: int) -> None:
+        self.state = "resolving"
+        self.core.background.spawn(self._resolve(after_epoch))
+
+    async def _resolve(self, after_epoch):
+        for _attempt in range(1000):
+            try:
+                view = await rpc.call(self.core.head, "wait_actor", self.actor_id, after_epoch)
+            except Exception as e:
+                self._die_with(ActorDiedError(
+                    f"actor {self.class_name} ({self.actor_id}) is unreachable: the head did not "
+                    f"answer ({e})"))
+                return
+            if view["state"] == "ALIVE" or view["state"] == "DEAD":
+                await self._apply(view)
+                return
+
+    async def _apply(self, view: dict) -> None:
+        if view["state"] == "DEAD":
+            self._die_with(self._death_error(view))
+            return
+        if view["state"] != "ALIVE":
+            self.resolve(self.epoch)
+            return
+        self.epoch = view["epoch"]
+        self.max_task_retries = view.get("max_task_retries") or 0
+        host, port = split_address(view["address"])
+        for attempt in range(config.ACTOR_CONNECT_TRIES):
+            try:
+                conn = await connect(host, port, self.core.token, self)
+                break
+            except (OSError, asyncio.TimeoutError, DDLFError) as e:
+                last = e
+                await asyncio.sleep(0.05 * (attempt + 1))
+        else:
+            log.debug("could not reach actor %s at %s: %s", self.actor_id, view["address"], last)
+            self.resolve(self.epoch)
+            return
+        conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
+        await shm_store.wait_hello(conn)
+        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
+            conn.close()
+            return
+        if conn.closed:   # it went away while answering our hello
+            self.resolve(self.epoch)
+            return
+        self.conn = conn
+        self.state = "ready"
+        self.pump()
+
+    def _death_error(self, view: dict) -> BaseException:
+        err = view.get("error") or {}
+        reason = err.get("reason") or "it died"
+        cause = None
+        if err.get("creation_error"):
+            try:
+                cause = decode_error(err["creation_error"])
+                reason = f"{reason}:\n{cause}"
+            except Exception as e:
+                reason = f"{reason} (its error could not be loaded here: {e})"
+        if err.get("unschedulable"):
+            return UnschedulableError(reason)
+        if err.get("pg_removed"):
+            return ActorPlacementGroupRemovedError(
+                f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
+        return ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
+
+    def _die_with(self, exc: BaseException) -> None:
+        self.state = "dead"
+        self.dead_error = exc
+        while self.queue:
+            self.store.fail(self.queue.popleft().obj_id, exc)
+
+    def killed(self) -> None:
+        """ddlf.kill() from this process: fail queued, in-flight and later calls now."""
+        err = ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: "
+                             "it was killed with ddlf.kill()")
+        self._die_with(err)
+        if self.conn is not None:
+            self.conn.abort(err)
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+
+    # -- calls -------------------------------------------------------------------------------
+    def enqueue(self, call: ActorCall) -> None:
+        if self.state == "dead":
+            self.store.fail(call.obj_id, self.dead_error)
+            return
+        self.queue.append(call)
+        if self.state == "ready" and not self.blocked:
+            self.pump()
+
+    def pump(self) -> None:
+        store = self.store
+        conn = self.conn
+        queue = self.queue
+        inflight = self.inflight
+        while queue and self.state == "ready":
+            call = queue[0]
+            if call.refs:
+                pending, failed = deps_state(store, call.refs)
+                if pending is not None:
+                    # Head-of-line wait keeps calls from one caller in submission order.
+                    self.blocked = True
+                    if not store.on_done(pending, self._unblock):
+                        self.blocked = False
+                        continue
+                    return
+                if failed is not None:
+                    queue.popleft()
+                    store.copy_outcome(call.obj_id, failed)
+                    continue
+                ship_deps(store, conn, call.refs)
+            queue.popleft()
+            msg_id = next(self.core.msg_ids)
+            if self.max_task_retries:
+                if call.retries is None:
+                    call.retries = self.max_task_retries
+                inflight[msg_id] = call
+            else:
+                inflight[msg_id] = call.obj_id
+            conn.send_msg(protocol.CALL, msg_id, call.payload)
+
+    def _unblock(self):
+        self.blocked = False
+        self.pump()
+
+    def cancel(self, obj_id: bytes, recursive: bool) -> None:
+        """Drop a queued call, or ask the actor to cancel one it has (queued or running)."""
+        for i, call in enumerate(self.queue):
+            if call.obj_id == obj_id:
+                del self.queue[i]
+                self.store.fail_cancelled(obj_id, f"a call to actor {self.class_name}")
+                if i == 0 and self.blocked:
+                    # It held the queue waiting for its arguments: let the next one go.
+                    self.blocked = False
+                    if self.state == "ready":
+                        self.pump()
+                return
+        for msg_id, call in self.inflight.items():
+            if (call.obj_id if isinstance(call, ActorCall) else call) == obj_id:
+                if isinstance(call, ActorCall):
+                    call.retries = 0   # as in Ray, a cancelled call is never retried
+                self.cancelled.add(obj_id)
+                if self.conn is not None and not self.conn.closed:
+                    flags = protocol.CANCEL_RECURSIVE if recursive else 0
+                    self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
+                return
+
+    def frame_received(self, conn, segs):
+        kind, msg_id = protocol.parse_header(segs[0])
+        if kind == protocol.PUSH:
+            event, data = loads(segs[1:])
+            if event != "exiting":
+                shm_store.client_frame(conn, kind, segs)   # the worker's hello
+                return
+            if conn is self.conn:
+                # The actor called sys.exit/exit_actor: its replies so far still arrive
+                # here, but later calls wait for the head's next view of the actor
+                # (restarted or dead), resolved when this connection closes.
+                self.state = "resolving"
+                if data.get("status") and data.get("msg_id") in self.inflight:
+                    # A crash (non-zero exit) in a call the actor may retry: retry it
+                    # on the restarted actor instead of taking the exit's error reply.
+                    call = self.inflight[data["msg_id"]]
+                    if isinstance(call, ActorCall) and call.retries != 0:
+                        del self.inflight[data["msg_id"]]
+                        self._retry([call])
+            return
+        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
+            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
+                msg_id, None)
+            if entry is not None:
+                self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
+                    entry, ActorCall) else entry, segs)
+            return
+        if kind >= protocol.RESULT_SHM:
+            kind, segs = shm_store.client_frame(conn, kind, segs)
+            if kind is None:
+                return
+        entry = self.inflight.pop(msg_id, None)
+        if entry is None:
+            return
+        obj_id = entry.obj_id if isinstance(entry, ActorCall) else entry
+        if self.cancelled:
+            self.cancelled.discard(obj_id)
+        self.store.complete_result(obj_id, kind, segs)
+
+    def _retry(self, calls) -> None:
+        """Queue calls lost with the actor's process again, ahead of newer ones."""
+        for call in calls:
+            if call.retries > 0:
+                call.retries -= 1
+        self.queue.extendleft(reversed(calls))
+
+    def connection_closed(self, conn, exc):
+        if conn is not self.conn:
+            return
+        self.conn = None
+        inflight, self.inflight = self.inflight, {}
+        if self.core.closed:
+            return
+        retry = [c for c in inflight.values() if isinstance(c, ActorCall) and c.retries != 0]
+        # Chosen before _retry counts the attempt down: max_task_retries=1 retries once.
+        lost = [c for c in inflight.values() if not (isinstance(c, ActorCall) and c.retries != 0)]
+        if retry:
+            self._retry(retry)
+        if lost:
+            why = str(exc) if isinstance(exc, ActorDiedError) else (
+                "its connection closed (the process exited or was killed)")
+            err = ActorDiedError(
+                f"actor {self.class_name} ({self.actor_id}) died while running this call: {why}")
+            cancelled, self.cancelled = self.cancelled, set()
+            for c in lost:
+                obj_id = c.obj_id if isinstance(c, ActorCall) else c
+                if obj_id in cancelled:
+                    self.store.fail(obj_id, TaskCancelledError(
+                        f"a call to actor {self.class_name} ({self.actor_id}) was cancelled "
+                        f"with ddlf.cancel(), and the actor's process then went away: {why}"))
+                else:
+                    self.store.fail(obj_id, err)
+        if self.state != "dead":
+            self.resolve(self.epoch)
