@@ -46,7 +46,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def creation_dict(**over) -> dict:
-    """What a driver sends in create_actor today (core.create_actor's dict)."""
+    """What a driver sends in create_actor today (core.create_actor's ActorCreation)."""
     d = {
         "actor_id": "a1", "class_name": "Counter", "class_segments": [b"cls"],
         "args_segments": [b"args"], "resources": {"CPU": 1.0}, "max_restarts": 0,
@@ -106,18 +106,22 @@ def test_unknown_keys_travel_on_unchanged():
     assert msg.extra == {"new_option": [1, 2]} and msg.to_wire()["new_option"] == [1, 2]
 
 
-def test_the_creation_dict_the_driver_builds_has_only_known_keys():
-    # Found in the source: any dict literal with "class_segments" and "actor_id" keys.
-    found = []
+def test_the_driver_builds_the_creation_as_a_message_not_a_dict():
+    # Found in the source: ActorCreation(...) calls, and any dict literal with
+    # "class_segments" and "actor_id" keys (a creation built by hand again).
+    built, by_hand = [], []
     for path in (ROOT / "runtime").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Dict):
+            if isinstance(node, ast.Dict) and path.name != "messages.py":   # (its CHECKS)
                 keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
                 if {"class_segments", "actor_id"} <= keys:
-                    found.append((path.name, keys))
-    assert found, "no actor creation dict found in runtime/: update this test"
-    for where, keys in found:
-        assert keys <= set(ActorCreation.CHECKS), (where, keys - set(ActorCreation.CHECKS))
+                    by_hand.append(path.name)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "ActorCreation"):
+                built.append((path.name, {k.arg for k in node.keywords}))
+    assert by_hand == [], f"build the actor creation with ActorCreation(...), not a dict: {by_hand}"
+    assert ("core.py", set(ActorCreation.CHECKS) - {"objects", "env_setup"}) in built, \
+        "core.create_actor no longer builds an ActorCreation with every field: update this test"
 
 
 MALFORMED = [
