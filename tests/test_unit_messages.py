@@ -40,6 +40,7 @@ from ddlf_actors.runtime.messages import (
 from ddlf_actors.runtime.node import NodeDaemon
 from ddlf_actors.runtime.remote_error import encode_error
 from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.states import ActorState
 from ddlf_actors.runtime.worker import Worker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -341,3 +342,33 @@ def test_a_handler_without_a_table_answers_no_request():
         conn, [protocol.header(protocol.REQUEST, 1), *dumps(("anything", ()))])
     ((kind, _, err),) = conn.sent
     assert kind == protocol.REPLY_ERR and "unknown request 'anything'" in str(err)
+
+
+# -- who may send what -----------------------------------------------------------------------
+def test_worker_died_is_taken_only_from_the_node_that_runs_the_worker(caplog):
+    from test_unit_head import FakeNode, driver, run, settle, spec
+
+    async def scenario(loop, head):
+        n1, n2 = FakeNode(loop, head, "n1"), FakeNode(loop, head, "n2")
+        d = driver(head)
+        d.peer = ("10.0.0.7", 5555)
+        await head.rpc_create_actor(d, spec("a1", max_restarts=1, node_id="n1"))
+        a = head.actors["a1"]
+        died = {"worker_id": a.worker_id, "actor_id": "a1", "exitcode": -9, "pid": a.pid}
+        with caplog.at_level(logging.WARNING, logger="ddlf.head"):
+            for _ in range(3):   # a driver (any peer with the token) is not a node
+                head.on_push(d, "worker_died", died)
+        head.on_push(n2, "worker_died", died)   # another node: not its worker
+        await settle()
+        untouched = (a.state, a.epoch, a.restarts_left)
+        head.on_push(n1, "worker_died", died)   # its own node: it restarts
+        await settle()
+        return untouched, (a.state, a.epoch, a.restarts_left)
+
+    untouched, after = run(scenario)
+    assert untouched == (ActorState.ALIVE, 1, 1)
+    assert after == (ActorState.ALIVE, 2, 0)
+    # Once per minute, naming the peer, however often it repeats.
+    assert caplog.text.count("ignored a worker_died push from ('10.0.0.7', 5555)") == 1
+    assert "only a registered node may send it" in caplog.text
+
