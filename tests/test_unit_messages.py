@@ -203,9 +203,10 @@ def _tables() -> dict:
             "head->node": NodeDaemon.head_requests(node), "worker": Worker.rpc_handlers(worker)}
 
 
-@pytest.mark.parametrize("cls,role", [(Head, "head"), (NodeDaemon, "node"), (Worker, "worker")])
-def test_every_rpc_method_of_a_role_is_in_its_table(cls, role):
-    table = _tables()[role]
+@pytest.mark.parametrize("cls,roles", [(Head, ("head",)), (NodeDaemon, ("node", "head->node")),
+                                       (Worker, ("worker",))])
+def test_every_rpc_method_of_a_role_is_in_its_table(cls, roles):
+    table = {name: fn for role in roles for name, fn in _tables()[role].items()}
     methods = {n for n in dir(cls) if n.startswith("rpc_") and n != "rpc_handlers"}
     assert methods, f"{cls.__name__} has no rpc_ methods: update this test"
     assert {f"rpc_{name}" for name in table} == methods
@@ -256,10 +257,12 @@ def test_every_event_pushed_to_the_head_is_in_its_push_table():
         assert event in table, f"{where} pushes {event!r}, which the head ignores"
 
 
-def test_the_head_asks_a_node_only_what_its_link_answers():
+def test_a_node_answers_the_head_on_its_link_and_its_workers_on_its_port():
     tables = _tables()
     assert "worker_ready" not in tables["head->node"]   # only the node's own workers send it
-    assert set(tables["head->node"]) <= set(tables["node"])
+    # The head's requests (start_actor, kill_worker, shutdown ...) never reach the port a
+    # node listens on for its workers.
+    assert set(tables["node"]) == {"worker_ready"}
 
 
 # -- a malformed message reaching a server -----------------------------------------------------
@@ -372,3 +375,32 @@ def test_worker_died_is_taken_only_from_the_node_that_runs_the_worker(caplog):
     assert caplog.text.count("ignored a worker_died push from ('10.0.0.7', 5555)") == 1
     assert "only a registered node may send it" in caplog.text
 
+
+@pytest.mark.parametrize("method,args", [("start_actor", (creation_dict(),)),
+                                         ("lease_worker", ({"CPU": 1.0}, None)),
+                                         ("release_worker", ("w1",)), ("kill_worker", ("w1",)),
+                                         ("kill_actor", ("a1",)), ("shutdown", ())])
+def test_a_nodes_own_port_does_not_answer_the_heads_requests(method, args):
+    node = object.__new__(NodeDaemon)
+    node.workers = {}
+    conn = FakeConn(None)
+    rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
+        conn, [protocol.header(protocol.REQUEST, 3), *dumps((method, args))])
+    ((kind, msg_id, err),) = conn.sent
+    assert (kind, msg_id) == (protocol.REPLY_ERR, 3)
+    assert f"unknown request {method!r}" in str(err)
+    assert method in node.head_requests()   # still answered on its link to the head
+
+
+def test_a_nodes_own_port_still_answers_its_workers():
+    node = object.__new__(NodeDaemon)
+    node.workers = {}
+
+    class Conn(FakeConn):
+        def close(self):
+            self.closed = True
+
+    conn = Conn(None)
+    rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
+        conn, [protocol.header(protocol.REQUEST, 4), *dumps(("worker_ready", ("w?", 7, 1)))])
+    assert conn.closed   # a worker it did not start is turned away, not told "unknown"
