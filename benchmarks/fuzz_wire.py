@@ -985,9 +985,9 @@ def _worker_logs_to(path: str) -> None:
 
     core = ddlf.api.get_core()
 
-    def write(data):
+    def write(batch):   # a messages.LogBatch
         with open(path, "a", errors="replace") as f:
-            for _job, name, pid, _stream, line in data["records"]:
+            for _job, name, pid, _stream, line in batch.records:
                 f.write(f"({name} pid={pid}) {line}\n")
 
     core._print_logs = write
