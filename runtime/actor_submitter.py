@@ -22,20 +22,17 @@ from . import config, protocol, rpc, shm_store
 from .address import split_address
 from .connection import connect
 from .dependencies import await_deps, deps_objects, deps_state, ship_deps
-from .errors import (
-    ActorDiedError,
-    ActorPlacementGroupRemovedError,
-    DDLFError,
-    TaskCancelledError,
-    UnschedulableError,
-)
+from .errors import ActorDiedError, DDLFError, TaskCancelledError
+from .messages import ActorCreation, ActorDeath, ActorView, MessageError
 from .object_store import Entry
-from .remote_error import decode_error
 from .serialization import dumps, loads
+from .states import ActorState
 
 __all__ = ["ActorCall", "ActorClient"]
 
 log = logging.getLogger("ddlf.core")
+
+_STATES = frozenset(s.value for s in ActorState)
 
 
 class ActorCall:
@@ -69,25 +66,28 @@ class ActorClient:
         self.cancelled: set = set()   # object ids of in-flight calls asked to cancel
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def create(self, wire: dict, refs) -> None:
-        self.core.background.spawn(self._create(wire, refs))
+    def create(self, creation: ActorCreation, refs) -> None:
+        self.core.background.spawn(self._create(creation, refs))
 
-    async def _create(self, wire, refs):
+    async def _create(self, creation: ActorCreation, refs):
         try:
             if refs:
                 await await_deps(self.store, self.core.loop, refs)
                 _, failed = deps_state(self.store, refs)
                 if failed is not None:
                     self._die_with(self._dep_error(failed))
-                    self._release_name(wire)
+                    self._release_name(creation)
                     return
-                wire["objects"] = deps_objects(self.store, refs, {})
-            view = await rpc.call(self.core.head, "create_actor", wire)
+                creation.objects = deps_objects(self.store, refs, {})
+            reply = await rpc.call(self.core.head, "create_actor", creation.to_wire())
         except Exception as e:
             self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
-            self._release_name(wire)
+            self._release_name(creation)
             return
-        if self.state == "dead" and view.get("state") != "DEAD":
+        view = self._read_view(reply, "create_actor")
+        if view is None:
+            return
+        if self.state == "dead" and view.state != ActorState.DEAD:
             # ddlf.kill() ran while the arguments were pending: the head did not know
             # the actor yet, so the kill must follow the creation.
             try:
@@ -97,9 +97,9 @@ class ActorClient:
             return
         await self._apply(view)
 
-    def _release_name(self, wire: dict) -> None:
+    def _release_name(self, creation: ActorCreation) -> None:
         """Give back a name reserved at .remote() for an actor that was never created."""
-        if wire.get("name") and self.core.head is not None and not self.core.head.closed:
+        if creation.name and self.core.head is not None and not self.core.head.closed:
             rpc.push(self.core.head, "release_name", {"actor_id": self.actor_id})
 
     def _dep_error(self, e: Entry) -> BaseException:
@@ -118,20 +118,45 @@ class ActorClient:
                     f"actor {self.class_name} ({self.actor_id}) is unreachable: the head did not "
                     f"answer ({e})"))
                 return
-            if view["state"] == "ALIVE" or view["state"] == "DEAD":
+            view = self._read_view(view, "wait_actor")
+            if view is None:
+                return
+            if view.state == ActorState.ALIVE or view.state == ActorState.DEAD:
                 await self._apply(view)
                 return
 
-    async def _apply(self, view: dict) -> None:
-        if view["state"] == "DEAD":
-            self._die_with(self._death_error(view))
+    def _read_view(self, data, request: str) -> ActorView | None:
+        """The head's answer to ``request`` as an ActorView; None, with every call to the
+        actor failed, if it is malformed (a get must fail, never wait for a reply that
+        cannot be understood)."""
+        try:
+            view = ActorView.from_wire(data)
+            if view.state not in _STATES:
+                raise MessageError(f"ActorView.state must be one of {sorted(_STATES)}, "
+                                   f"got {view.state!r:.40}")
+            if view.state == ActorState.ALIVE:
+                split_address(view.address or "")
+        except (MessageError, ValueError) as e:
+            log.warning("the head answered %s for actor %s with a malformed view: %s",
+                        request, self.actor_id, e)
+            self._die_with(MessageError(
+                f"actor {self.class_name} ({self.actor_id}) cannot be reached: the head's "
+                f"answer to {request} is malformed ({e}). Check that the head runs the same "
+                f"DDLF release as this process."))
+            return None
+        return view
+
+    async def _apply(self, view: ActorView) -> None:
+        if view.state == ActorState.DEAD:
+            self._die_with((view.death or ActorDeath("")).to_error(self.class_name,
+                                                                   self.actor_id))
             return
-        if view["state"] != "ALIVE":
+        if view.state != ActorState.ALIVE:
             self.resolve(self.epoch)
             return
-        self.epoch = view["epoch"]
-        self.max_task_retries = view.get("max_task_retries") or 0
-        host, port = split_address(view["address"])
+        self.epoch = view.epoch
+        self.max_task_retries = view.max_task_retries or 0
+        host, port = split_address(view.address)
         for attempt in range(config.ACTOR_CONNECT_TRIES):
             try:
                 conn = await connect(host, port, self.core.token, self)
@@ -140,7 +165,7 @@ class ActorClient:
                 last = e
                 await asyncio.sleep(0.05 * (attempt + 1))
         else:
-            log.debug("could not reach actor %s at %s: %s", self.actor_id, view["address"], last)
+            log.debug("could not reach actor %s at %s: %s", self.actor_id, view.address, last)
             self.resolve(self.epoch)
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
@@ -154,23 +179,6 @@ class ActorClient:
         self.conn = conn
         self.state = "ready"
         self.pump()
-
-    def _death_error(self, view: dict) -> BaseException:
-        err = view.get("error") or {}
-        reason = err.get("reason") or "it died"
-        cause = None
-        if err.get("creation_error"):
-            try:
-                cause = decode_error(err["creation_error"])
-                reason = f"{reason}:\n{cause}"
-            except Exception as e:
-                reason = f"{reason} (its error could not be loaded here: {e})"
-        if err.get("unschedulable"):
-            return UnschedulableError(reason)
-        if err.get("pg_removed"):
-            return ActorPlacementGroupRemovedError(
-                f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
-        return ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: {reason}", cause)
 
     def _die_with(self, exc: BaseException) -> None:
         self.state = "dead"

@@ -42,6 +42,7 @@ from .dependencies import split_refs, with_nested
 from .errors import ActorDiedError, DDLFError, UnschedulableError
 from .eventloop import LoopThread
 from .generators import DYNAMIC, STREAMING
+from .messages import ActorCreation, ActorLost, LogBatch
 from .object_ref import ObjectRef
 from .object_store import (
     ERR,
@@ -126,14 +127,17 @@ class Core:
         return self.io.run(rpc.call(self.head, method, *args), timeout)
 
     def on_push(self, conn, event, data):
+        # A malformed push raises MessageError, which the RPC handler logs and drops.
         if event == "logs":
-            self._print_logs(data)
+            if self.is_driver:
+                self._print_logs(LogBatch.from_wire(data))
         elif event == "nodes_changed":
             self.node_totals = data
         elif event == "actor_lost":
-            client = self.actors.get(data["actor_id"])
-            if client is not None and client.conn is not None and client.epoch <= data["epoch"]:
-                client.conn.abort(ActorDiedError(data["why"]))
+            lost = ActorLost.from_wire(data)
+            client = self.actors.get(lost.actor_id)
+            if client is not None and client.conn is not None and client.epoch <= lost.epoch:
+                client.conn.abort(ActorDiedError(lost.why))
         elif event == "node_dead":
             for pool in self.pools.values():
                 for lease in list(pool.leases):
@@ -144,16 +148,14 @@ class Core:
         if not (self.closed or self.closing):
             log.warning("lost the connection to the DDLF head at %s", self.head_address)
 
-    def _print_logs(self, data):
-        if not self.is_driver:
-            return
+    def _print_logs(self, batch: LogBatch):
         # Like Ray: name the node only when there is more than one to tell apart.
         where = ""
         if len(self.node_totals) > 1:
-            host = data.get("host", "")
+            host = batch.host or ""
             where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
-            where += f", node={(data.get('node_id') or '')[:6]}"
-        for _job, name, pid, stream, line in data["records"]:
+            where += f", node={(batch.node_id or '')[:6]}"
+        for _job, name, pid, stream, line in batch.records:
             out = sys.stderr if stream == "err" else sys.stdout
             try:
                 print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
@@ -254,24 +256,25 @@ class Core:
         args_segments, nested = dumps_with_refs((args, kwargs))
         args_segments = [bytes(s) for s in args_segments]
         refs = with_nested(refs, nested)
-        wire = {
-            "actor_id": actor_id, "class_name": spec.class_name,
-            "class_segments": spec.class_segments, "args_segments": args_segments,
-            "resources": demand, "max_restarts": options.get("max_restarts", 0),
-            "max_concurrency": options.get("max_concurrency", 1), "name": options.get("name"),
-            "max_task_retries": options.get("max_task_retries", 0),
-            "detached": options.get("lifetime") == "detached", "node_id": options.get("node_id"),
-            "scheduling": sched,
-            "methods": spec.methods, "sys_path": self.hello["sys_path"], "cwd": self.hello["cwd"],
-            "job_id": self.job_id, "runtime_env": env,
-        }
-        if wire["name"]:
+        creation = ActorCreation(
+            actor_id=actor_id, class_name=spec.class_name,
+            class_segments=spec.class_segments, args_segments=args_segments,
+            resources=demand, max_restarts=options.get("max_restarts", 0),
+            max_concurrency=options.get("max_concurrency", 1), name=options.get("name"),
+            max_task_retries=options.get("max_task_retries", 0),
+            detached=options.get("lifetime") == "detached", node_id=options.get("node_id"),
+            scheduling=sched,
+            methods=spec.methods, sys_path=self.hello["sys_path"], cwd=self.hello["cwd"],
+            job_id=self.job_id, runtime_env=env,
+        )
+        if creation.name:
             # As in Ray, a name belongs to the actor once .remote() returns: reserve it
             # now, so a duplicate fails here and get_actor(name) works right away.
-            self.head_call("reserve_name", wire["name"], actor_id, spec.class_name, spec.methods)
+            self.head_call("reserve_name", creation.name, actor_id, spec.class_name,
+                           spec.methods)
         client = ActorClient(self, actor_id, spec.class_name)
         self.actors[actor_id] = client
-        self.submit_io(client.create, wire, refs)
+        self.submit_io(client.create, creation, refs)
 
     def submit_actor_call(self, actor_id: str, class_name: str, method: str, args, kwargs,
                           num_returns: int | str = 1, backpressure: int = -1):

@@ -46,6 +46,9 @@ __all__ = ["Head", "main"]
 
 log = logging.getLogger("ddlf.head")
 
+# How often a refused push may be logged per kind (see Head._warn_limited).
+_WARN_EVERY_S = 60.0
+
 # Short names for the states this module compares against all the time.
 PENDING, ALIVE, RESTARTING, DEAD = (ActorState.PENDING, ActorState.ALIVE, ActorState.RESTARTING,
                                     ActorState.DEAD)
@@ -153,6 +156,7 @@ class Head:
         self.stopped = loop.create_future()
         self.handler = _HeadRpcHandler(self, self.rpc_handlers())
         self._pushes = self.push_handlers()
+        self._warned: dict[str, tuple] = {}   # key -> (when last logged, how many skipped)
         self.background = TaskGroup(loop, "head")
 
     def rpc_handlers(self) -> dict:
@@ -245,7 +249,28 @@ class Head:
             n.heard()
 
     def _on_worker_died(self, conn, data):
-        self._worker_died(conn.info.get("node"), WorkerDied.from_wire(data))
+        died = WorkerDied.from_wire(data)
+        node = conn.info.get("node")
+        if node is None:
+            # Only a node daemon sees its workers exit. From a driver or a worker (any
+            # peer with the token) this push would restart or kill actors it does not own.
+            self._warn_limited("worker_died", "ignored a worker_died push from %s: only a "
+                               "registered node may send it", conn.peer)
+            return
+        self._worker_died(node, died)
+
+    def _warn_limited(self, key: str, msg: str, *args) -> None:
+        """``log.warning``, at most once per ``_WARN_EVERY_S`` for ``key``: a peer
+        repeating a refused push must not flood the head's log."""
+        now = time.monotonic()
+        last, skipped = self._warned.get(key, (None, 0))
+        if last is not None and now - last < _WARN_EVERY_S:
+            self._warned[key] = (last, skipped + 1)
+            return
+        self._warned[key] = (now, 0)
+        if skipped:
+            msg += f" ({skipped} more like it not logged)"
+        log.warning(msg, *args)
 
     def _on_logs(self, conn, data):
         self._route_logs(LogBatch.from_wire(data))
@@ -687,10 +712,12 @@ class Head:
         else:
             self._set_dead(a, why)
 
-    def _worker_died(self, node: NodeRecord | None, died: WorkerDied):
+    def _worker_died(self, node: NodeRecord, died: WorkerDied):
+        # A node speaks for its own workers only.
         if died.actor_id:
             a = self.actors.get(died.actor_id)
-            if a is not None and a.worker_id == died.worker_id and a.state == ALIVE:
+            if (a is not None and a.worker_id == died.worker_id and a.state == ALIVE
+                    and a.node is node):
                 if died.on_purpose:
                     # sys.exit(0) or exit_actor(), announced by the worker: it left on
                     # purpose, as in Ray. A bare os._exit(0) is not announced, so it is
@@ -702,7 +729,7 @@ class Head:
                     self._actor_lost(a, f"its process (pid {died.pid}) died with exit "
                                         f"code {died.exitcode}")
         for lease_id, lease in list(self.leases.items()):
-            if lease.worker_id == died.worker_id:
+            if lease.worker_id == died.worker_id and lease.node is node:
                 self.leases.pop(lease_id, None)
                 if lease_id in self.lent:
                     self.lent.discard(lease_id)

@@ -140,10 +140,11 @@ class NodeDaemon:
     def rpc_handlers(self) -> dict:
         """What this node's own port answers: its workers announce themselves there.
 
-        The head's requests are answered there too, as they always were (nothing sends
-        them on this port today, but the wire fuzzer's control request is one of them).
+        Nothing else: the head's requests (start_actor, kill_worker, shutdown ...) come
+        only on the connection this node opened to the head, so a peer that merely holds
+        the token cannot reach them through this port.
         """
-        return {"worker_ready": self.rpc_worker_ready, **self.head_requests()}
+        return {"worker_ready": self.rpc_worker_ready}
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

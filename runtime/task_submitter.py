@@ -28,6 +28,7 @@ from .errors import (
     UnschedulableError,
     WorkerCrashedError,
 )
+from .messages import LeaseGrant, MessageError
 from .remote_error import decode_error
 from .serialization import dumps
 
@@ -185,8 +186,9 @@ class TaskPool:
             if reply is None:
                 self.retry_after = time.monotonic() + 0.05
                 return
-            host, port = split_address(reply["address"])
-            lease = Lease(reply["lease_id"], reply["worker_id"], reply.get("node_id"), None)
+            grant = self._read_grant(reply)
+            host, port = split_address(grant.address)
+            lease = Lease(grant.lease_id, grant.worker_id, grant.node_id, None)
             handler = LeaseHandler(self, lease)
             try:
                 lease.conn = await connect(host, port, self.core.token, handler)
@@ -219,6 +221,24 @@ class TaskPool:
             # It came after the queue drained: without a timer it would hold its CPU
             # (at the head) until this process disconnects.
             lease.idle_timer = self.core.loop.call_later(config.LEASE_IDLE_S, self._return, lease)
+
+    def _read_grant(self, reply) -> LeaseGrant:
+        """The head's answer to lease_worker; MessageError, naming the fix, if malformed."""
+        try:
+            grant = LeaseGrant.from_wire(reply)
+            if grant.lease_id is None:
+                raise MessageError("it has no lease_id")
+            split_address(grant.address)
+            return grant
+        except (MessageError, ValueError) as e:
+            lease_id = reply.get("lease_id") if isinstance(reply, dict) else None
+            if isinstance(lease_id, str) and lease_id:
+                # Its worker may be held for us all the same: give it back.
+                self.core.background.spawn(self._return_remote(lease_id))
+            raise MessageError(
+                f"could not lease a worker: the head's answer to lease_worker is malformed "
+                f"({e}). Check that the head runs the same DDLF release as this "
+                f"process.") from None
 
     def task_done(self, lease: Lease) -> None:
         if self.queue:

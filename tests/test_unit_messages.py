@@ -40,13 +40,14 @@ from ddlf_actors.runtime.messages import (
 from ddlf_actors.runtime.node import NodeDaemon
 from ddlf_actors.runtime.remote_error import encode_error
 from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.states import ActorState
 from ddlf_actors.runtime.worker import Worker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def creation_dict(**over) -> dict:
-    """What a driver sends in create_actor today (core.create_actor's dict)."""
+    """What a driver sends in create_actor today (core.create_actor's ActorCreation)."""
     d = {
         "actor_id": "a1", "class_name": "Counter", "class_segments": [b"cls"],
         "args_segments": [b"args"], "resources": {"CPU": 1.0}, "max_restarts": 0,
@@ -106,18 +107,22 @@ def test_unknown_keys_travel_on_unchanged():
     assert msg.extra == {"new_option": [1, 2]} and msg.to_wire()["new_option"] == [1, 2]
 
 
-def test_the_creation_dict_the_driver_builds_has_only_known_keys():
-    # Found in the source: any dict literal with "class_segments" and "actor_id" keys.
-    found = []
+def test_the_driver_builds_the_creation_as_a_message_not_a_dict():
+    # Found in the source: ActorCreation(...) calls, and any dict literal with
+    # "class_segments" and "actor_id" keys (a creation built by hand again).
+    built, by_hand = [], []
     for path in (ROOT / "runtime").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Dict):
+            if isinstance(node, ast.Dict) and path.name != "messages.py":   # (its CHECKS)
                 keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
                 if {"class_segments", "actor_id"} <= keys:
-                    found.append((path.name, keys))
-    assert found, "no actor creation dict found in runtime/: update this test"
-    for where, keys in found:
-        assert keys <= set(ActorCreation.CHECKS), (where, keys - set(ActorCreation.CHECKS))
+                    by_hand.append(path.name)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "ActorCreation"):
+                built.append((path.name, {k.arg for k in node.keywords}))
+    assert by_hand == [], f"build the actor creation with ActorCreation(...), not a dict: {by_hand}"
+    assert ("core.py", set(ActorCreation.CHECKS) - {"objects", "env_setup"}) in built, \
+        "core.create_actor no longer builds an ActorCreation with every field: update this test"
 
 
 MALFORMED = [
@@ -198,9 +203,10 @@ def _tables() -> dict:
             "head->node": NodeDaemon.head_requests(node), "worker": Worker.rpc_handlers(worker)}
 
 
-@pytest.mark.parametrize("cls,role", [(Head, "head"), (NodeDaemon, "node"), (Worker, "worker")])
-def test_every_rpc_method_of_a_role_is_in_its_table(cls, role):
-    table = _tables()[role]
+@pytest.mark.parametrize("cls,roles", [(Head, ("head",)), (NodeDaemon, ("node", "head->node")),
+                                       (Worker, ("worker",))])
+def test_every_rpc_method_of_a_role_is_in_its_table(cls, roles):
+    table = {name: fn for role in roles for name, fn in _tables()[role].items()}
     methods = {n for n in dir(cls) if n.startswith("rpc_") and n != "rpc_handlers"}
     assert methods, f"{cls.__name__} has no rpc_ methods: update this test"
     assert {f"rpc_{name}" for name in table} == methods
@@ -251,10 +257,12 @@ def test_every_event_pushed_to_the_head_is_in_its_push_table():
         assert event in table, f"{where} pushes {event!r}, which the head ignores"
 
 
-def test_the_head_asks_a_node_only_what_its_link_answers():
+def test_a_node_answers_the_head_on_its_link_and_its_workers_on_its_port():
     tables = _tables()
     assert "worker_ready" not in tables["head->node"]   # only the node's own workers send it
-    assert set(tables["head->node"]) <= set(tables["node"])
+    # The head's requests (start_actor, kill_worker, shutdown ...) never reach the port a
+    # node listens on for its workers.
+    assert set(tables["node"]) == {"worker_ready"}
 
 
 # -- a malformed message reaching a server -----------------------------------------------------
@@ -337,3 +345,62 @@ def test_a_handler_without_a_table_answers_no_request():
         conn, [protocol.header(protocol.REQUEST, 1), *dumps(("anything", ()))])
     ((kind, _, err),) = conn.sent
     assert kind == protocol.REPLY_ERR and "unknown request 'anything'" in str(err)
+
+
+# -- who may send what -----------------------------------------------------------------------
+def test_worker_died_is_taken_only_from_the_node_that_runs_the_worker(caplog):
+    from test_unit_head import FakeNode, driver, run, settle, spec
+
+    async def scenario(loop, head):
+        n1, n2 = FakeNode(loop, head, "n1"), FakeNode(loop, head, "n2")
+        d = driver(head)
+        d.peer = ("10.0.0.7", 5555)
+        await head.rpc_create_actor(d, spec("a1", max_restarts=1, node_id="n1"))
+        a = head.actors["a1"]
+        died = {"worker_id": a.worker_id, "actor_id": "a1", "exitcode": -9, "pid": a.pid}
+        with caplog.at_level(logging.WARNING, logger="ddlf.head"):
+            for _ in range(3):   # a driver (any peer with the token) is not a node
+                head.on_push(d, "worker_died", died)
+        head.on_push(n2, "worker_died", died)   # another node: not its worker
+        await settle()
+        untouched = (a.state, a.epoch, a.restarts_left)
+        head.on_push(n1, "worker_died", died)   # its own node: it restarts
+        await settle()
+        return untouched, (a.state, a.epoch, a.restarts_left)
+
+    untouched, after = run(scenario)
+    assert untouched == (ActorState.ALIVE, 1, 1)
+    assert after == (ActorState.ALIVE, 2, 0)
+    # Once per minute, naming the peer, however often it repeats.
+    assert caplog.text.count("ignored a worker_died push from ('10.0.0.7', 5555)") == 1
+    assert "only a registered node may send it" in caplog.text
+
+
+@pytest.mark.parametrize("method,args", [("start_actor", (creation_dict(),)),
+                                         ("lease_worker", ({"CPU": 1.0}, None)),
+                                         ("release_worker", ("w1",)), ("kill_worker", ("w1",)),
+                                         ("kill_actor", ("a1",)), ("shutdown", ())])
+def test_a_nodes_own_port_does_not_answer_the_heads_requests(method, args):
+    node = object.__new__(NodeDaemon)
+    node.workers = {}
+    conn = FakeConn(None)
+    rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
+        conn, [protocol.header(protocol.REQUEST, 3), *dumps((method, args))])
+    ((kind, msg_id, err),) = conn.sent
+    assert (kind, msg_id) == (protocol.REPLY_ERR, 3)
+    assert f"unknown request {method!r}" in str(err)
+    assert method in node.head_requests()   # still answered on its link to the head
+
+
+def test_a_nodes_own_port_still_answers_its_workers():
+    node = object.__new__(NodeDaemon)
+    node.workers = {}
+
+    class Conn(FakeConn):
+        def close(self):
+            self.closed = True
+
+    conn = Conn(None)
+    rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
+        conn, [protocol.header(protocol.REQUEST, 4), *dumps(("worker_ready", ("w?", 7, 1)))])
+    assert conn.closed   # a worker it did not start is turned away, not told "unknown"
