@@ -109,12 +109,21 @@ class RpcHandler:
             else:
                 fut.set_exception(value)
         elif kind == protocol.PUSH:
-            event, data = loads(segs[1:])
+            try:
+                event, data = loads(segs[1:])
+            except Exception as e:
+                log.warning("dropped an unreadable push from %s: %s", conn.peer, e)
+                return
             try:
                 self.target.on_push(conn, event, data)
             except MessageError as e:
                 # A push has no reply to carry the error: drop it, keep the connection.
                 log.warning("dropped a malformed %r push from %s: %s", event, conn.peer, e)
+            except Exception:
+                # A bug in one handler must not cut the link: for a driver, losing the head
+                # connection kills every actor it owns. Log it with its traceback instead.
+                log.exception("the %r push handler failed (push from %s); the push is "
+                              "dropped and the connection kept", event, conn.peer)
         else:
             # A data-plane frame on a control port: a confused or hostile peer. Drop the
             # connection quietly instead of logging a traceback per frame.

@@ -89,6 +89,23 @@ def test_push_goes_to_on_push():
     assert target.pushed == [("heartbeat", {"n": 1})]
 
 
+def test_a_failing_push_handler_or_unreadable_push_keeps_the_connection(caplog):
+    class Buggy(Target):
+        def on_push(self, conn, event, data):
+            raise TypeError("a bug in the handler")
+
+    conn, target = FakeConn(), Buggy()
+    h = rpc.RpcHandler(target, target.handlers())
+    h.frame_received(conn, [protocol.header(protocol.PUSH), *dumps(("logs", {"n": 1}))])
+    h.frame_received(conn, [protocol.header(protocol.PUSH), *dumps("not a pair")])
+    assert not conn.closed and conn.aborted is None
+    assert "push handler failed" in caplog.text and "a bug in the handler" in caplog.text
+    assert "unreadable push" in caplog.text
+    # Requests still work on the same connection.
+    h.frame_received(conn, _request(9, "add", 1, 1))
+    assert conn.sent[-1] == (protocol.REPLY_OK, 9, 2)
+
+
 @pytest.mark.parametrize("kind", [protocol.CALL, protocol.OBJ, protocol.RESULT_OK, 200])
 def test_a_data_plane_frame_on_a_control_connection_aborts_it(kind):
     conn, target = FakeConn(), Target()
