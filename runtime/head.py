@@ -244,9 +244,16 @@ class Head:
             fn(conn, data)
 
     def _on_heartbeat(self, conn, data):
-        n = self.nodes.get(Heartbeat.from_wire(data).node_id)
-        if n is not None:
-            n.heard()
+        beat = Heartbeat.from_wire(data)
+        node = conn.info.get("node")
+        if node is None or node.node_id != beat.node_id:
+            # Only a node speaks for itself: another peer with the token could otherwise
+            # keep a hung node looking alive.
+            self._warn_limited("heartbeat", "ignored a heartbeat for node %s from %s: only "
+                               "that node's own connection may send it", beat.node_id,
+                               conn.peer)
+            return
+        node.heard()
 
     def _on_worker_died(self, conn, data):
         died = WorkerDied.from_wire(data)
@@ -273,7 +280,14 @@ class Head:
         log.warning(msg, *args)
 
     def _on_logs(self, conn, data):
-        self._route_logs(LogBatch.from_wire(data))
+        batch = LogBatch.from_wire(data)
+        if conn.info.get("node") is None:
+            # Worker output reaches drivers only through the node that tails it; any
+            # other peer could print lines in a driver's terminal under a worker's name.
+            self._warn_limited("logs", "ignored a logs push from %s: only a registered node "
+                               "may send worker output", conn.peer)
+            return
+        self._route_logs(batch)
 
     def _on_task_blocked(self, conn, data):
         self._lend(_field(data, "worker_id", "task_blocked"))

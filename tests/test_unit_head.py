@@ -27,6 +27,7 @@ class FakeConn:
         self.info: dict = {}
         self.closed = False
         self.pushed: list = []
+        self.peer = ("127.0.0.1", 1)
 
     def send_msg(self, kind, msg_id, segs):
         if kind == protocol.PUSH:

@@ -404,3 +404,29 @@ def test_a_nodes_own_port_still_answers_its_workers():
     rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
         conn, [protocol.header(protocol.REQUEST, 4), *dumps(("worker_ready", ("w?", 7, 1)))])
     assert conn.closed   # a worker it did not start is turned away, not told "unknown"
+
+
+def test_heartbeats_and_logs_are_taken_only_from_nodes(caplog):
+    from test_unit_head import FakeNode, driver, run
+
+    async def scenario(loop, head):
+        n1, n2 = FakeNode(loop, head, "n1"), FakeNode(loop, head, "n2")
+        d = driver(head)
+        routed = []
+        head._route_logs = routed.append
+        rec = head.nodes["n1"]
+        rec.missed = 3
+        with caplog.at_level(logging.WARNING, logger="ddlf.head"):
+            head.on_push(d, "heartbeat", {"node_id": "n1"})    # a driver
+            head.on_push(n2, "heartbeat", {"node_id": "n1"})   # another node
+            forged = rec.missed
+            head.on_push(d, "logs", {"records": [(None, "W", 1, "out", "forged")]})
+            head.on_push(n1, "heartbeat", {"node_id": "n1"})   # its own connection
+            head.on_push(n1, "logs", {"records": [(None, "W", 1, "out", "real")]})
+        return forged, rec.missed, [b.records for b in routed]
+
+    forged, after, routed = run(scenario)
+    assert forged == 3 and after == 0
+    assert routed == [[(None, "W", 1, "out", "real")]]
+    assert "ignored a heartbeat for node n1" in caplog.text
+    assert "ignored a logs push" in caplog.text
