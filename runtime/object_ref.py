@@ -149,12 +149,17 @@ def _out_of_band_ref(obj_id: bytes, owner):
     return fetch(obj_id, owner)
 
 
-def _resolve_local(obj_id: bytes):
+def _shipped(obj_id: bytes):
+    """The ref of an object shipped with the call being decoded (this thread's resolver, or
+    the worker's default), or None."""
     resolve = getattr(_tls, "resolve", None) or _default_resolve
-    if resolve is not None:
-        ref = resolve(obj_id)
-        if ref is not None:
-            return ref
+    return resolve(obj_id) if resolve is not None else None
+
+
+def _resolve_local(obj_id: bytes):
+    ref = _shipped(obj_id)
+    if ref is not None:
+        return ref
     from .core import get_core
 
     core = get_core(auto=False)
@@ -174,12 +179,8 @@ def set_default_resolver(resolve) -> None:
 
 
 def _foreign_ref(obj_id: bytes):
-    resolve = getattr(_tls, "resolve", None) or _default_resolve
-    if resolve is not None:
-        ref = resolve(obj_id)
-        if ref is not None:
-            return ref
-    return ForeignObjectRef(obj_id)
+    ref = _shipped(obj_id)
+    return ref if ref is not None else ForeignObjectRef(obj_id)
 
 
 def collect_refs(fn, value):

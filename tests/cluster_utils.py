@@ -6,6 +6,7 @@ stay its descendants, so the leak check in conftest sees every one of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,3 +51,17 @@ class MultiNodeCluster:
 
     def stop(self) -> None:
         stop_children([n["proc"] for n in self.nodes] + [self.head], 15)
+
+
+@contextlib.contextmanager
+def joined(cluster: MultiNodeCluster):
+    """This driver joined to ``cluster`` for the block; then shut down and the cluster
+    stopped, whatever happens."""
+    import ddlf_actors as ddlf
+
+    try:
+        ddlf.init(address=cluster.address, token=cluster.token)
+        yield cluster
+    finally:
+        ddlf.shutdown()
+        cluster.stop()

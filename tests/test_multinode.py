@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from cluster_utils import MultiNodeCluster
+from cluster_utils import MultiNodeCluster, joined
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError, UnschedulableError
@@ -45,14 +45,9 @@ class Where:
 
 @pytest.fixture
 def multi(no_leaks):
-    c = MultiNodeCluster(node_cpus=(1, 1), node_resources=[None, {"special": 1}],
-                         head_env={"DDLF_NODE_DEAD_AFTER_S": "3"})
-    try:
-        ddlf.init(address=c.address, token=c.token)
+    with joined(MultiNodeCluster(node_cpus=(1, 1), node_resources=[None, {"special": 1}],
+                                 head_env={"DDLF_NODE_DEAD_AFTER_S": "3"})) as c:
         yield c
-    finally:
-        ddlf.shutdown()
-        c.stop()
 
 
 def _views():

@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from cluster_utils import MultiNodeCluster
+from cluster_utils import MultiNodeCluster, joined
 from helpers_modules.util import wait_for
 
 import ddlf_actors as ddlf
@@ -279,13 +279,8 @@ def _named(name):
 
 @pytest.fixture
 def two_nodes(no_leaks):
-    c = MultiNodeCluster(node_cpus=(1, 1))
-    try:
-        ddlf.init(address=c.address, token=c.token)
+    with joined(MultiNodeCluster(node_cpus=(1, 1))) as c:
         yield c
-    finally:
-        ddlf.shutdown()
-        c.stop()
 
 
 def test_strategies_on_two_nodes_and_rescheduling_after_a_node_dies(two_nodes):

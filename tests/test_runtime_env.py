@@ -10,7 +10,7 @@ import textwrap
 import zipfile
 
 import pytest
-from cluster_utils import MultiNodeCluster
+from cluster_utils import MultiNodeCluster, joined
 from helpers_modules.clusters import no_leaked_processes, start_cluster
 
 import ddlf_actors as ddlf
@@ -268,9 +268,7 @@ def test_actor_runs_in_its_env_even_after_the_source_folder_is_gone(project, no_
 def test_each_node_gets_the_package_from_the_head(project):
     wd, _ = project
     with no_leaked_processes():
-        c = MultiNodeCluster(node_cpus=(1, 1))
-        try:
-            ddlf.init(address=c.address, token=c.token)
+        with joined(MultiNodeCluster(node_cpus=(1, 1))):
             # Checked (and packed) once; the second node still gets it after the folder is gone.
             env = renv.validate({"working_dir": str(wd)})
             actor_cls = ddlf.remote(Reader)
@@ -283,9 +281,6 @@ def test_each_node_gets_the_package_from_the_head(project):
                 cwds.add(got["cwd"])
                 shutil.rmtree(wd, ignore_errors=True)  # the second node cannot read it here
             assert len(cwds) == 2
-        finally:
-            ddlf.shutdown()
-            c.stop()
 
 
 def test_runtime_env_reaches_workers_through_the_ray_layer(project, no_leaks):

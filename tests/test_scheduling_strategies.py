@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cluster_utils import MultiNodeCluster
+from cluster_utils import MultiNodeCluster, joined
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import UnschedulableError
@@ -112,13 +112,8 @@ def test_bad_strategies_are_value_errors():
 
 @pytest.fixture
 def two_nodes(no_leaks):
-    c = MultiNodeCluster(node_cpus=(2, 2))
-    try:
-        ddlf.init(address=c.address, token=c.token)
+    with joined(MultiNodeCluster(node_cpus=(2, 2))) as c:
         yield c
-    finally:
-        ddlf.shutdown()
-        c.stop()
 
 
 def test_tasks_and_actors_follow_node_affinity_and_spread(two_nodes):

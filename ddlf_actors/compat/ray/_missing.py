@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dis
+import importlib
 import sys
 
-__all__ = ["NotProvidedError", "NotProvidedModuleError", "reason", "not_provided", "missing"]
+__all__ = ["NotProvidedError", "NotProvidedModuleError", "reason", "not_provided", "missing",
+           "module_getattr"]
 
 _LIBRARY = "a Ray library built on Ray Core; DDLF provides only the Core API"
 
@@ -113,3 +115,17 @@ def missing(name: str, depth: int = 2) -> BaseException:
     except (ValueError, IndexError, AttributeError):
         pass
     return NotProvidedError(msg)
+
+
+def module_getattr(package: str, prefix: str, submodules: tuple = ()):
+    """A module ``__getattr__`` for a package of the Ray layer: its ``submodules`` load on
+    first use, as in Ray; any other public name raises :func:`missing` for
+    ``ray.<prefix><name>``."""
+    def __getattr__(name: str):
+        if name in submodules:
+            return importlib.import_module(f"{package}.{name}")
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise missing(f"{prefix}{name}")   # depth 2: the frame that asked for the name
+
+    return __getattr__

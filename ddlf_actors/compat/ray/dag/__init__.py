@@ -16,13 +16,10 @@ from ddlf_actors.dag import (
     MultiOutputNode,
 )
 
-from .._missing import missing
+from .._missing import module_getattr
 
 __all__ = ["DAGNode", "FunctionNode", "ClassNode", "ClassMethodNode", "InputNode",
            "InputAttributeNode", "DAGInputData", "MultiOutputNode", "CompiledDAG"]
 
 
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise missing(f"dag.{name}")
+__getattr__ = module_getattr(__name__, "dag.")

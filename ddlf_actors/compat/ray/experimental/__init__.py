@@ -3,14 +3,8 @@
 
 from __future__ import annotations
 
-from .._missing import NotProvidedError, not_provided
+from .._missing import module_getattr
 
 __all__ = ["tqdm_ray"]
 
-
-def __getattr__(name: str):
-    if name == "tqdm_ray":
-        import importlib
-
-        return importlib.import_module(f"{__name__}.tqdm_ray")
-    raise NotProvidedError(not_provided(f"experimental.{name}"))
+__getattr__ = module_getattr(__name__, "experimental.", ("tqdm_ray",))

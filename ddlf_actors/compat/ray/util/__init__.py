@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ddlf_actors.util import ActorPool
 
-from .._missing import missing
+from .._missing import module_getattr
 from . import placement_group as _placement_group_module  # noqa: F401 - before the names below
 from . import queue, scheduling_strategies
 from .placement_group import (
@@ -37,11 +37,4 @@ def list_named_actors(all_namespaces: bool = False) -> list:
     return names
 
 
-def __getattr__(name: str):
-    if name == "actor_pool":
-        import importlib
-
-        return importlib.import_module(f"{__name__}.actor_pool")
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise missing(f"util.{name}")
+__getattr__ = module_getattr(__name__, "util.", ("actor_pool",))
