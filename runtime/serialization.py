@@ -9,9 +9,11 @@ defined in ``__main__`` or in notebooks by value.
 
 from __future__ import annotations
 
+import collections
 import io
 import pickle
 import sys
+import types
 
 import cloudpickle
 
@@ -67,11 +69,37 @@ def dumps(obj) -> list:
             payload = pickle.dumps(obj, protocol=5, buffer_callback=keep)
         else:
             f = io.BytesIO()
-            cloudpickle.Pickler(f, protocol=5, buffer_callback=keep).dump(obj)
+            _CodePickler(f, protocol=5, buffer_callback=keep).dump(obj)
             payload = f.getbuffer()
     except Exception as e:
         raise SerializationError(describe_pickle_failure(obj, e)) from e
     return [payload, *buffers]
+
+
+def _code_reduce_keeping_filename(code):
+    """cloudpickle's code reducer, but the code keeps its real ``co_filename``.
+
+    cloudpickle 3.1.3 replaces every shipped function's file name with
+    ``"<dynamic-code>"`` to make its payloads deterministic. A remote traceback then
+    shows no file and no source line, only ``File "<dynamic-code>", line 40``. Ray keeps
+    the file name; so do we: a worker on the driver's host (or with the same path)
+    shows the failing line, as ``linecache`` finds the file there.
+    """
+    func, args = _CLOUDPICKLE_CODE_REDUCE(code)
+    if "<dynamic-code>" in args:
+        args = tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+    return func, args
+
+
+_CLOUDPICKLE_CODE_REDUCE = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
+
+
+class _CodePickler(cloudpickle.Pickler):
+    """``cloudpickle.Pickler`` whose shipped code keeps its file name (see above)."""
+
+    if _CLOUDPICKLE_CODE_REDUCE is not None:
+        dispatch_table = collections.ChainMap({types.CodeType: _code_reduce_keeping_filename},
+                                              cloudpickle.Pickler.dispatch_table)
 
 
 def snapshot(segments: list) -> list:
