@@ -126,7 +126,7 @@ class TrainerActor(ClusterWorker):
         variables = list(getattr(opt, "variables", None) or ())
         if not variables:
             return None
-        return [np.array(v) for v in variables]
+        return [np.array(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
 
     def set_optimizer_state(self, state) -> None:
         """Load what :meth:`get_optimizer_state` returned (from a checkpoint, or from the
