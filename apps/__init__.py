@@ -11,12 +11,13 @@ TensorFlow is imported only inside trainers and when a result's model is built, 
 when this package is imported.
 """
 
-from . import datasets, models
+from . import checkpoint, datasets, models
 from .app import App
-from .callbacks import Callback, CsvLogger, EarlyStopping, History, ProgressBar
+from .callbacks import Callback, CsvLogger, EarlyStopping, EventLog, History, ProgressBar
+from .checkpoint import CheckpointMismatchError
 from .config import TrainConfig
 from .result import TrainResult
-from .schemes import TrainerStartError, train_async, train_sync
+from .schemes import TooFewTrainersError, TrainerStartError, train_async, train_sync
 from .trainer import TrainerActor
 
 __all__ = [
@@ -29,6 +30,10 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainerStartError",
+    "TooFewTrainersError",
+    "CheckpointMismatchError",
+    "checkpoint",
+    "EventLog",
     "Callback",
     "History",
     "ProgressBar",

@@ -35,7 +35,7 @@ from ddlf_actors.cluster import Cluster, WorkerProxy
 from . import datasets, models
 from .config import TrainConfig
 from .schemes.asynchronous import AsyncScheme
-from .schemes.base import describe_trainers, start_trainers, stop_trainers
+from .schemes.pool import describe_trainers, start_trainers, stop_trainers
 from .schemes.sync import SyncScheme
 from .trainer import TrainerActor, combine_shards
 
@@ -186,8 +186,9 @@ class App:
 
     # -- internals -----------------------------------------------------------------------------
     def _config(self, **kw) -> TrainConfig:
-        return TrainConfig(workers=self.workers, num_cpus=self.num_cpus,
-                           trainer_cls=self.trainer_cls, progress=self.progress, **kw)
+        return TrainConfig.from_options(dict(workers=self.workers, num_cpus=self.num_cpus,
+                                             trainer_cls=self.trainer_cls,
+                                             progress=self.progress, **kw), caller="App")
 
     async def _trainers(self) -> list:
         if self._ddlf_trainers is None:
@@ -217,13 +218,16 @@ class App:
     async def _train(self, scheme_cls, master_epochs, worker_epochs, batch_size, options):
         trainers = await self._trainers()
         initial = options.pop("initial_weights", None)
-        if initial is None:
+        resume = options.pop("resume", None)
+        if resume is not None:
+            options.setdefault("checkpoint_dir", resume)
+        elif initial is None:
             initial = await self._current_weights()
         config = self._config(master_epochs=master_epochs, worker_epochs=worker_epochs,
                               batch_size=batch_size, **options)
         scheme = scheme_cls(_AppStep(self, "create_model"), _AppStep(self, "load_dataset"),
                             config, trainers)
-        self.result = await asyncio.to_thread(scheme.run, initial)
+        self.result = await asyncio.to_thread(scheme.run, initial, resume)
         self.weights = self.result.weights
         if self.model is not None:
             self.model.set_weights(self.weights)

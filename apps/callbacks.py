@@ -7,18 +7,42 @@ sets ``run.stop = True`` to end training after the current row.
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import sys
 
-__all__ = ["Callback", "History", "ProgressBar", "EarlyStopping", "CsvLogger"]
+__all__ = ["Callback", "History", "ProgressBar", "EventLog", "EarlyStopping", "CsvLogger",
+           "describe_event"]
+
+log = logging.getLogger("ddlf_actors.train")
+
+# Events worth a line on the terminal as they happen (checkpoints are only recorded).
+_SHOWN = {"trainer_lost", "trainer_joined", "trainer_start_failed", "waiting_for_trainers",
+          "resumed"}
+
+
+def describe_event(event: dict) -> str:
+    """One line for a run event, as the progress bar and the CLI print it."""
+    who = "" if event.get("trainer") is None else f"trainer {event['trainer']} "
+    where = f" on node {event['node']}" if event.get("node") else ""
+    what = event["kind"].replace("_", " ")
+    if who and what.startswith("trainer "):
+        what = what[len("trainer "):]
+    return (f"[{event['time_s']:8.1f} s, round {event['round']}] {who}{what}{where}: "
+            f"{event['detail']}")
 
 
 class Callback:
     def on_train_begin(self, run) -> None:
-        """``run`` has ``.config``, ``.scheme``, ``.total_rows`` and a writable ``.stop``."""
+        """``run`` has ``.config``, ``.scheme``, ``.total_rows``, ``.rows_done``, ``.events``
+        and a writable ``.stop``."""
 
     def on_row(self, row: dict, run) -> None:
         """A history row is complete (its evaluation included)."""
+
+    def on_event(self, event: dict, run) -> None:
+        """Something happened to the run (a trainer lost or joined, a resume): see
+        ``records.RunEvent``. Checkpoints are recorded in ``result.events`` only."""
 
     def on_train_end(self, result) -> None:
         pass
@@ -42,8 +66,8 @@ class ProgressBar(Callback):
     def on_train_begin(self, run):
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=run.total_rows, file=self.file, unit="round",
-                        desc=f"ddlf {run.scheme}", dynamic_ncols=True, leave=True)
+        self.bar = tqdm(total=run.total_rows, initial=run.rows_done, file=self.file,
+                        unit="round", desc=f"ddlf {run.scheme}", dynamic_ncols=True, leave=True)
 
     def on_row(self, row, run):
         if self.bar is None:
@@ -51,15 +75,34 @@ class ProgressBar(Callback):
         acc = row.get("test_accuracy")
         rate = row.get("samples_per_s")
         self.bar.set_postfix_str(
-            f"round {row['round']} epoch {row['epoch']:g} "
+            f"round {row['round']} epoch {row['epoch']:g} K={row.get('workers', '-')} "
             f"acc {'-' if acc is None else f'{acc:.4f}'} "
             f"{'-' if not rate else f'{rate:,.0f}'} samples/s", refresh=False)
         self.bar.update(1)
+
+    def on_event(self, event, run):
+        if event["kind"] not in _SHOWN:
+            return
+        if self.bar is None:
+            print(describe_event(event), file=self.file)
+        else:
+            self.bar.write(describe_event(event), file=self.file)
 
     def on_train_end(self, result):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class EventLog(Callback):
+    """Log losses, rejoins and resumes to the ``ddlf_actors.train`` logger (what a run
+    without a progress bar does): a loss is a warning, a rejoin or resume is info."""
+
+    def on_event(self, event, run):
+        if event["kind"] not in _SHOWN:
+            return
+        level = logging.INFO if event["kind"] in ("trainer_joined", "resumed") else logging.WARNING
+        log.log(level, "%s", describe_event(event))
 
 
 class EarlyStopping(Callback):

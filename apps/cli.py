@@ -6,12 +6,14 @@
 
 ``run`` starts an embedded cluster unless ``--address`` is given, trains with a progress
 bar, prints a table of epoch, time and accuracy, and writes ``model.keras``,
-``history.csv``, ``history.json`` and ``training.png`` to ``--out``.
+``history.csv``, ``history.json`` and ``training.png`` to ``--out``. With
+``--checkpoint-every N`` it also keeps checkpoints there; ``--resume DIR`` continues one.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -47,7 +49,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="where the dataset's files are (default: the lookup "
                                         "order of datasets.load)")
     run.add_argument("--scheme", choices=("sync", "async"), default="sync")
-    run.add_argument("--workers", type=int, default=2)
+    run.add_argument("--workers", type=_workers_arg, default=2,
+                     help="trainers: K, or MIN:MAX for an elastic run that starts with MIN "
+                          "and grows as CPUs appear")
+    run.add_argument("--min-workers", type=int,
+                     help="fewest trainers to go on with after losses (default 1)")
+    run.add_argument("--rejoin-timeout", type=float, default=60.0,
+                     help="seconds to wait for replacements below --min-workers, then fail")
+    run.add_argument("--checkpoint-every", type=int,
+                     help="write a checkpoint into --out every N rounds")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue from the last checkpoint in DIR (a previous --out); "
+                          "writes into DIR unless --out is given")
     run.add_argument("--master-epochs", type=int, default=2)
     run.add_argument("--worker-epochs", type=int, default=1)
     run.add_argument("--batch-size", type=int, default=32)
@@ -61,12 +74,29 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="join a running cluster (default: start an embedded one)")
     run.add_argument("--token-file", help="file holding the cluster token (or set DDLF_AUTH_TOKEN)")
     run.add_argument("--token", help=argparse.SUPPRESS)
-    run.add_argument("--out", default="ddlf-run", help="output directory (default: ddlf-run)")
+    run.add_argument("--out", help="output directory (default: ddlf-run, or the --resume DIR)")
     run.add_argument("--no-progress", action="store_true")
     fetch = sub.add_parser("fetch", help="download a dataset into ~/.cache/ddlf/<name>")
     fetch.add_argument("name")
     fetch.add_argument("--force", action="store_true")
     return p
+
+
+def _workers_arg(text: str):
+    """``K`` or ``MIN:MAX``."""
+    try:
+        if ":" in text:
+            lo, hi = (int(v) for v in text.split(":"))
+            if not 1 <= lo <= hi:
+                raise ValueError
+            return (lo, hi)
+        k = int(text)
+        if k < 1:
+            raise ValueError
+        return k
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use a number of trainers (2) or a range MIN:MAX (2:4)") from None
 
 
 def _dataset_arg(args):
@@ -107,7 +137,10 @@ def _run(args) -> int:
                       worker_epochs=args.worker_epochs, batch_size=args.batch_size,
                       rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
                       target_accuracy=args.target_accuracy, patience=args.patience,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, min_workers=args.min_workers,
+                      rejoin_timeout_s=args.rejoin_timeout, resume=args.resume)
+        if args.checkpoint_every:
+            common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
         if args.scheme == "sync":
             result = train_sync(model_fn, dataset, **common)
         else:
@@ -121,8 +154,9 @@ def _run(args) -> int:
     report.plot_history(result.history, os.path.join(args.out, "training.png"),
                         f"DDLF {args.scheme}, {label}, K={args.workers}")
     result.model.save(os.path.join(args.out, "model.keras"))
-    print(report.format_table(result.history))
-    print(f"\n{args.scheme} on {label}, {args.workers} trainers: trainers ready in "
+    print(report.format_table(result.history, result.events))
+    workers = args.workers if isinstance(args.workers, int) else "{}-{}".format(*args.workers)
+    print(f"\n{args.scheme} on {label}, {workers} trainers: trainers ready in "
           f"{result.startup_s:.1f} s, trained in {result.history[-1]['time_s']:.1f} s, "
           f"{total:.1f} s in all. Wrote model.keras, history.csv, history.json, training.png "
           f"to {args.out}/")
@@ -147,16 +181,22 @@ def main(argv=None) -> int:
     import ddlf_actors as ddlf
 
     from . import datasets
-    from .schemes import TrainerStartError
+    from .schemes import TooFewTrainersError, TrainerStartError
 
     args = _parser().parse_args(argv)
+    if getattr(args, "command", None) == "run" and args.out is None:
+        args.out = args.resume or "ddlf-run"
+    # Losses and rejoins are logged as they happen (the progress bar prints them too).
+    logging.basicConfig(format="ddlf-train: %(message)s")
+    logging.getLogger("ddlf_actors.train").setLevel(logging.INFO)
     try:
         if args.command == "fetch":
             print(datasets.fetch(args.name, force=args.force))
             return 0
         return _run(args)
     except (datasets.DatasetNotFoundError, datasets.DatasetFormatError, TrainerStartError,
-            ddlf.errors.UnschedulableError, ddlf.errors.AuthenticationError, ValueError) as e:
+            TooFewTrainersError, FileNotFoundError, ddlf.errors.UnschedulableError,
+            ddlf.errors.AuthenticationError, ValueError) as e:
         # A user's mistake, not a bug: the message says what to do; no traceback.
         print(f"ddlf-train: error: {e}", file=sys.stderr)
         return 2

@@ -1,11 +1,30 @@
-"""One configuration for a training run, shared by the keyword API, ``App`` and the CLI."""
+"""One configuration for a training run, shared by the keyword API, ``App`` and the CLI.
+
+``train_sync(model_fn, dataset, **options)`` takes the fields of :class:`TrainConfig` as
+keyword options; this module is the one place that knows their defaults and checks them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import os
 from typing import Any
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "ASYNC_ONLY"]
+
+# Options that only the asynchronous scheme reads (a sync run refuses them).
+ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
+
+
+def _int_at_least(name: str, v, low: int = 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+
+
+def _seconds(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
 
 
 @dataclasses.dataclass
@@ -15,8 +34,15 @@ class TrainConfig:
     ``workers`` trainers take ``num_cpus`` CPUs each. A master epoch is one pass of the
     training set split over the trainers; ``worker_epochs`` is how many local epochs a
     trainer runs on its share before reporting a delta (the paper's N).
-    ``rounds_per_epoch`` splits each share into that many rounds, averaging after each
+    ``rounds_per_epoch`` splits each epoch into that many rounds, averaging after each
     (local SGD: more rounds, more communication, usually better accuracy per epoch).
+
+    Fault tolerance: a lost trainer is replaced in its reserved slot when it can be, and
+    the run goes on without it meanwhile, down to ``min_workers``; below that it waits up
+    to ``rejoin_timeout_s`` for capacity, then fails. ``workers=(lo, hi)`` is elastic:
+    training starts once ``lo`` trainers are placed and grows toward ``hi`` as CPUs appear.
+    ``checkpoint_dir`` keeps a checkpoint every ``checkpoint_every`` rounds (1 by default);
+    ``train_sync(..., resume=DIR)`` continues from the last one.
     """
 
     workers: int = 2
@@ -25,6 +51,15 @@ class TrainConfig:
     batch_size: int = 32
     rounds_per_epoch: int = 1
     num_cpus: float = 1
+    # The fewest trainers a run goes on with; default 1, or the low end of workers=(lo, hi).
+    min_workers: int | None = None
+    # Set by workers=(lo, hi): start with lo placed, grow toward hi.
+    elastic: bool = False
+    # Below min_workers: how long to wait for replacements before failing.
+    rejoin_timeout_s: float = 60.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2
     # Early stop: at this test accuracy, or after this many evaluations without a new
     # best test loss.
     target_accuracy: float | None = None
@@ -36,31 +71,94 @@ class TrainConfig:
     progress: bool = True
     trainer_cls: Any = None
     trainer_options: dict = dataclasses.field(default_factory=dict)
-    # The K trainers are placed as one placement group (one bundle each) so that a run
+    # The trainers are placed as one placement group (one bundle each) so that a run
     # never starts half-placed; it fails if the group is not reserved within the timeout.
     placement_strategy: str = "SPREAD"
     placement_timeout_s: float = 60.0
     callbacks: list = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
-        for name in ("workers", "master_epochs", "worker_epochs", "batch_size", "rounds_per_epoch"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if isinstance(self.workers, (tuple, list)):
+            self._take_range(self.workers)
+        _int_at_least("workers", self.workers)
+        for name in ("master_epochs", "worker_epochs", "batch_size", "rounds_per_epoch",
+                     "keep_checkpoints"):
+            _int_at_least(name, getattr(self, name))
+        if self.min_workers is None:
+            self.min_workers = 1
+        _int_at_least("min_workers", self.min_workers)
+        if self.min_workers > self.workers:
+            raise ValueError(f"min_workers={self.min_workers} is more than workers="
+                             f"{self.workers}; use workers=({self.min_workers}, N) with N >= "
+                             f"{self.min_workers}")
         if not isinstance(self.num_cpus, (int, float)) or self.num_cpus < 0:
             raise ValueError(f"num_cpus must be a number >= 0, got {self.num_cpus!r}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(f"placement_strategy must be 'PACK', 'SPREAD', 'STRICT_PACK' or "
                              f"'STRICT_SPREAD', got {self.placement_strategy!r}")
-        if isinstance(self.placement_timeout_s, bool) or not isinstance(
-                self.placement_timeout_s, (int, float)) or self.placement_timeout_s < 0:
-            raise ValueError(f"placement_timeout_s must be a number >= 0, got "
-                             f"{self.placement_timeout_s!r}")
+        _seconds("placement_timeout_s", self.placement_timeout_s)
+        _seconds("rejoin_timeout_s", self.rejoin_timeout_s)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
-        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
-            raise ValueError(f"patience must be an int >= 1, got {self.patience!r}")
-        if self.staleness_bound is not None and (
-                not isinstance(self.staleness_bound, int) or self.staleness_bound < 0):
-            raise ValueError(f"staleness_bound must be an int >= 0 or None, got "
-                             f"{self.staleness_bound!r}")
+        if self.patience is not None:
+            _int_at_least("patience", self.patience)
+        if self.staleness_bound is not None:
+            _int_at_least("staleness_bound", self.staleness_bound, 0)
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir = os.path.abspath(os.path.expanduser(os.fspath(self.checkpoint_dir)))
+            if self.checkpoint_every is None:
+                self.checkpoint_every = 1
+        if self.checkpoint_every is not None:
+            _int_at_least("checkpoint_every", self.checkpoint_every)
+            if self.checkpoint_dir is None:
+                raise ValueError("checkpoint_every needs checkpoint_dir= (where to write them)")
+        if self.seed is not None:
+            _int_at_least("seed", self.seed, 0)
+
+    def _take_range(self, pair) -> None:
+        if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)
+                or not 1 <= pair[0] <= pair[1]):
+            raise ValueError(f"workers=(lo, hi) needs two ints with 1 <= lo <= hi, got {pair!r}")
+        lo, hi = pair
+        if self.min_workers is not None and self.min_workers != lo:
+            raise ValueError(f"workers={tuple(pair)!r} already sets min_workers={lo}; "
+                             f"min_workers={self.min_workers} contradicts it")
+        self.workers, self.min_workers, self.elastic = hi, lo, True
+
+    @property
+    def start_workers(self) -> int:
+        """How many trainers must be placed before training starts."""
+        return self.min_workers if self.elastic else self.workers
+
+    @classmethod
+    def from_options(cls, options: dict, *, caller: str) -> TrainConfig:
+        """A config from ``train_sync``/``train_async`` keyword options.
+
+        Raises ``TypeError`` naming an unknown option (with the closest known one), and
+        ``ValueError`` for a bad value.
+        """
+        known = [f.name for f in dataclasses.fields(cls)]
+        for name in options:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"{caller}() got an unknown option {name!r}{hint} Options are "
+                                f"the fields of TrainConfig: {', '.join(known)}")
+        kw = dict(options)
+        kw["callbacks"] = list(kw.get("callbacks") or ())
+        kw["trainer_options"] = dict(kw.get("trainer_options") or {})
+        return cls(**kw)
+
+    def to_json(self) -> dict:
+        """The settings a checkpoint records: plain values only (classes by name)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "callbacks":
+                v = [type(c).__name__ for c in v]
+            elif f.name == "trainer_cls":
+                v = None if v is None else f"{v.__module__}.{v.__qualname__}"
+            elif f.name == "trainer_options":
+                v = {k: repr(x) for k, x in v.items()}
+            out[f.name] = v
+        return out

@@ -61,12 +61,21 @@ def epoch_rows(history: list) -> list:
     return [out[k] for k in sorted(out)]
 
 
-def format_table(history: list) -> str:
-    """A text table: epoch, time, test accuracy and loss, train loss."""
-    lines = [f"{'epoch':>5}  {'time (s)':>9}  {'test acc':>8}  {'test loss':>9}  {'train loss':>10}"]
+def format_table(history: list, events: list = ()) -> str:
+    """A text table: epoch, time, trainers, test accuracy and loss, train loss, and what
+    happened to the trainers during the epoch (losses and joins)."""
+    lines = [f"{'epoch':>5}  {'time (s)':>9}  {'K':>3}  {'test acc':>8}  {'test loss':>9}  "
+             f"{'train loss':>10}  trainers"]
+    prev_time = float("-inf")
     for row in epoch_rows(history):
         acc, tl = row.get("test_accuracy"), row.get("test_loss")
-        lines.append(f"{row['epoch']:>5g}  {row['time_s']:>9.1f}  "
+        happened = [e for e in events if prev_time < e["time_s"] <= row["time_s"]
+                    and e["kind"] in ("trainer_lost", "trainer_joined", "trainer_start_failed")]
+        prev_time = row["time_s"]
+        note = ", ".join(f"{e['trainer']} {e['kind'].split('_', 1)[1].replace('_', ' ')}"
+                         for e in happened)
+        lines.append(f"{row['epoch']:>5g}  {row['time_s']:>9.1f}  {row.get('workers', '-'):>3}  "
                      f"{'-' if acc is None else f'{acc:.4f}':>8}  "
-                     f"{'-' if tl is None else f'{tl:.4f}':>9}  {row['train_loss']:>10.4f}")
+                     f"{'-' if tl is None else f'{tl:.4f}':>9}  {row['train_loss']:>10.4f}  "
+                     f"{note}".rstrip())
     return "\n".join(lines)

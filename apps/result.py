@@ -13,7 +13,10 @@ class TrainResult:
     """``history``: one dict per row (a round for ``train_sync``, an epoch for
     ``train_async``); ``weights``: the final weights (a list of numpy arrays);
     ``model``: a model holding them, built on first access by the trainer class's
-    ``local_model`` (for Keras, ``model_fn()`` in this process)."""
+    ``local_model`` (for Keras, ``model_fn()`` in this process); ``events``: what happened
+    to the run (trainers lost and joined, resumes, checkpoints), see ``records.RunEvent``;
+    ``checkpoint``: the path of the last checkpoint written, if any; ``checkpoint_s``: the
+    time the training loop spent on checkpoints (the rest is written in the background)."""
 
     scheme: str
     history: list
@@ -25,6 +28,9 @@ class TrainResult:
     updates: list = dataclasses.field(default_factory=list)
     stopped_early: str | None = None
     startup_s: float = 0.0
+    events: list = dataclasses.field(default_factory=list)
+    checkpoint: str | None = None
+    checkpoint_s: float = 0.0
     _model: Any = dataclasses.field(default=None, repr=False)
 
     @property

@@ -7,7 +7,8 @@ Algorithm 6: the master shuffles and partitions indices, never the data).
 
 The schemes need only lists of numpy arrays and the methods below. To train with
 another framework, subclass and override the hooks (``configure_threads``,
-``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``) and pass
+``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``, and for
+checkpoints of optimizer state ``get_optimizer_state``/``set_optimizer_state``) and pass
 ``trainer_cls=`` to ``train_sync``/``train_async``.
 
 It subclasses the Cluster API's worker, so ``run_method``, ``add_method`` and
@@ -21,6 +22,7 @@ import time
 
 import numpy as np
 
+import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
 
 from . import datasets
@@ -46,6 +48,13 @@ def combine_shards(num_test: int, results: list) -> tuple[float, float]:
 def nbytes(arrays) -> int:
     """Bytes in a list of arrays (weights, deltas): what a transfer of them carries."""
     return int(sum(np.asarray(a).nbytes for a in arrays))
+
+
+def _node_id() -> str | None:
+    try:
+        return ddlf.get_runtime_context().get_node_id()
+    except Exception:   # outside a worker (a trainer built directly in a test)
+        return None
 
 
 class TrainerActor(ClusterWorker):
@@ -110,6 +119,29 @@ class TrainerActor(ClusterWorker):
                               verbose=0)
         return float(hist.history["loss"][-1])
 
+    def get_optimizer_state(self) -> list | None:
+        """The optimizer's variables (step count, momentum, Adam slots) as numpy arrays, or
+        None for a model without an optimizer or one that has not run yet."""
+        opt = getattr(self.model, "optimizer", None)
+        variables = list(getattr(opt, "variables", None) or ())
+        if not variables:
+            return None
+        return [np.array(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
+
+    def set_optimizer_state(self, state) -> None:
+        """Load what :meth:`get_optimizer_state` returned (from a checkpoint, or from the
+        trainer this one replaces). Raises ``ValueError`` if it does not fit."""
+        opt = self.model.optimizer
+        if not getattr(opt, "built", True):
+            opt.build(self.model.trainable_variables)   # Keras creates slots lazily
+        variables = list(opt.variables)
+        if len(variables) != len(state) or any(tuple(v.shape) != np.shape(a)
+                                               for v, a in zip(variables, state)):
+            raise ValueError(f"optimizer state of {len(state)} arrays does not fit this "
+                             f"model's optimizer ({len(variables)} variables)")
+        for v, a in zip(variables, state):
+            v.assign(a)
+
     def evaluate_arrays(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         """Return ``(loss, accuracy)`` of the current model on ``x, y``."""
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
@@ -121,17 +153,21 @@ class TrainerActor(ClusterWorker):
 
     # -- the remote API ----------------------------------------------------------------------
     def describe(self) -> dict:
-        """Sizes the driver needs to partition indices and shard the test set."""
+        """Sizes the driver needs to partition indices and shard the test set, and what a
+        checkpoint compares: the weights' shapes and dtypes."""
+        weights = self.get_weights()
         return {"index": self._ddlf_index, "pid": os.getpid(), "num_train": int(len(self.x)),
-                "partitioned": self.partitioned,
+                "partitioned": self.partitioned, "node": _node_id(),
                 "num_test": 0 if self.x_test is None else int(len(self.x_test)),
-                "weights_bytes": nbytes(self.get_weights())}
+                "weights_bytes": nbytes(weights),
+                "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights]}
 
-    def train(self, weights, indices, epochs: int, batch_size: int):
+    def train(self, weights, indices, epochs: int, batch_size: int, return_state: bool = False):
         """Train from ``weights`` (None: the current ones) on rows ``indices`` of this
         trainer's data. Return ``(delta, stats)``: delta is old − new weights; stats holds
         ``compute_s``, ``idle_s`` (since this trainer's previous call ended), ``samples``
-        and ``loss``."""
+        and ``loss``, and with ``return_state`` the optimizer's state afterwards (what
+        a checkpoint keeps)."""
         start = time.perf_counter()
         idle = 0.0 if self._last_call_end is None else start - self._last_call_end
         if weights is not None:
@@ -147,8 +183,11 @@ class TrainerActor(ClusterWorker):
         end = time.perf_counter()
         self._last_call_end = end
         eval_s, self._eval_s = self._eval_s, 0.0
-        return delta, {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
-                       "samples": int(len(idx)), "loss": loss, "index": self._ddlf_index}
+        stats = {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
+                 "samples": int(len(idx)), "loss": loss, "index": self._ddlf_index}
+        if return_state:
+            stats["optimizer_state"] = self.get_optimizer_state()
+        return delta, stats
 
     def evaluate(self, weights=None, shard=None):
         """``(loss, accuracy)`` of ``weights`` (None: the current ones) on the test set,

@@ -43,8 +43,11 @@ def _ip(*args, ns: str | None = None) -> None:
 class NetnsHosts:
     """``n`` namespaces on a bridge, host i at ``SUBNET.(i+1)``."""
 
+    _made = 0   # a fresh tag per instance: the kernel frees a deleted veth's name lazily
+
     def __init__(self, n: int = 4):
-        tag = f"{os.getpid() % 100000}"
+        NetnsHosts._made += 1
+        tag = f"{os.getpid() % 100000}{NetnsHosts._made % 10}"
         self.bridge = f"ddlfbr{tag}"
         self.ns = [f"ddlf{tag}h{i}" for i in range(n)]
         self.veth = [f"dv{tag}h{i}" for i in range(n)]
@@ -81,30 +84,40 @@ class NetnsHosts:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
+def _start_cluster(hosts: NetnsHosts, env: dict, driver_mode: str):
+    """Head in h0, a 1-CPU node in h1 and h2, and this file as a driver in h3."""
+    from ddlf_actors.runtime.process import start_child as _start
+
+    head, info = _start(["ddlf_actors.runtime.head", "--host", hosts.ips[0], "--port", "0",
+                         "--stdin-lifeline"], "head", prefix=hosts.prefix(0), env=env,
+                        new_session=False)
+    hosts.procs.append(head)
+    nodes = []
+    for i in (1, 2):
+        node, ninfo = _start(["ddlf_actors.runtime.node", "--address", info["address"],
+                              "--host", hosts.ips[i], "--num-cpus", "1", "--stdin-lifeline"],
+                             "node", prefix=hosts.prefix(i), env=env, new_session=False)
+        hosts.procs.append(node)
+        nodes.append(ninfo)
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    driver = subprocess.Popen(
+        [*hosts.prefix(3), sys.executable, os.path.abspath(__file__), driver_mode,
+         info["address"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, **env, "PYTHONPATH": path})
+    hosts.procs.append(driver)
+    return info, nodes, driver
+
+
 def run_scenario(dead_after_s: float = 3.0, verbose: bool = False) -> dict:
     """Build the hosts, run the driver in h3, cut h2's link; return the driver's findings."""
     from ddlf_actors.runtime.auth import generate_token
-    from ddlf_actors.runtime.process import start_child as _start
 
     token = generate_token()
     env = {"DDLF_NODE_DEAD_AFTER_S": str(dead_after_s), "DDLF_AUTH_TOKEN": token}
     hosts = NetnsHosts(4).up()
     try:
-        head, info = _start(["ddlf_actors.runtime.head", "--host", hosts.ips[0], "--port", "0",
-                             "--stdin-lifeline"], "head", prefix=hosts.prefix(0), env=env,
-                            new_session=False)
-        hosts.procs.append(head)
-        nodes = []
-        for i in (1, 2):
-            node, ninfo = _start(["ddlf_actors.runtime.node", "--address", info["address"],
-                                  "--host", hosts.ips[i], "--num-cpus", "1", "--stdin-lifeline"],
-                                 "node", prefix=hosts.prefix(i), env=env, new_session=False)
-            hosts.procs.append(node)
-            nodes.append(ninfo)
-        driver = subprocess.Popen(
-            [*hosts.prefix(3), sys.executable, os.path.abspath(__file__), "driver", info["address"]],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
-        hosts.procs.append(driver)
+        info, nodes, driver = _start_cluster(hosts, env, "driver")
         ready = _read_tagged(driver, "READY", 60)
         if verbose:
             print("driver sees:", json.dumps(ready, indent=1))
@@ -123,6 +136,61 @@ def run_scenario(dead_after_s: float = 3.0, verbose: bool = False) -> dict:
         return result
     finally:
         hosts.down()
+
+
+def run_training_scenario(dead_after_s: float = 3.0) -> dict:
+    """Train on h1 and h2 from a driver in h3, cut h2's link after round 2; return what the
+    driver saw (events, history) and when the link was cut (wall clock)."""
+    from ddlf_actors.runtime.auth import generate_token
+
+    env = {"DDLF_NODE_DEAD_AFTER_S": str(dead_after_s), "DDLF_AUTH_TOKEN": generate_token()}
+    hosts = NetnsHosts(4).up()
+    try:
+        info, nodes, driver = _start_cluster(hosts, env, "train-driver")
+        _read_tagged(driver, "ROW2", 120)
+        cut_at = time.time()
+        hosts.cut(2)
+        result = _read_tagged(driver, "RESULT", 120)
+        result.update(cut_at=cut_at, nodes=nodes, victim=nodes[1]["node_id"])
+        driver.wait(30)
+        return result
+    finally:
+        hosts.down()
+
+
+def train_driver(address: str) -> None:
+    """Runs inside h3: train_sync with one numpy trainer per node, printing ``ROW2`` once
+    round 2 is reported (the parent then cuts h2's link) and the run's record at the end."""
+    from helpers_modules.numpy_trainer import SigkillOnce, hard_blobs_dataset, softmax_model_fn
+
+    import ddlf_actors as ddlf
+    from ddlf_actors.apps import train_sync
+    from ddlf_actors.apps.callbacks import Callback
+
+    class Signal(Callback):
+        def __init__(self):
+            self.lost_at = None
+
+        def on_row(self, row, run):
+            if row["round"] == 2:
+                print("ROW2 {}", flush=True)
+                time.sleep(0.5)   # the parent cuts the link meanwhile
+
+        def on_event(self, event, run):
+            if event["kind"] == "trainer_lost" and self.lost_at is None:
+                self.lost_at = time.time()
+
+    ddlf.init(address=address)
+    signal = Signal()
+    result = train_sync(softmax_model_fn(64, 4), hard_blobs_dataset, workers=2,
+                        master_epochs=4, rounds_per_epoch=3, trainer_cls=SigkillOnce,
+                        progress=False, callbacks=[signal], trainer_options={
+                            "runtime_env": {"env_vars": {"DDLF_TEST_FIT_SLEEP": "0.3"}}})
+    print("RESULT " + json.dumps({"events": result.events, "lost_at": signal.lost_at,
+                                  "history": [{k: r[k] for k in ("round", "workers", "samples",
+                                                                 "test_accuracy")}
+                                              for r in result.history]}), flush=True)
+    ddlf.shutdown()
 
 
 def _read_tagged(proc: subprocess.Popen, tag: str, timeout: float) -> dict:
@@ -186,6 +254,8 @@ def driver(address: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "driver":
         driver(sys.argv[2])
+    elif len(sys.argv) > 2 and sys.argv[1] == "train-driver":
+        train_driver(sys.argv[2])
     else:
         why = netns_unavailable()
         if why:

@@ -1,179 +1,348 @@
-"""Asynchronous data parallelism: the paper's Algorithm 3, improved.
+"""Asynchronous data parallelism: the paper's Algorithm 3, improved, surviving lost trainers.
 
 Trainers never wait for each other. As each delta arrives the driver applies
-``delta_j / K`` (divided by ``staleness + 1`` with ``staleness_scaling``), then gives
-that trainer the newest weights and a fresh partition. ``staleness_bound = s`` is SSP:
-a trainer may start its next update only while it is at most ``s`` updates ahead of
-the slowest trainer. An epoch ends when the trainers together have processed as many
-samples as the training set holds; there is one history row per epoch.
+``delta_j / K`` (divided by ``staleness + 1`` with ``staleness_scaling``), where K is the
+number of trainers live now, then gives that trainer the newest weights and a fresh piece
+of work. ``staleness_bound = s`` is SSP: a trainer may start its next update only while it
+is at most ``s`` updates ahead of the slowest *live* trainer. An epoch ends when the
+trainers together have processed as many samples as the training set holds; there is
+one history row per epoch.
+
+A lost trainer's piece goes back to the front of the queue for another trainer (so
+each sample is still seen once per epoch), the bound stops counting it, and its
+replacement joins as soon as it is built, with the newest weights and the update count
+of the slowest live trainer.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
+from typing import Any
 
 import numpy as np
 
-import ddlf_actors as ddlf
-
+from ..config import TrainConfig
+from ..records import UpdateRecord
 from ..trainer import nbytes
-from .base import Scheme, config_from_call, partition_indices
+from .averaging import apply_delta
+from .base import Scheme, TooFewTrainersError
+from .pool import Slot
 
 __all__ = ["AsyncScheme", "train_async"]
+
+_SHARED = "shared"   # the queue key when every trainer holds the whole dataset
+
+
+@dataclasses.dataclass
+class _Update:
+    """A train call in flight."""
+
+    slot: Slot
+    start_version: int
+    lead: int
+    piece: tuple      # (epoch, piece_no): what to redo if the trainer is lost
 
 
 class AsyncScheme(Scheme):
     name = "async"
 
+    def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
+        super().__init__(model_fn, dataset, config, trainers)
+        self.updates: list[UpdateRecord] = []
+        self.counts: dict[int, int] = {}            # updates completed per slot
+        self.queues: dict[str, collections.deque] = {}
+        self.planned: dict[str, int] = {}           # epochs planned into each queue
+        self.inflight: dict[Any, _Update] = {}
+        self.samples_done = 0
+        self.epoch_done = 0
+        self.epoch_stats: list = []
+        self.t_epoch = 0.0
+        self.evaluations: list = []                 # [row, ShardedEvaluation | None], in order
+        self.weights_at: dict[int, list] = {}       # row round -> the weights it reports
+        self.w: list = []
+        self._w_ref = None
+        self._w_ref_version = -1
+        self._pieces: dict = {}
+
     def total_rows(self) -> int:
         return self.config.master_epochs
 
-    def _work(self, rng):
-        """Queues of (epoch, indices) pieces for the whole run, and the samples per epoch.
-
-        Trainers that share one dataset take the next piece from one queue, so a fast
-        trainer never idles while a slow one still has work. With a partitioned dataset
-        each trainer has its own queue of pieces of its own partition.
-        """
-        cfg, K = self.config, self.K
-        shared = not any(info.get("partitioned") for info in self.infos)
-        queues = [collections.deque() for _ in range(1 if shared else K)]
-        total = 0
-        for epoch in range(1, cfg.master_epochs + 1):
-            parts = partition_indices(rng, self.infos, K, cfg.rounds_per_epoch)
-            for r in range(cfg.rounds_per_epoch):
-                for j in range(K):
-                    queues[0 if shared else j].append((epoch, parts[j][r]))
-                    total += len(parts[j][r])
-        return queues, total // cfg.master_epochs
-
+    # -- the loop ----------------------------------------------------------------------------
     def loop(self, w: list) -> list:
-        cfg, K, trainers = self.config, self.K, self.trainers
-        queues, epoch_samples = self._work(np.random.default_rng(cfg.seed))
-        w_bytes = nbytes(w)
-        self.updates = []
-        version = 0                     # updates applied so far
-        counts = [0] * K                # updates completed per trainer
-        w_ref, w_ref_version = None, -1
-        inflight: dict = {}             # train ref -> (trainer, start version, lead)
-        pending_evals = [collections.deque() for _ in range(K)]  # per trainer: (row, ref)
-        eval_parts: dict = {}           # id(row) -> [row, eval refs by shard]
-        weights_at: dict = {}           # id(row) -> the weights that row evaluates
-        parked: set[int] = set()
-        samples_done = 0
-        epoch_done = 0
-        epoch_stats: list = []
-        t_epoch = time.perf_counter()
-
-        def queue_of(j: int):
-            return queues[0] if len(queues) == 1 else queues[j]
-
-        def dispatch(j: int) -> None:
-            nonlocal w_ref, w_ref_version
-            if not queue_of(j):
-                return
-            lead = counts[j] - min(counts)
-            if cfg.staleness_bound is not None and lead > cfg.staleness_bound:
-                parked.add(j)   # SSP: wait for the slowest trainer to catch up
-                return
-            parked.discard(j)
-            if w_ref_version != version:
-                w_ref, w_ref_version = self.put_weights(w), version
-            while pending_evals[j]:
-                row, snapshot = pending_evals[j].popleft()
-                eval_parts[id(row)][1][j] = self.submit_eval(j, snapshot)
-            _epoch, piece = queue_of(j).popleft()
-            ref = trainers[j].train.remote(w_ref, piece, cfg.worker_epochs, cfg.batch_size)
-            self.bytes_sent += w_bytes + piece.nbytes
-            inflight[ref] = (j, version, lead)
-
-        for j in range(K):
-            dispatch(j)
-        while inflight and not self.run_state.stop:
-            ready, _ = ddlf.wait(list(inflight), num_returns=1)
-            ref = ready[0]
-            j, start_version, lead = inflight.pop(ref)
-            delta, stats = ddlf.get(ref)
-            self.bytes_received += nbytes(delta)
-            staleness = version - start_version
-            scale = 1.0 / K
-            if cfg.staleness_scaling:
-                scale /= staleness + 1
-            w = [wi - (scale * di).astype(wi.dtype, copy=False) for wi, di in zip(w, delta)]
-            version += 1
-            counts[j] += 1
-            self.updates.append({"trainer": j, "start_version": start_version,
-                                 "applied_version": version, "staleness": staleness,
-                                 "lead": lead, "loss": stats["loss"]})
-            samples_done += stats["samples"]
-            # An update received in this epoch may have started in the previous one: count
-            # only the part of its work that falls inside this epoch's window, so that the
-            # row's compute_s never exceeds its wall time (nor overhead_s goes negative).
-            inside = max(0.0, time.perf_counter() - t_epoch)
-            epoch_stats.append({**stats, "compute_s": min(stats["compute_s"], inside),
-                                "eval_s": min(stats.get("eval_s", 0.0),
-                                              max(0.0, inside - stats["compute_s"]))})
-            while epoch_done < cfg.master_epochs and samples_done >= (epoch_done + 1) * epoch_samples:
-                epoch_done += 1
-                now = time.perf_counter()
-                row = self.new_row(version, epoch_done, epoch_stats, now - t_epoch)
-                epoch_stats, t_epoch = [], now
-                weights_at[id(row)] = w
-                if self.num_test:
-                    # Evaluated in K shards, each queued before a trainer's next call.
-                    snapshot = self.put_weights(w)
-                    self.bytes_sent += K * w_bytes
-                    eval_parts[id(row)] = [row, [None] * K]
-                    for q in pending_evals:
-                        q.append((row, snapshot))
-                else:
-                    self.finish_row(row, [])
-            self._collect_evals(eval_parts)
-            dispatch(j)
-            for p in sorted(parked):
-                dispatch(p)
-        if inflight:  # stopped early: let running calls end; their deltas are dropped
-            ddlf.get(list(inflight))
-        # Evaluations not yet queued on a train call run now, on all trainers at once.
-        for j in range(K):
-            while pending_evals[j]:
-                row, snapshot = pending_evals[j].popleft()
-                if id(row) in eval_parts:
-                    eval_parts[id(row)][1][j] = self.submit_eval(j, snapshot)
-        self._collect_evals(eval_parts, block=not self.run_state.stop)
-        if self.run_state.stop and self.history.rows:
-            return weights_at.get(id(self.history.rows[-1]), w)
-        return w
-
-    def _collect_evals(self, eval_parts: dict, block: bool = False) -> None:
-        """Finish rows, in order, whose K evaluation shards are all back."""
-        for key in list(eval_parts):
-            row, refs = eval_parts[key]
-            if any(r is None for r in refs):
-                break
-            if not block:
-                ready, _ = ddlf.wait(refs, num_returns=len(refs), timeout=0)
-                if len(ready) < len(refs):
+        self.w = w
+        self.t_epoch = time.perf_counter() - getattr(self, "_epoch_elapsed", 0.0)
+        self.epoch_samples = (self.plan.num_train if not self.plan.partitioned
+                              else sum(self.plan.part_sizes.values()))
+        for row, snapshot in getattr(self, "_resumed_rows", []):
+            self._evaluate(row, snapshot)
+        self._feed(self.members())
+        while not self.run_state.stop:
+            if not self.inflight and not self._evaluating():
+                if not self._work_left():
                     break
-            self.finish_row(row, ddlf.get(refs))
-            del eval_parts[key]
+                live = self.members()        # every trainer was lost: wait for some
+                self._feed(live)
+                if not self.inflight:
+                    self._wait_for_partition(live)
+                continue
+            refs = list(self.inflight) + self._evaluating()
+            ref, value, lost = self.next_done(refs)
+            if ref in self.inflight:
+                update = self.inflight.pop(ref)
+                if lost is not None:
+                    self.lose(update.slot, lost)
+                    self._queue(update.slot.index).appendleft(update.piece)
+                else:
+                    self._apply(update, value)
+            else:
+                self._evaluation_done(ref, value, lost)
+            joined = self.pool.poll()
+            if joined:
+                self.admit(joined)
+            self._feed(self.pool.live())
+        if self.inflight:   # stopped early: let running calls end; their deltas are dropped
+            while self.inflight:
+                ref, _value, _lost = self.next_done(list(self.inflight))
+                del self.inflight[ref]
+        # Evaluations still out: wait for them, unless a callback stopped the run.
+        while not self.run_state.stop and self._evaluating():
+            ref, value, lost = self.next_done(self._evaluating())
+            self._evaluation_done(ref, value, lost)
+        if self.run_state.stop and self.history.rows:
+            return self.weights_at.get(self.history.rows[-1]["round"], self.w)
+        return self.w
+
+    def _wait_for_partition(self, live: list) -> None:
+        """Work is left only in partitions whose trainer is gone: wait for its replacement."""
+        joined = self.pool.wait_for(len(live) + 1, self.config.rejoin_timeout_s)
+        if joined:
+            self.admit(joined)
+            return
+        missing = sorted(k for k in self.queues if self.queues[k] and k != _SHARED
+                         and int(k) not in {s.index for s in live})
+        raise TooFewTrainersError(
+            f"partition(s) {', '.join(missing)} still hold work but their trainers were lost and "
+            f"not replaced within rejoin_timeout_s={self.config.rejoin_timeout_s:g} s; with a "
+            "partitioned dataset only a partition's own trainer can train it. Add a node "
+            "(ddlf-node start --address ...) or resume later from the last checkpoint.")
+
+    def _work_left(self) -> bool:
+        keys = [_SHARED] if not self.plan.partitioned else [str(j) for j in self.plan.part_sizes]
+        return any(self.queues.get(k) or self.planned.get(k, 0) < self.config.master_epochs
+                   for k in keys) and self.epoch_done < self.config.master_epochs
+
+    # -- work --------------------------------------------------------------------------------
+    def _key(self, slot_index: int) -> str:
+        return str(slot_index) if self.plan.partitioned else _SHARED
+
+    def _queue(self, slot_index: int) -> collections.deque:
+        """The queue slot ``slot_index`` takes pieces from, planned one epoch at a time."""
+        key = self._key(slot_index)
+        q = self.queues.setdefault(key, collections.deque())
+        if not q and self.planned.get(key, 0) < self.config.master_epochs:
+            epoch = self.planned[key] = self.planned.get(key, 0) + 1
+            q.extend((epoch, n) for n in range(self._num_pieces(slot_index)))
+        return q
+
+    def _num_pieces(self, slot_index: int) -> int:
+        cfg = self.config
+        return cfg.rounds_per_epoch * (1 if self.plan.partitioned else cfg.workers)
+
+    def _piece(self, slot_index: int, piece: tuple) -> np.ndarray:
+        epoch, n = piece
+        part = slot_index if self.plan.partitioned else None
+        key = (epoch, part)
+        pieces = self._pieces.get(key)
+        if pieces is None:
+            pieces = [p for _, p in self.plan.async_pieces(epoch, self.config.workers, part)]
+            for old in [k for k in self._pieces if k[0] < epoch - 1]:
+                del self._pieces[old]
+            self._pieces[key] = pieces
+        return pieces[n]
+
+    def _feed(self, live: list) -> None:
+        """Give every idle live trainer its next piece, as far as the SSP bound allows."""
+        busy = {u.slot.index for u in self.inflight.values()}
+        for slot in live:
+            if slot.index not in busy:
+                self._dispatch(slot, live)
+
+    def _dispatch(self, slot: Slot, live: list) -> None:
+        cfg = self.config
+        counts = self.counts
+        lead = counts.setdefault(slot.index, 0) - min(counts.setdefault(s.index, 0) for s in live)
+        if cfg.staleness_bound is not None and lead > cfg.staleness_bound:
+            return   # SSP: wait for the slowest live trainer to catch up
+        q = self._queue(slot.index)
+        if not q:
+            return
+        piece = q.popleft()
+        if self._w_ref_version != self.round_no:
+            self._w_ref, self._w_ref_version = self.put_weights(self.w), self.round_no
+        indices = self._piece(slot.index, piece)
+        want_state = self.writer is not None and counts[slot.index] % cfg.checkpoint_every == 0
+        ref = slot.handle.train.remote(self._w_ref, indices, cfg.worker_epochs, cfg.batch_size,
+                                       return_state=want_state)
+        self.bytes_sent += nbytes(self.w) + indices.nbytes
+        self.inflight[ref] = _Update(slot, self.round_no, lead, piece)
+
+    def _apply(self, update: _Update, value) -> None:
+        cfg = self.config
+        delta, stats = value
+        j = update.slot.index
+        self.keep_state(j, stats)
+        self.bytes_received += nbytes(delta)
+        staleness = self.round_no - update.start_version
+        scale = 1.0 / max(1, len(self.pool.live()))
+        if cfg.staleness_scaling:
+            scale /= staleness + 1
+        self.w = apply_delta(self.w, delta, scale)
+        self.round_no += 1
+        self.counts[j] = self.counts.get(j, 0) + 1
+        self.updates.append({"trainer": j, "start_version": update.start_version,
+                             "applied_version": self.round_no, "staleness": staleness,
+                             "lead": update.lead, "loss": stats["loss"]})
+        self.samples_done += stats["samples"]
+        # An update received in this epoch may have started in the previous one: count
+        # only the part of its work that falls inside this epoch's window, so that the
+        # row's compute_s never exceeds its wall time (nor overhead_s goes negative).
+        inside = max(0.0, time.perf_counter() - self.t_epoch)
+        self.epoch_stats.append({**stats, "compute_s": min(stats["compute_s"], inside),
+                                 "eval_s": min(stats.get("eval_s", 0.0),
+                                               max(0.0, inside - stats["compute_s"]))})
+        self._close_epochs()
+        if self.checkpoint_due(self.round_no):
+            self.save_checkpoint(self.w, self._pending_arrays())
+
+    def _close_epochs(self) -> None:
+        cfg = self.config
+        while (self.epoch_done < cfg.master_epochs
+               and self.samples_done >= (self.epoch_done + 1) * self.epoch_samples):
+            self.epoch_done += 1
+            now = time.perf_counter()
+            row = self.new_row(self.round_no, self.epoch_done, self.epoch_stats, now - self.t_epoch)
+            row["workers"] = len({s["index"] for s in self.epoch_stats})
+            self.epoch_stats, self.t_epoch = [], now
+            self._evaluate(row, self.w)
+
+    # -- evaluation --------------------------------------------------------------------------
+    def _evaluate(self, row: dict, weights: list) -> None:
+        self.weights_at[row["round"]] = weights
+        evaluation = None
+        if self.num_test:
+            # Evaluated in shards, each queued on a trainer behind its train call.
+            evaluation = self.evaluation(row, self.put_weights(weights))
+            live = self.pool.live()
+            if live:
+                evaluation.submit(live)
+                self.bytes_sent += len(live) * nbytes(weights)
+            else:
+                evaluation.submit([])   # no trainer now: queued when one joins
+        self.evaluations.append([row, evaluation])
+        self._finish_rows()
+
+    def _evaluating(self) -> list:
+        live = None
+        out = []
+        for _row, ev in self.evaluations:
+            if ev is None:
+                continue
+            if ev.shards == 0 or ev.orphaned:
+                live = live if live is not None else self.pool.live()
+                if live:
+                    if ev.shards == 0:
+                        ev.submit(live)
+                    else:
+                        ev.requeue_orphans(live)
+            out += ev.pending()
+        return out
+
+    def _evaluation_done(self, ref, value, lost) -> None:
+        for _row, ev in self.evaluations:
+            if ev is not None and ev.owns(ref):
+                if lost is not None:
+                    self.lose(ev.refs[ref][1], lost)
+                    ev.reassign(ref, self.pool.live())
+                else:
+                    ev.record(ref, value)
+                break
+        self._finish_rows()
+
+    def _finish_rows(self) -> None:
+        """Hand rows to the callbacks in order, as their evaluations complete."""
+        while self.evaluations:
+            row, ev = self.evaluations[0]
+            if ev is not None and not ev.done:
+                return
+            self.evaluations.pop(0)
+            self.finish_row(ev.finish() if ev is not None else row)
+            for old in [r for r in self.weights_at if r < row["round"]]:
+                del self.weights_at[old]
+
+    # -- membership and checkpoints ----------------------------------------------------------
+    def admit(self, slots) -> None:
+        super().admit(slots)
+        live = [s for s in self.pool.live() if s not in slots]
+        floor = min((self.counts.get(s.index, 0) for s in live), default=None)
+        for slot in slots:
+            # A newcomer counts as the slowest live trainer: SSP neither waits for it nor
+            # lets it run ahead.
+            self.counts[slot.index] = floor if floor is not None else self.counts.get(slot.index, 0)
+
+    def event_round(self) -> int:
+        return self.round_no + 1
+
+    def checkpoint_due(self, round_no: int) -> bool:
+        """Every ``checkpoint_every`` rounds, a round being ``workers`` updates."""
+        every = self.config.checkpoint_every
+        return (self.writer is not None and every is not None and round_no > 0
+                and round_no % (every * self.config.workers) == 0)
+
+    def position(self) -> dict:
+        queues = {k: [list(p) for p in q] for k, q in self.queues.items()}
+        for u in self.inflight.values():   # not applied yet: redone after a resume
+            queues.setdefault(self._key(u.slot.index), []).insert(0, list(u.piece))
+        return {"counts": {str(k): v for k, v in self.counts.items()}, "queues": queues,
+                "planned": dict(self.planned), "samples_done": self.samples_done,
+                "epoch_done": self.epoch_done, "epoch_stats": list(self.epoch_stats),
+                "epoch_elapsed": time.perf_counter() - self.t_epoch,
+                "pending_rows": [dict(row) for row, ev in self.evaluations]}
+
+    def _pending_arrays(self) -> dict:
+        out = {}
+        for i, (row, _ev) in enumerate(self.evaluations):
+            out[f"pending{i}"] = self.weights_at[row["round"]]
+        return out
+
+    def restore_position(self, ckpt) -> None:
+        pos = ckpt.meta["position"]
+        self.counts = {int(k): v for k, v in pos["counts"].items()}
+        self.queues = {k: collections.deque(tuple(p) for p in q) for k, q in pos["queues"].items()}
+        self.planned = dict(pos["planned"])
+        self.samples_done = pos["samples_done"]
+        self.epoch_done = pos["epoch_done"]
+        self.epoch_stats = list(pos["epoch_stats"])
+        self._epoch_elapsed = float(pos["epoch_elapsed"])
+        self._resumed_rows = [(row, [np.array(a, copy=True) for a in ckpt.arrays[f"pending{i}"]])
+                              for i, row in enumerate(pos["pending_rows"])]
 
 
-def train_async(model_fn, dataset, *, workers: int = 2, master_epochs: int = 1,
-                worker_epochs: int = 1, batch_size: int = 32, rounds_per_epoch: int = 1,
-                staleness_bound=None, staleness_scaling: bool = False, target_accuracy=None,
-                patience=None, trainer_cls=None, num_cpus: float = 1, progress: bool = True,
-                seed=0, callbacks=(), trainers=None, initial_weights=None,
-                trainer_options=None, placement_strategy: str = "SPREAD",
-                placement_timeout_s: float = 60.0):
+def train_async(model_fn, dataset, *, trainers=None, initial_weights=None, resume=None,
+                **options):
     """Train ``model_fn()`` data-parallel on ``workers`` trainers, asynchronously.
 
-    Same arguments and errors as :func:`train_sync`, plus ``staleness_bound`` (SSP: no
-    trainer runs more than that many updates ahead of the slowest) and
-    ``staleness_scaling`` (divide a delta by its staleness + 1). ``result.updates``
-    records, per applied update, the trainer, the versions, its staleness and how far
-    ahead of the slowest trainer it started (``lead``).
+    Same arguments and errors as :func:`train_sync`, plus the options
+    ``staleness_bound`` (SSP: no trainer runs more than that many updates ahead of the
+    slowest live one) and ``staleness_scaling`` (divide a delta by its staleness + 1).
+    ``result.updates`` records, per applied update, the trainer, the versions, its
+    staleness and how far ahead of the slowest trainer it started (``lead``); after a
+    resume it holds the resumed part only. ``checkpoint_every`` counts rounds of
+    ``workers`` updates.
     """
-    config = config_from_call(locals())
-    return AsyncScheme(model_fn, dataset, config, trainers).run(initial_weights)
+    if resume is not None and options.get("checkpoint_dir") is None:
+        options["checkpoint_dir"] = resume
+    config = TrainConfig.from_options(options, caller="train_async")
+    return AsyncScheme(model_fn, dataset, config, trainers).run(initial_weights, resume)
+

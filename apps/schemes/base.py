@@ -1,70 +1,44 @@
-"""What both schemes share: placing trainers, evaluation, history rows, byte counts.
+"""What every scheme shares: the trainers, history rows, events, checkpoints and resume.
 
 The schemes differ only in how they hand out work and apply deltas; everything that
 watches a run (history, progress bar, early stop, CSV) is a callback.
 
-Evaluation never runs on the driver while trainers wait. The test set is split into K
-shards and trainer j evaluates shard j of the weights being reported, queued on the
-trainer right before its next ``train`` call (which uses the same ``put`` of the
-weights, so nothing extra is shipped). A row is therefore complete once the next
-round's evaluation is back; the last weights get one sharded evaluation at the end.
-The cost is the trainers' time on a 1/K test shard per evaluation, reported per row
-as ``eval_s``.
+Evaluation never runs on the driver while trainers wait: see ``evaluation.py``. A row is
+complete once its shards are back (during the next round in ``train_sync``); the last
+weights get one sharded evaluation at the end. The cost is the trainers' time on a 1/K
+test shard per evaluation, reported per row as ``eval_s``.
+
+Faults: a call that fails because its trainer's process or node died (``ActorDiedError``)
+is a *loss*, not an error of the run: the scheme goes on with the other trainers and the
+pool starts a replacement (``pool.py``). Anything a trainer's own code raises still fails
+the run, with the remote traceback.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
-import warnings
 
 import numpy as np
 
 import ddlf_actors as ddlf
-from ddlf_actors.errors import DDLFError, UnschedulableError
-from ddlf_actors.util import (
-    PlacementGroupSchedulingStrategy,
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
+from ddlf_actors.errors import DDLFError
 
-from .. import datasets
-from ..callbacks import EarlyStopping, History, ProgressBar
+from .. import checkpoint, datasets
+from ..callbacks import EarlyStopping, EventLog, History, ProgressBar
 from ..config import TrainConfig
+from ..records import EventKind, HistoryRow, RunEvent, TrainStats
 from ..result import TrainResult
-from ..trainer import TrainerActor, combine_shards, nbytes
+from ..trainer import TrainerActor, nbytes
+from .evaluation import ShardedEvaluation
+from .plan import Plan
+from .pool import LOSS_ERRORS, Slot, TrainerPool
 
-__all__ = ["Scheme", "TrainerStartError", "check_dataset", "start_trainers", "stop_trainers",
-           "describe_trainers", "config_from_call", "TrainerGroup"]
-
-
-class TrainerStartError(DDLFError):
-    """A trainer could not build its model or load its dataset."""
+__all__ = ["Scheme", "Run", "TooFewTrainersError"]
 
 
-def check_dataset(dataset) -> None:
-    """Fail on the driver, before any trainer starts, for a dataset that cannot work."""
-    if isinstance(dataset, str):
-        if dataset not in datasets.names():
-            raise ValueError(f"unknown dataset {dataset!r}: known names are "
-                             f"{sorted(datasets.names())}; or pass a callable returning "
-                             "((x, y), (x_test, y_test)), or datasets.partitioned(path)")
-    elif isinstance(dataset, datasets.PartitionedDataset):
-        dataset.num_partitions  # noqa: B018 - raises FileNotFoundError for a bad path
-    elif not callable(dataset):
-        raise TypeError(f"dataset must be a registered name, a callable or "
-                        f"datasets.partitioned(path), got {type(dataset).__name__}")
-
-
-def config_from_call(arguments: dict) -> TrainConfig:
-    """The ``TrainConfig`` of a ``train_sync``/``train_async`` call, from its ``locals()``."""
-    kw = {k: v for k, v in arguments.items()
-          if k not in ("model_fn", "dataset", "trainers", "initial_weights")}
-    if arguments.get("trainers"):
-        kw["workers"] = len(arguments["trainers"])
-    kw["callbacks"] = list(kw.get("callbacks") or ())
-    kw["trainer_options"] = dict(kw.get("trainer_options") or {})
-    return TrainConfig(**kw)
+class TooFewTrainersError(DDLFError):
+    """Fewer than ``min_workers`` trainers were left and none came back in time."""
 
 
 def _ensure_session() -> bool:
@@ -75,113 +49,30 @@ def _ensure_session() -> bool:
     return True
 
 
-class TrainerGroup(list):
-    """The trainers of a run, and the placement group that reserved their resources."""
-
-    placement_group = None
-
-
-def start_trainers(model_fn, dataset, config: TrainConfig) -> TrainerGroup:
-    """Create ``config.workers`` trainer actors with ``num_cpus`` each.
-
-    Their resources are reserved first, all together, as a placement group of one bundle
-    per trainer (``config.placement_strategy``), so a run never starts half-placed. Raises
-    ``UnschedulableError`` naming the demand at once when the cluster can never hold the
-    group, and after ``config.placement_timeout_s`` when it could but has no room.
-    Stop them with :func:`stop_trainers`, which also frees the group.
-    """
-    check_dataset(dataset)
-    cls = config.trainer_cls or TrainerActor
-    if isinstance(dataset, datasets.PartitionedDataset) and dataset.num_partitions < config.workers:
-        raise ValueError(f"{dataset!r} has {dataset.num_partitions} partitions for "
-                         f"{config.workers} workers: each trainer loads its own partition")
-    options = dict(config.trainer_options)
-    actor_cls = ddlf.remote(num_cpus=config.num_cpus, **options)(cls)
-    bundle = {"CPU": float(config.num_cpus), **(options.get("resources") or {})}
-    bundle = {k: float(v) for k, v in bundle.items() if v}
-    trainers = TrainerGroup()
-    if not bundle or "scheduling_strategy" in options or "node_id" in options:
-        # Nothing to reserve, or the caller placed the trainers itself.
-        trainers.extend(actor_cls.remote(model_fn, dataset, j, config.num_cpus)
-                        for j in range(config.workers))
-        return trainers
-    pg = _reserve(bundle, config)
-    trainers.placement_group = pg
-    try:
-        for j in range(config.workers):
-            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=j)
-            trainers.append(actor_cls.options(scheduling_strategy=strategy).remote(
-                model_fn, dataset, j, config.num_cpus))
-    except BaseException:
-        stop_trainers(trainers)
-        raise
-    return trainers
-
-
-def _reserve(bundle: dict, config: TrainConfig):
-    """A placement group of ``config.workers`` bundles, reserved; or UnschedulableError."""
-    K = config.workers
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # an infeasible group is reported below, as an error
-        pg = placement_group([bundle] * K, strategy=config.placement_strategy)
-    try:
-        view = placement_group_table(pg)
-        never = view.get("stats", {}).get("scheduling_state") == "INFEASIBLE"
-        if not never and pg.wait(config.placement_timeout_s):
-            return pg
-    except BaseException:
-        remove_placement_group(pg)
-        raise
-    remove_placement_group(pg)
-    need = K * float(config.num_cpus)
-    free = float(ddlf.available_resources().get("CPU", 0.0))
-    total = float(ddlf.cluster_resources().get("CPU", 0.0))
-    why = ("the cluster's nodes can never hold them" if never else
-           f"they could not all be reserved within {config.placement_timeout_s:g} s")
-    raise UnschedulableError(
-        f"workers={K} trainers with num_cpus={config.num_cpus} need {need:g} CPUs ({K} "
-        f"bundles of {bundle}, strategy {config.placement_strategy}), but the cluster has "
-        f"{free:g} free ({total:g} in all), and {why}. Use fewer workers, lower num_cpus, "
-        "free resources, or add nodes with `ddlf-node start --address ...`.")
-
-
-def stop_trainers(trainers) -> None:
-    """Kill the trainers and free their placement group (a no-op once the session is gone)."""
-    if not ddlf.is_initialized():
-        return   # their cluster is gone with them; do not start a new one to kill them
-    for t in trainers or ():
-        try:
-            ddlf.kill(t)
-        except Exception:  # the session may already be gone
-            pass
-    pg = getattr(trainers, "placement_group", None)
-    if pg is not None:
-        try:
-            remove_placement_group(pg)
-        except Exception:
-            pass
-
-
-def describe_trainers(trainers) -> list[dict]:
-    """Wait until every trainer is built; turn a failed ``__init__`` into a clear error."""
-    infos = []
-    for j, t in enumerate(trainers):
-        try:
-            infos.append(ddlf.get(t.describe.remote()))
-        except ddlf.errors.ActorDiedError as e:
-            raise TrainerStartError(
-                f"trainer {j} failed to start (building the model with model_fn or loading "
-                f"the dataset raised):\n{e}") from e
-    return infos
+def describe_callable(obj) -> str:
+    """A stable name for a model function or dataset: what a checkpoint compares."""
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, datasets.PartitionedDataset):
+        return f"partitioned:{obj.path}"
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    label = f"{module}.{name}"
+    extra = getattr(obj, "name", None)
+    return f"{label}({extra})" if isinstance(extra, str) else label
 
 
 class Run:
-    """The state callbacks see."""
+    """The state callbacks see: ``scheme``, ``config``, ``total_rows``, ``rows_done`` (rows
+    already in the history when training began, as after a resume), ``events`` and a
+    writable ``stop``."""
 
-    def __init__(self, scheme: str, config: TrainConfig, total_rows: int):
+    def __init__(self, scheme: str, config: TrainConfig, total_rows: int, rows_done: int = 0):
         self.scheme = scheme
         self.config = config
         self.total_rows = total_rows
+        self.rows_done = rows_done
+        self.events: list[RunEvent] = []
         self.stop = False
 
 
@@ -195,53 +86,81 @@ class Scheme:
         self.dataset = dataset
         self.config = config
         self.trainer_cls = config.trainer_cls or TrainerActor
-        self._own_trainers = trainers is None
-        self.trainers = trainers
-        self.K = config.workers if trainers is None else len(trainers)
+        self._adopted = list(trainers) if trainers is not None else None
+        self.pool: TrainerPool | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.round_no = 0                  # rounds (sync) or updates (async) completed
+        self.events: list[RunEvent] = []
         self.history = History()
         self.early = EarlyStopping(config.target_accuracy, config.patience)
         callbacks = [self.history, self.early, *config.callbacks]
-        if config.progress:
-            callbacks.append(ProgressBar())
+        callbacks.append(ProgressBar() if config.progress else EventLog())
         self.callbacks = callbacks
         self.run_state: Run | None = None
-        self.t0 = 0.0
+        self.t0 = time.perf_counter()
+        self.optimizer_states: dict[int, list] = {}   # slot -> the latest state it reported
+        self.writer: checkpoint.CheckpointWriter | None = None
+        self.last_checkpoint: str | None = None
+        self.seed = config.seed if config.seed is not None else secrets.randbits(63)
 
     # -- the run -----------------------------------------------------------------------------
-    def run(self, initial_weights=None) -> TrainResult:
+    def run(self, initial_weights=None, resume: str | None = None) -> TrainResult:
+        """Train; continue from the newest checkpoint in ``resume`` if given."""
+        ckpt = checkpoint.load(resume) if resume is not None else None
         started_session = _ensure_session()
         t_start = time.perf_counter()
         try:
-            if self.trainers is None:
-                self.trainers = start_trainers(self.model_fn, self.dataset, self.config)
-            self.infos = describe_trainers(self.trainers)
-            self.num_test = self.infos[0]["num_test"]
-            weights = initial_weights
-            if weights is None:
-                weights = ddlf.get(self.trainers[0].get_weights.remote())
-                self.bytes_received += nbytes(weights)
+            self.pool = TrainerPool(self.model_fn, self.dataset, self.config, self.emit,
+                                    adopted=self._adopted)
+            self.pool.start()
+            infos = [s.info for s in self.pool.live()]
+            self.num_test = infos[0]["num_test"]
+            self.plan = self._make_plan(infos)
+            if ckpt is not None:
+                weights = self._restore(ckpt, initial_weights)
+            else:
+                weights = initial_weights
+                if weights is None:
+                    weights = ddlf.get(self.pool.live()[0].handle.get_weights.remote())
+                    self.bytes_received += nbytes(weights)
+                weights = [np.array(w, copy=True) for w in weights]
+            self.fingerprint = self._fingerprint()
+            if ckpt is not None:
+                self._check_fingerprint(ckpt)
+            if self.config.checkpoint_dir is not None:
+                self.writer = checkpoint.CheckpointWriter(
+                    self.config.checkpoint_dir, self.config.keep_checkpoints,
+                    on_done=self._checkpoint_done, on_error=self._checkpoint_failed)
             startup = time.perf_counter() - t_start
-            self.run_state = Run(self.name, self.config, self.total_rows())
+            self.run_state = Run(self.name, self.config, self.total_rows(),
+                                 rows_done=len(self.history.rows))
+            self.run_state.events = self.events
             for cb in self.callbacks:
                 cb.on_train_begin(self.run_state)
-            self.t0 = time.perf_counter()
+            if ckpt is not None:
+                self.emit(EventKind.RESUMED, None, self._resume_detail(ckpt))
+            self.admit(self.pool.live())
             result = None
             try:
-                weights = self.loop([np.array(w, copy=True) for w in weights])
+                weights = self.loop(weights)
+                if self.writer is not None:
+                    self.writer.close()
                 result = TrainResult(
                     scheme=self.name, history=self.history.rows, weights=weights,
                     config=self.config, model_fn=self.model_fn, trainer_cls=self.trainer_cls,
                     updates=getattr(self, "updates", []), stopped_early=self.early.reason,
-                    startup_s=startup)
+                    startup_s=startup, events=self.events, checkpoint=self.last_checkpoint,
+                    checkpoint_s=self.writer.blocked_s if self.writer else 0.0)
             finally:
                 for cb in self.callbacks:
                     cb.on_train_end(result)
             return result
         finally:
-            if self._own_trainers and self.trainers:
-                stop_trainers(self.trainers)
+            if self.writer is not None:
+                self.writer.close()
+            if self.pool is not None:
+                self.pool.stop()
             if started_session:
                 ddlf.shutdown()
 
@@ -251,25 +170,87 @@ class Scheme:
     def total_rows(self) -> int:
         raise NotImplementedError
 
-    # -- pieces the loops share --------------------------------------------------------------
+    def position(self) -> dict:
+        """Where the scheme is, as JSON, for a checkpoint (besides round_no)."""
+        return {}
+
+    def restore_position(self, ckpt: checkpoint.Checkpoint) -> None:
+        """Continue from ``ckpt`` (the inverse of :meth:`position`)."""
+
+    # -- membership --------------------------------------------------------------------------
+    def members(self) -> list[Slot]:
+        """The live trainers for the next piece of work, after letting new ones join.
+
+        Below ``min_workers`` this waits up to ``rejoin_timeout_s`` for replacements, then
+        raises :class:`TooFewTrainersError`.
+        """
+        cfg = self.config
+        joined = self.pool.poll()
+        live = self.pool.live()
+        if len(live) < cfg.min_workers:
+            self.emit(EventKind.WAITING, None,
+                      f"{len(live)} of min_workers={cfg.min_workers} trainers live; waiting up "
+                      f"to {cfg.rejoin_timeout_s:g} s for replacements")
+            joined += self.pool.wait_for(cfg.min_workers, cfg.rejoin_timeout_s)
+            live = self.pool.live()
+            if len(live) < cfg.min_workers:
+                raise TooFewTrainersError(self._too_few_message(len(live)))
+        self.admit(joined)
+        return live
+
+    def admit(self, slots) -> None:
+        """Trainers joining the run get the optimizer state their slot last reported."""
+        for slot in slots:
+            state = self.optimizer_states.get(slot.index)
+            if state is not None:
+                slot.handle.set_optimizer_state.remote(state)
+            if self.plan.partitioned:
+                self.plan.part_sizes[slot.index] = slot.info["num_train"]
+
+    def lose(self, slot: Slot, error: BaseException) -> None:
+        self.pool.lose(slot, error)
+
+    def _too_few_message(self, live: int) -> str:
+        cfg = self.config
+        lost = [e for e in self.events if e["kind"] == EventKind.TRAINER_LOST.value]
+        where = ", ".join(f"trainer {e['trainer']} on node {e['node']}" for e in lost[-4:])
+        saved = (f"The last checkpoint, {self.last_checkpoint}, is valid: continue with "
+                 f"resume={cfg.checkpoint_dir!r} (ddlf-train run --resume DIR)."
+                 if self.last_checkpoint else
+                 "No checkpoint was written (set checkpoint_dir= to be able to resume).")
+        return (f"training stopped at round {self.round_no}: {live} trainer(s) left, fewer than "
+                f"min_workers={cfg.min_workers}, and no replacement started within "
+                f"rejoin_timeout_s={cfg.rejoin_timeout_s:g} s ({len(lost)} lost: {where}). "
+                "No node had a free CPU for one: add nodes with `ddlf-node start --address "
+                f"...`, free CPUs, or lower min_workers. {saved}")
+
+    # -- events and rows ---------------------------------------------------------------------
+    def emit(self, kind: EventKind, slot: Slot | None, detail: str,
+             when: float | None = None) -> None:
+        event: RunEvent = {
+            "time_s": round((when if when is not None else time.perf_counter()) - self.t0, 4),
+            "round": self.event_round(), "kind": kind.value,
+            "trainer": None if slot is None else slot.index,
+            "node": None if slot is None else slot.node, "detail": detail}
+        self.events.append(event)
+        if self.run_state is not None:
+            for cb in self.callbacks:
+                cb.on_event(event, self.run_state)
+
+    def event_round(self) -> int:
+        """The round an event belongs to: the one in progress."""
+        return self.round_no + 1
+
     def put_weights(self, weights: list):
         """One ``put`` per version: each trainer's connection carries it once."""
         return ddlf.put(weights)
 
-    def submit_eval(self, trainer_index: int, weights_ref):
-        """Queue trainer j's shard of the evaluation of ``weights_ref``; None without a test set."""
-        if not self.num_test:
-            return None
-        return self.trainers[trainer_index].evaluate.remote(weights_ref, (trainer_index, self.K))
-
-    def finish_row(self, row: dict, evals: list) -> None:
-        """Combine the shard results into test loss/accuracy and hand the row to callbacks."""
-        if evals and all(e is not None for e in evals):
-            row["test_loss"], row["test_accuracy"] = combine_shards(self.num_test, evals)
+    def finish_row(self, row: HistoryRow) -> None:
         for cb in self.callbacks:
             cb.on_row(row, self.run_state)
 
-    def new_row(self, round_no: int, epoch: float, stats: list, wall_s: float) -> dict:
+    def new_row(self, round_no: int, epoch: float, stats: list[TrainStats],
+                wall_s: float) -> HistoryRow:
         """A history row from the trainers' stats of one round (or one async epoch)."""
         samples = sum(s["samples"] for s in stats)
         loss = (sum(s["loss"] * s["samples"] for s in stats) / samples) if samples else None
@@ -278,7 +259,7 @@ class Scheme:
         for s in stats:
             per_trainer[s["index"]] = per_trainer.get(s["index"], 0.0) + s["compute_s"]
             busy[s["index"]] = busy.get(s["index"], 0.0) + s["compute_s"] + s.get("eval_s", 0.0)
-        row = {
+        row: HistoryRow = {
             "round": round_no, "epoch": epoch, "time_s": time.perf_counter() - self.t0,
             "test_accuracy": None, "test_loss": None, "train_loss": loss,
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
@@ -289,26 +270,121 @@ class Scheme:
             "overhead_s": wall_s - max(busy.values(), default=0.0),
             "wall_s": wall_s, "samples": samples,
             "samples_per_s": samples / wall_s if wall_s > 0 else None, "updates": len(stats),
+            "workers": len(per_trainer),
         }
         self.bytes_sent = self.bytes_received = 0
         return row
 
+    def evaluation(self, row: HistoryRow, weights_ref) -> ShardedEvaluation | None:
+        """A sharded evaluation of ``row`` (None without a test set: the row is done)."""
+        if not self.num_test:
+            self.finish_row(row)
+            return None
+        return ShardedEvaluation(row, weights_ref, self.num_test)
 
-def partition_indices(rng, infos: list, K: int, pieces: int) -> list[list[np.ndarray]]:
-    """Shuffle and split indices for one epoch: ``out[j][r]`` is trainer j's r-th piece.
+    def next_done(self, refs: list):
+        """Wait for one of ``refs``: ``(ref, value, None)``, or ``(ref, None, error)`` when
+        its trainer was lost."""
+        ready, _ = ddlf.wait(refs, num_returns=1)
+        ref = ready[0]
+        try:
+            return ref, ddlf.get(ref), None
+        except LOSS_ERRORS as e:
+            return ref, None, e
 
-    With one shared dataset, the driver shuffles all N indices and gives each trainer a
-    1/K share (the paper's Algorithm 6). With a partitioned dataset, each trainer's
-    indices point into its own partition.
-    """
-    out = []
-    if not infos[0].get("partitioned"):
-        n = infos[0]["num_train"]
-        perm = rng.permutation(n).astype(np.int32)
-        for share in np.array_split(perm, K):
-            out.append(np.array_split(share, pieces))
-    else:
-        for info in infos:
-            perm = rng.permutation(info["num_train"]).astype(np.int32)
-            out.append(np.array_split(perm, pieces))
-    return out
+    def keep_state(self, slot_index: int, stats: TrainStats) -> None:
+        state = stats.pop("optimizer_state", None)
+        if state is not None:
+            self.optimizer_states[slot_index] = state
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def checkpoint_due(self, round_no: int) -> bool:
+        every = self.config.checkpoint_every
+        return self.writer is not None and every is not None and round_no % every == 0
+
+    def save_checkpoint(self, weights: list, arrays: dict | None = None) -> None:
+        """Queue a checkpoint of the run as it is now (written on a background thread).
+
+        The weights lists are never changed in place (each update makes new arrays), so
+        the writer can read them while training goes on.
+        """
+        meta = {
+            "scheme": self.name, "history": [dict(r) for r in self.history.rows],
+            "events": [dict(e) for e in self.events], "elapsed_s": time.perf_counter() - self.t0,
+            "rng": {"seed": self.seed, "kind": "numpy PCG64 per epoch, seeded by (seed, epoch)"},
+            "config": self.config.to_json(), "fingerprint": self.fingerprint,
+            "position": self.position(),
+        }
+        self.writer.submit(checkpoint.Checkpoint(
+            round=self.round_no, weights=weights, meta=meta,
+            optimizer_states=dict(self.optimizer_states), arrays=arrays or {}))
+
+    def _checkpoint_done(self, ckpt, path: str, done: float) -> None:
+        self.last_checkpoint = path
+        self.events.append({"time_s": round(done - self.t0, 4), "round": ckpt.round,
+                            "kind": EventKind.CHECKPOINT.value, "trainer": None, "node": None,
+                            "detail": path})
+
+    def _checkpoint_failed(self, error: BaseException) -> None:
+        import warnings
+
+        warnings.warn(f"writing a checkpoint to {self.config.checkpoint_dir} failed ({error}); "
+                      "training goes on and the previous checkpoint is still valid",
+                      RuntimeWarning, stacklevel=2)
+
+    def _fingerprint(self) -> dict:
+        """What this run's model and dataset are (from a trainer, not from the weights a
+        resume would load): a checkpoint of another model or dataset is refused."""
+        info = self.pool.live()[0].info
+        return {
+            "model": {"fn": describe_callable(self.model_fn), "weights": info["weights"]},
+            "dataset": {"what": describe_callable(self.dataset),
+                        "num_train": None if self.plan.partitioned else info["num_train"],
+                        "num_test": info["num_test"], "partitioned": self.plan.partitioned},
+        }
+
+    def _check_fingerprint(self, ckpt: checkpoint.Checkpoint) -> None:
+        diffs = checkpoint.compare_fingerprints(ckpt.meta.get("fingerprint", {}), self.fingerprint)
+        if diffs:
+            raise checkpoint.CheckpointMismatchError(
+                f"cannot resume from {ckpt.path}: it is a run of another model or dataset. "
+                + "; ".join(diffs) + ". Resume with the same model_fn and dataset, or start a "
+                "new run from its weights: initial_weights=ddlf_actors.apps.checkpoint.load("
+                f"{self.config.checkpoint_dir or ckpt.path!r}).weights")
+
+    def _restore(self, ckpt: checkpoint.Checkpoint, initial_weights) -> list:
+        if initial_weights is not None:
+            raise ValueError("pass resume= or initial_weights=, not both: a resumed run starts "
+                             "from its checkpoint's weights")
+        meta = ckpt.meta
+        if meta.get("scheme") != self.name:
+            raise checkpoint.CheckpointMismatchError(
+                f"cannot resume from {ckpt.path}: it was written by a {meta.get('scheme')} run, "
+                f"this is a {self.name} run; resume it with train_{meta.get('scheme')}")
+        self.round_no = ckpt.round
+        self.seed = int(meta["rng"]["seed"])
+        self.plan.seed = self.seed
+        self.history.rows.extend(meta.get("history", []))
+        self.events.extend(meta.get("events", []))
+        self.optimizer_states = {int(k): v for k, v in ckpt.optimizer_states.items()}
+        self.t0 = time.perf_counter() - float(meta.get("elapsed_s", 0.0))
+        self.last_checkpoint = ckpt.path
+        self.resumed_from = ckpt
+        self.restore_position(ckpt)
+        return [np.array(w, copy=True) for w in ckpt.weights]
+
+    def _resume_detail(self, ckpt: checkpoint.Checkpoint) -> str:
+        saved = ckpt.meta.get("config", {})
+        now = self.config.to_json()
+        changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now)
+                   if k in saved and saved.get(k) != now.get(k)
+                   and k not in ("callbacks", "progress", "checkpoint_dir")]
+        text = f"from {ckpt.path} (round {ckpt.round})"
+        return text + (f"; settings changed: {', '.join(changed)}" if changed else "")
+
+    def _make_plan(self, infos: list) -> Plan:
+        cfg = self.config
+        if infos[0].get("partitioned"):
+            sizes = {s.index: s.info["num_train"] for s in self.pool.live()}
+            return Plan(self.seed, cfg.rounds_per_epoch, sum(sizes.values()), part_sizes=sizes)
+        return Plan(self.seed, cfg.rounds_per_epoch, infos[0]["num_train"])

@@ -89,3 +89,29 @@ def test_ddlf_train_more_workers_than_cpus(tmp_path):
     assert proc.returncode == 2
     assert "workers=64" in proc.stderr and "CPUs" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(600)   # two TensorFlow runs of a few trainers each
+def test_ddlf_train_checkpoints_into_out_and_resumes(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_fake_fashion_mnist(str(data))
+    out = tmp_path / "out"
+    common = ["run", "--dataset", "fashion-mnist", "--data-dir", str(data), "--workers", "1:2",
+              "--batch-size", "32", "--no-progress"]
+    with no_leaked_processes():
+        first = _ddlf_train(*common, "--master-epochs", "1", "--checkpoint-every", "1",
+                            "--out", str(out))
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert sorted(p for p in os.listdir(out) if p.startswith("ckpt-")) == ["ckpt-00000001.npz"]
+        second = _ddlf_train(*common, "--master-epochs", "2", "--resume", str(out))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed" in second.stderr and "ckpt-00000001.npz" in second.stderr
+    with open(out / "history.json") as f:
+        history = json.load(f)
+    assert [r["round"] for r in history] == [1, 2]        # continuous, nothing twice
+    assert all(r["workers"] in (1, 2) for r in history)
+    assert " K " in second.stdout or "  K" in second.stdout   # the table's trainers column
+    # Another model on the same checkpoints is refused with what differs, exit 2.
+    cifar = _ddlf_train("run", "--dataset", "cifar10", "--resume", str(out), timeout=120)
+    assert cifar.returncode == 2 and "Traceback" not in cifar.stderr

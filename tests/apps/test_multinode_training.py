@@ -8,7 +8,7 @@ from helpers_modules.numpy_trainer import NumpyTrainer, hard_blobs_dataset, soft
 
 import ddlf_actors as ddlf
 from ddlf_actors.apps import TrainConfig, train_async
-from ddlf_actors.apps.schemes.base import start_trainers
+from ddlf_actors.apps.schemes.pool import start_trainers
 
 
 def _node_of(self):

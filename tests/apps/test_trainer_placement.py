@@ -8,7 +8,7 @@ from helpers_modules.util import wait_for
 
 import ddlf_actors as ddlf
 from ddlf_actors.apps import TrainConfig, train_sync
-from ddlf_actors.apps.schemes.base import start_trainers, stop_trainers
+from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
 from ddlf_actors.util import placement_group_table
 
 MODEL = softmax_model_fn(64, 4)

@@ -167,3 +167,87 @@ class DiesInRoundTwo(NumpyTrainer):
 
             os._exit(1)
         return super().fit(x, y, epochs, batch_size)
+
+
+class SigkillOnce(NumpyTrainer):
+    """SIGKILLs its own process mid-``fit`` once per run, like ``kill -9`` from outside.
+
+    Set in the trainers' environment (``runtime_env={"env_vars": ...}``):
+    ``DDLF_TEST_KILL_DIR``, a directory for the once-only marker; ``DDLF_TEST_KILL_SLOT``
+    (default 1), the slot whose trainer dies; ``DDLF_TEST_KILL_CALL`` (default 2), in
+    which of its ``fit`` calls. The marker file makes it once per run: the replacement,
+    and every later run with the same directory, train normally.
+    """
+
+    def fit(self, x, y, epochs, batch_size):
+        import os
+        import signal
+        import time
+
+        self._fits = getattr(self, "_fits", 0) + 1
+        where = os.environ.get("DDLF_TEST_KILL_DIR")
+        if (where and self._ddlf_index == int(os.environ.get("DDLF_TEST_KILL_SLOT", "1"))
+                and self._fits == int(os.environ.get("DDLF_TEST_KILL_CALL", "2"))):
+            try:
+                fd = os.open(os.path.join(where, "killed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                time.sleep(0.05)   # mid-round: the other trainers are busy too
+                os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(os.environ.get("DDLF_TEST_FIT_SLEEP", "0")))
+        return super().fit(x, y, epochs, batch_size)
+
+
+class MomentumModel(SoftmaxModel):
+    """Softmax regression trained with momentum SGD: it has optimizer state to keep."""
+
+    def __init__(self, *args, momentum: float = 0.9, **kw):
+        super().__init__(*args, **kw)
+        self.momentum = momentum
+        self.velocity = [np.zeros_like(w) for w in self.w]
+        self.steps = np.zeros((), np.int64)
+
+    def step(self, x, y):
+        before = [w.copy() for w in self.w]
+        super().step(x, y)
+        for i, (b, w) in enumerate(zip(before, self.w)):
+            self.velocity[i] = self.momentum * self.velocity[i] + (w - b)
+            self.w[i] = b + self.velocity[i]
+        self.steps = self.steps + 1
+
+
+def momentum_model_fn(num_features: int = 64, num_classes: int = 4):
+    return lambda: MomentumModel(num_features, num_classes)
+
+
+class MomentumTrainer(NumpyTrainer):
+    """A numpy trainer whose model has optimizer state (velocities and a step count)."""
+
+    def get_optimizer_state(self):
+        return [a.copy() for a in self.model.velocity] + [np.array(self.model.steps)]
+
+    def set_optimizer_state(self, state):
+        *velocity, steps = state
+        self.model.velocity = [np.array(v, copy=True) for v in velocity]
+        self.model.steps = np.array(steps)
+
+    def describe(self):
+        out = super().describe()
+        out["steps"] = int(self.model.steps)
+        return out
+
+
+class FailsWhenReplaced(SigkillOnce):
+    """Slot 1's first trainer SIGKILLs itself in its second fit; its replacement's
+    ``__init__`` raises, so the slot cannot be refilled."""
+
+    def __init__(self, model_fn, dataset, index=0, num_cpus=1):
+        import os
+
+        where = os.environ.get("DDLF_TEST_KILL_DIR", "")
+        if index == 1 and where and os.path.exists(os.path.join(where, "killed")):
+            raise RuntimeError("replacement refuses to start")
+        super().__init__(model_fn, dataset, index, num_cpus)

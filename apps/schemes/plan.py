@@ -1,0 +1,121 @@
+"""Which sample indices each trainer gets: the paper's Algorithm 6, for a changing K.
+
+The driver shuffles and partitions *indices*, never data. Every epoch has its own
+permutation, drawn from a generator seeded by ``(seed, epoch)``: a resumed run (or a
+replacement trainer) therefore sees exactly the permutation the uninterrupted run would
+have, with no generator state to carry across.
+
+- **Shared dataset** (every trainer holds all of it): epoch ``e``'s permutation is cut
+  into ``rounds_per_epoch`` consecutive chunks, and round ``r``'s chunk is split among
+  the trainers present *in that round*. When K changes mid-epoch (a trainer lost, one
+  joined) the next chunk is split among the new K, so each sample is still seen once
+  per epoch.
+- **Partitioned dataset** (trainer ``j`` holds only partition ``j``): each partition has
+  its own permutation per epoch, and round ``r`` takes its ``r``-th chunk. A partition
+  whose trainer is absent for a round is not trained that round.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence, Union
+
+import numpy as np
+
+__all__ = ["epoch_rng", "Plan", "chunk_bounds", "split_shares"]
+
+
+def epoch_rng(seed: int, epoch: int, part: int | None = None) -> np.random.Generator:
+    """The generator for one epoch (and one partition): independent of everything else."""
+    key = [int(seed), int(epoch)] if part is None else [int(seed), int(epoch), int(part)]
+    return np.random.default_rng(key)
+
+
+def chunk_bounds(n: int, r: int, rounds: int) -> tuple[int, int]:
+    """The [start, stop) of round ``r``'s chunk when ``n`` indices are cut ``rounds`` ways."""
+    return n * r // rounds, n * (r + 1) // rounds
+
+
+def split_shares(chunk: np.ndarray, shares: Sequence[float]) -> list[np.ndarray]:
+    """Split ``chunk`` into consecutive pieces sized in proportion to ``shares``.
+
+    Equal shares give ``np.array_split``'s sizes (they differ by at most one).
+    """
+    k = len(shares)
+    if k == 0:
+        return []
+    total = float(sum(shares))
+    if total <= 0 or len(set(shares)) == 1:
+        return np.array_split(chunk, k)
+    cuts = np.round(np.cumsum(shares)[:-1] / total * len(chunk)).astype(int)
+    return np.split(chunk, cuts)
+
+
+class Plan:
+    """Index assignments for a run.
+
+    ``num_train`` is the training set's size; for a partitioned dataset,
+    ``part_sizes[j]`` is partition ``j``'s size (filled in as partitions' trainers join).
+    """
+
+    def __init__(self, seed: int, rounds_per_epoch: int, num_train: int,
+                 part_sizes: Union[Mapping[int, int], Sequence[int]] | None = None):
+        self.seed = int(seed)
+        self.rounds = int(rounds_per_epoch)
+        self.num_train = int(num_train)
+        self.part_sizes: dict[int, int] | None = None
+        if part_sizes is not None:
+            items = part_sizes.items() if isinstance(part_sizes, Mapping) else enumerate(part_sizes)
+            self.part_sizes = {int(k): int(n) for k, n in items}
+        self._cache: dict = {}
+
+    @property
+    def partitioned(self) -> bool:
+        return self.part_sizes is not None
+
+    def permutation(self, epoch: int, part: int | None = None) -> np.ndarray:
+        """Epoch ``epoch``'s shuffled indices (of partition ``part``), as int32."""
+        key = (epoch, part)
+        perm = self._cache.get(key)
+        if perm is None:
+            n = self.num_train if part is None else self.part_sizes[part]
+            perm = epoch_rng(self.seed, epoch, part).permutation(n).astype(np.int32)
+            # Two epochs' worth at most: the current one and the next (async runs ahead).
+            for old in [k for k in self._cache if k[0] < epoch - 1]:
+                del self._cache[old]
+            self._cache[key] = perm
+        return perm
+
+    def round_pieces(self, epoch: int, r: int, slots: Sequence[int],
+                     shares: Sequence[float] | None = None) -> dict[int, np.ndarray]:
+        """Round ``r`` of epoch ``epoch``: ``{slot: indices}`` for the trainers present.
+
+        ``shares`` (one per slot) sizes a shared dataset's pieces; equal by default.
+        """
+        slots = list(slots)
+        if self.partitioned:
+            out = {}
+            for j in slots:
+                perm = self.permutation(epoch, j)
+                lo, hi = chunk_bounds(len(perm), r, self.rounds)
+                out[j] = perm[lo:hi]
+            return out
+        perm = self.permutation(epoch)
+        lo, hi = chunk_bounds(len(perm), r, self.rounds)
+        pieces = split_shares(perm[lo:hi], shares or [1.0] * len(slots))
+        return dict(zip(slots, pieces))
+
+    def async_pieces(self, epoch: int, per_round: int, part: int | None = None) -> list:
+        """An asynchronous epoch's pieces, in order: ``[(piece_no, indices)]``.
+
+        A shared dataset's permutation is cut into ``rounds_per_epoch * per_round`` pieces
+        (``per_round``: the trainers the run is sized for); a partition into
+        ``rounds_per_epoch`` pieces.
+        """
+        perm = self.permutation(epoch, part)
+        n = self.rounds if part is not None else self.rounds * max(1, per_round)
+        return list(enumerate(np.array_split(perm, n)))
+
+    def async_piece(self, epoch: int, piece_no: int, per_round: int,
+                    part: int | None = None) -> np.ndarray:
+        """One piece of :meth:`async_pieces` (a resumed run rebuilds its queue from these)."""
+        return self.async_pieces(epoch, per_round, part)[piece_no][1]

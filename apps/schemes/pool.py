@@ -1,0 +1,366 @@
+"""The trainers of a run: placing them, noticing losses, replacing them, growing the set.
+
+A run has ``workers`` *slots*. Slot ``j`` holds one trainer at a time; its index is the
+trainer's identity (its partition of a partitioned dataset, its row in the logs). A slot
+is ``STARTING`` (its actor is being created, or waits for its reserved CPU), ``LIVE``,
+``LOST`` (its process or node died) or ``FAILED`` (a replacement's ``__init__`` raised).
+
+Placement: the first ``config.start_workers`` slots are reserved together as one
+placement group (all or nothing, ``placement_strategy``), so a run never starts
+half-placed. With ``workers=(lo, hi)`` the other ``hi − lo`` slots get a one-bundle group
+each, which the head places whenever CPUs appear (a node joining, another run ending);
+their trainers then join the run at its next round.
+
+A lost trainer is replaced at once in its own bundle. If only its process died, the
+bundle's CPU is free again on the same node and the replacement starts there in tens of
+milliseconds. If its node died, the head places the bundle again elsewhere (as Ray
+does) when some node has room, and the replacement starts then; until then the run goes
+on with the trainers it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+import warnings
+from typing import Any, Callable
+
+import ddlf_actors as ddlf
+from ddlf_actors.errors import ActorDiedError, DDLFError, UnschedulableError
+from ddlf_actors.util import (
+    PlacementGroupSchedulingStrategy,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+
+from .. import datasets
+from ..config import TrainConfig
+from ..records import EventKind
+from ..trainer import TrainerActor
+
+__all__ = ["TrainerPool", "Slot", "SlotState", "TrainerStartError", "check_dataset",
+           "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS"]
+
+# What a trainer's call raises when the trainer itself is gone (not when its code raised).
+LOSS_ERRORS = (ActorDiedError,)
+# A replacement that dies while starting, not in __init__ (its node died again...), is
+# started again up to this many times in a row before its slot is given up.
+_START_RETRIES = 3
+
+
+class TrainerStartError(DDLFError):
+    """A trainer could not build its model or load its dataset."""
+
+
+def check_dataset(dataset) -> None:
+    """Fail on the driver, before any trainer starts, for a dataset that cannot work."""
+    if isinstance(dataset, str):
+        if dataset not in datasets.names():
+            raise ValueError(f"unknown dataset {dataset!r}: known names are "
+                             f"{sorted(datasets.names())}; or pass a callable returning "
+                             "((x, y), (x_test, y_test)), or datasets.partitioned(path)")
+    elif isinstance(dataset, datasets.PartitionedDataset):
+        dataset.num_partitions  # noqa: B018 - raises FileNotFoundError for a bad path
+    elif not callable(dataset):
+        raise TypeError(f"dataset must be a registered name, a callable or "
+                        f"datasets.partitioned(path), got {type(dataset).__name__}")
+
+
+class SlotState(enum.Enum):
+    STARTING = "starting"
+    LIVE = "live"
+    LOST = "lost"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(eq=False)
+class Slot:
+    """One trainer position of a run."""
+
+    index: int
+    handle: Any = None
+    state: SlotState = SlotState.STARTING
+    info: dict | None = None          # the trainer's describe(): sizes, pid, node
+    ready_ref: Any = None                # describe() while STARTING
+    group: Any = None                    # the placement group its bundle is in
+    bundle: int = 0
+    owned: bool = True                   # False for trainers the caller passed in
+    starts: int = 0                      # trainers this slot has had
+    start_failures: int = 0              # in a row, not counting __init__ errors
+
+    @property
+    def node(self) -> str | None:
+        return (self.info or {}).get("node")
+
+
+class TrainerPool:
+    """The slots of one run. ``emit(kind, slot, detail)`` reports what happens to them."""
+
+    def __init__(self, model_fn, dataset, config: TrainConfig,
+                 emit: Callable[[EventKind, Slot | None, str], None],
+                 adopted: list | None = None):
+        self.model_fn = model_fn
+        self.dataset = dataset
+        self.config = config
+        self.emit = emit
+        self.slots: list[Slot] = []
+        self._groups: list = []
+        self._adopted = adopted
+        options = dict(config.trainer_options)
+        self._actor_cls = ddlf.remote(num_cpus=config.num_cpus, **options)(
+            config.trainer_cls or TrainerActor)
+        bundle = {"CPU": float(config.num_cpus), **(options.get("resources") or {})}
+        self._bundle = {k: float(v) for k, v in bundle.items() if v}
+        # Nothing to reserve, or the caller placed the trainers itself.
+        self._reserve = bool(self._bundle) and not (
+            "scheduling_strategy" in options or "node_id" in options)
+
+    # -- start and stop --------------------------------------------------------------------
+    def start(self) -> None:
+        """Place and build the first trainers; raise if they cannot all start.
+
+        Raises ``UnschedulableError`` (naming the demand) when the first
+        ``config.start_workers`` trainers cannot be reserved, ``TrainerStartError`` when one
+        of them fails in ``__init__``, ``ValueError`` for a dataset that cannot work.
+        """
+        check_dataset(self.dataset)
+        if self._adopted is not None:
+            self.slots = [Slot(j, handle=t, owned=False, ready_ref=t.describe.remote())
+                          for j, t in enumerate(self._adopted)]
+            self._wait_started(self.slots)
+            return
+        cfg = self.config
+        if isinstance(self.dataset, datasets.PartitionedDataset) and \
+                self.dataset.num_partitions < cfg.workers:
+            raise ValueError(f"{self.dataset!r} has {self.dataset.num_partitions} partitions for "
+                             f"{cfg.workers} workers: each trainer loads its own partition")
+        first = cfg.start_workers
+        try:
+            main = self._reserve_group(first) if self._reserve else None
+            self.slots = [Slot(j, group=main, bundle=j) for j in range(first)]
+            for j in range(first, cfg.workers):   # elastic: placed when CPUs appear
+                self.slots.append(Slot(j, group=self._spare_group() if self._reserve else None))
+            for slot in self.slots:
+                self._create(slot)
+            self._wait_started(self.slots[:first])
+            # Spare slots already placed start with the rest rather than a round later.
+            placed = [s for s in self.slots[first:] if self._group_placed(s.group)]
+            self.poll(block_for=placed, timeout=cfg.placement_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Kill every trainer of the run and free its placement groups (no-op without a session)."""
+        if not ddlf.is_initialized():
+            return   # their cluster is gone with them; do not start a new one to kill them
+        for slot in self.slots:
+            if slot.owned and slot.handle is not None:
+                try:
+                    ddlf.kill(slot.handle)
+                except Exception:  # the session may already be gone
+                    pass
+        for pg in self._groups:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
+        self._groups = []
+
+    # -- membership ------------------------------------------------------------------------
+    def live(self) -> list[Slot]:
+        """The trainers that take work now, by slot index."""
+        return [s for s in self.slots if s.state is SlotState.LIVE]
+
+    def starting(self) -> list[Slot]:
+        return [s for s in self.slots if s.state is SlotState.STARTING]
+
+    def lose(self, slot: Slot, error: BaseException) -> None:
+        """``slot``'s trainer is gone: record it and start its replacement, if we own it."""
+        if slot.state is not SlotState.LIVE:
+            return
+        slot.state = SlotState.LOST
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        self.emit(EventKind.TRAINER_LOST, slot, f"{type(error).__name__}: {first}"[:300])
+        if slot.owned:
+            self._create(slot)
+
+    def poll(self, block_for: list | None = None, timeout: float = 0.0) -> list[Slot]:
+        """Let trainers that finished starting join; return them.
+
+        Waits up to ``timeout`` for the slots in ``block_for``, never for others.
+        """
+        joined = []
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = self.starting()
+            if not waiting:
+                break
+            ready, _ = ddlf.wait([s.ready_ref for s in waiting], num_returns=len(waiting),
+                                 timeout=0)
+            ready_set = set(ready)
+            for slot in waiting:
+                if slot.ready_ref in ready_set and self._settle(slot):
+                    joined.append(slot)
+            pending = [s for s in (block_for or ()) if s.state is SlotState.STARTING]
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                break
+            ddlf.wait([s.ready_ref for s in pending], num_returns=1, timeout=min(left, 1.0))
+        return joined
+
+    def wait_for(self, n: int, timeout: float) -> list[Slot]:
+        """Wait up to ``timeout`` until ``n`` trainers are live; return those that joined."""
+        joined = self.poll()
+        deadline = time.monotonic() + timeout
+        while len(self.live()) < n and self.starting():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waiting = self.starting()
+            ddlf.wait([s.ready_ref for s in waiting], num_returns=1, timeout=min(left, 1.0))
+            joined += self.poll()
+        return joined
+
+    # -- internals -------------------------------------------------------------------------
+    def _create(self, slot: Slot) -> None:
+        if slot.handle is not None and slot.owned:
+            try:
+                ddlf.kill(slot.handle)   # usually dead already; a hung one must not linger
+            except Exception:
+                pass
+        cls = self._actor_cls
+        if slot.group is not None:
+            cls = cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                slot.group, placement_group_bundle_index=slot.bundle))
+        slot.handle = cls.remote(self.model_fn, self.dataset, slot.index, self.config.num_cpus)
+        slot.ready_ref = slot.handle.describe.remote()
+        slot.info = None
+        slot.state = SlotState.STARTING
+        slot.starts += 1
+
+    def _settle(self, slot: Slot) -> bool:
+        """A STARTING slot's describe() is back: LIVE (True), or failed (False)."""
+        try:
+            slot.info = ddlf.get(slot.ready_ref)
+        except LOSS_ERRORS as e:
+            if getattr(e, "cause", None) is None and slot.start_failures < _START_RETRIES \
+                    and slot.owned:
+                slot.start_failures += 1   # it died starting (its node?): try again
+                self._create(slot)
+                return False
+            slot.state = SlotState.FAILED
+            self.emit(EventKind.TRAINER_START_FAILED, slot, str(e).strip()[:500])
+            return False
+        slot.ready_ref = None
+        slot.state = SlotState.LIVE
+        slot.start_failures = 0
+        how = "replacement" if slot.starts > 1 else "new trainer"
+        self.emit(EventKind.TRAINER_JOINED, slot, f"{how}, pid {slot.info.get('pid')}")
+        return True
+
+    def _wait_started(self, slots: list[Slot]) -> None:
+        """Wait until ``slots`` are built; turn a failed ``__init__`` into a clear error."""
+        for slot in slots:
+            try:
+                slot.info = ddlf.get(slot.ready_ref)
+            except ActorDiedError as e:
+                raise TrainerStartError(
+                    f"trainer {slot.index} failed to start (building the model with model_fn "
+                    f"or loading the dataset raised):\n{e}") from e
+            slot.ready_ref = None
+            slot.state = SlotState.LIVE
+            slot.starts = max(slot.starts, 1)
+
+    def _reserve_group(self, k: int):
+        """A placement group of ``k`` bundles, reserved; or ``UnschedulableError``."""
+        cfg = self.config
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # an infeasible group is reported below, as an error
+            pg = placement_group([self._bundle] * k, strategy=cfg.placement_strategy)
+        self._groups.append(pg)
+        view = placement_group_table(pg)
+        never = view.get("stats", {}).get("scheduling_state") == "INFEASIBLE"
+        if not never and pg.wait(cfg.placement_timeout_s):
+            return pg
+        need = k * float(cfg.num_cpus)
+        free = float(ddlf.available_resources().get("CPU", 0.0))
+        total = float(ddlf.cluster_resources().get("CPU", 0.0))
+        why = ("the cluster's nodes can never hold them" if never else
+               f"they could not all be reserved within {cfg.placement_timeout_s:g} s")
+        what = f"workers={k}" if not cfg.elastic else f"workers=({k}, {cfg.workers})"
+        raise UnschedulableError(
+            f"{what} trainers with num_cpus={cfg.num_cpus} need {need:g} CPUs ({k} "
+            f"bundles of {self._bundle}, strategy {cfg.placement_strategy}) to start, but the "
+            f"cluster has {free:g} free ({total:g} in all), and {why}. Use fewer workers, "
+            "lower num_cpus, free resources, or add nodes with `ddlf-node start --address ...`.")
+
+    def _spare_group(self):
+        """A one-bundle group for an elastic slot: pending until some node has room."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # pending is the point: no warning about it
+            pg = placement_group([self._bundle], strategy="PACK")
+        self._groups.append(pg)
+        return pg
+
+    @staticmethod
+    def _group_placed(pg) -> bool:
+        if pg is None:
+            return True
+        try:
+            return placement_group_table(pg).get("state") == "CREATED"
+        except Exception:
+            return False
+
+
+# -- trainers outside a run (the App API keeps its own between runs) ----------------------------
+class _Group(list):
+    """Trainer handles, with the pool that placed them (``stop_trainers`` frees it)."""
+
+    pool: TrainerPool | None = None
+
+    @property
+    def placement_group(self):
+        groups = self.pool._groups if self.pool is not None else []
+        return groups[0] if groups else None
+
+
+def start_trainers(model_fn, dataset, config: TrainConfig) -> _Group:
+    """Create ``config.workers`` trainer actors, reserved as one placement group, and wait
+    until they are built. Raises as :meth:`TrainerPool.start`. Stop them with
+    :func:`stop_trainers`."""
+    pool = TrainerPool(model_fn, dataset, config, emit=lambda *a: None)
+    pool.start()
+    group = _Group(s.handle for s in pool.slots)
+    group.pool = pool
+    return group
+
+
+def stop_trainers(trainers) -> None:
+    """Kill trainers from :func:`start_trainers` and free their placement group."""
+    pool = getattr(trainers, "pool", None)
+    if pool is not None:
+        pool.stop()
+        return
+    if not ddlf.is_initialized():
+        return
+    for t in trainers or ():
+        try:
+            ddlf.kill(t)
+        except Exception:
+            pass
+
+
+def describe_trainers(trainers) -> list[dict]:
+    """Wait until every trainer is built; turn a failed ``__init__`` into a clear error."""
+    infos = []
+    for j, t in enumerate(trainers):
+        try:
+            infos.append(ddlf.get(t.describe.remote()))
+        except ActorDiedError as e:
+            raise TrainerStartError(
+                f"trainer {j} failed to start (building the model with model_fn or loading "
+                f"the dataset raised):\n{e}") from e
+    return infos
