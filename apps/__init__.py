@@ -13,7 +13,7 @@ when this package is imported.
 
 from . import datasets, models
 from .app import App
-from .callbacks import Callback, CsvLogger, EarlyStopping, History, ProgressBar
+from .callbacks import Callback, CsvLogger, EarlyStopping, History, ProgressBar, TensorBoard
 from .config import TrainConfig
 from .result import TrainResult
 from .schemes import TrainerStartError, train_async, train_sync
@@ -34,4 +34,5 @@ __all__ = [
     "ProgressBar",
     "EarlyStopping",
     "CsvLogger",
+    "TensorBoard",
 ]
