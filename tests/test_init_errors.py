@@ -59,3 +59,20 @@ def test_the_error_pickles_with_its_address():
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is HeadUnreachableError and back.address == "h:1"
     assert str(back) == str(e)
+
+
+def test_auto_without_a_head_on_this_host(tmp_path, monkeypatch):
+    session = tmp_path / "session"
+    session.mkdir(mode=0o700)
+    monkeypatch.setenv("DDLF_TEMP_DIR", str(session))   # no head.json: no head started here
+    with pytest.raises(HeadUnreachableError, match="found no DDLF head started on this host"):
+        ddlf.init(address="auto")
+
+
+def test_a_cluster_file_whose_hosts_do_not_answer(tmp_path):
+    ports = [_closed_port(), _closed_port()]
+    toml = tmp_path / "cluster.toml"
+    toml.write_text(f'hosts = ["127.0.0.1:{ports[0]}", "127.0.0.1:{ports[1]}"]\n')
+    with pytest.raises(HeadUnreachableError, match="none of the hosts") as info:
+        ddlf.init(address=str(toml), token="t" * 64)
+    assert f"127.0.0.1:{ports[1]}" in str(info.value) and "ddlf-node start --head" in str(info.value)
