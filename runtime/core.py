@@ -96,8 +96,8 @@ def _unreachable(address: str, error: OSError, timeout: float) -> HeadUnreachabl
     where = "" if loopback else f" (on {host})"
     return HeadUnreachableError(
         f"could not reach a DDLF head at {address}: {why}. Start one there with "
-        f"`{start}`{where}, or give the address a running head printed; ddlf.init() with "
-        "no address starts a local cluster instead.", address)
+        f"`{start}`{where}, or give the address a running head printed (with no address, "
+        "DDLF starts a local cluster instead).", address)
 
 
 class Core:
