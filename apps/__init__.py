@@ -13,7 +13,15 @@ when this package is imported.
 
 from . import checkpoint, datasets, models
 from .app import App
-from .callbacks import Callback, CsvLogger, EarlyStopping, EventLog, History, ProgressBar
+from .callbacks import (
+    Callback,
+    CsvLogger,
+    EarlyStopping,
+    EventLog,
+    History,
+    ProgressBar,
+    TensorBoard,
+)
 from .checkpoint import CheckpointMismatchError
 from .config import TrainConfig
 from .result import TrainResult
@@ -39,4 +47,5 @@ __all__ = [
     "ProgressBar",
     "EarlyStopping",
     "CsvLogger",
+    "TensorBoard",
 ]

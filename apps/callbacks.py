@@ -1,4 +1,5 @@
-"""Hooks the training loop calls, as in Keras: history, progress bar, early stop, CSV.
+"""Hooks the training loop calls, as in Keras: history, progress bar, early stop, CSV,
+TensorBoard.
 
 The schemes only call hooks; everything that watches a run is a callback. A callback
 sets ``run.stop = True`` to end training after the current row.
@@ -12,7 +13,7 @@ import math
 import sys
 
 __all__ = ["Callback", "History", "ProgressBar", "EventLog", "EarlyStopping", "CsvLogger",
-           "describe_event"]
+           "TensorBoard", "describe_event"]
 
 log = logging.getLogger("ddlf_actors.train")
 
@@ -152,3 +153,55 @@ class CsvLogger(Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class TensorBoard(Callback):
+    """Write each history row's scalars to TensorBoard event files in ``log_dir``
+    (``tensorboard --logdir log_dir``), through ``tf.summary``.
+
+    Per row: ``test_accuracy``, ``test_loss``, ``train_loss``, ``bytes_sent``,
+    ``bytes_received``, ``wall_s`` (the round's time) and ``workers`` (when the row has
+    it), each twice: ``by_round/<key>`` with the row's ``round`` as the step, and
+    ``by_time/<key>`` with the row's ``time_s`` (seconds since training began) in whole
+    milliseconds as the step. Milliseconds, because steps are integers and rounds of a
+    small model are milliseconds apart (whole seconds would put several rows on one
+    step); and the row's own time, because TensorBoard's built-in wall-time axis is the
+    time each event was written, which lags a row by one round (its evaluation arrives
+    during the next round). Keys a row lacks or holds as None are skipped.
+
+    TensorFlow is imported when training begins, in the driver, not when this is made.
+    Events are flushed after each row, so a TensorBoard open during the run follows it.
+    """
+
+    KEYS = ("test_accuracy", "test_loss", "train_loss", "bytes_sent", "bytes_received",
+            "wall_s", "workers")
+
+    def __init__(self, log_dir: str):
+        self.log_dir = str(log_dir)
+        self._tf = None
+        self._writer = None
+
+    def on_train_begin(self, run):
+        from . import tf_startup
+
+        self._tf = tf_startup.import_tensorflow()
+        self._writer = self._tf.summary.create_file_writer(self.log_dir)
+
+    def on_row(self, row, run):
+        if self._writer is None:
+            return
+        scalar = self._tf.summary.scalar
+        step_ms = int(round(float(row.get("time_s") or 0.0) * 1000))
+        with self._writer.as_default():
+            for key in self.KEYS:
+                value = row.get(key)
+                if value is None or isinstance(value, bool):
+                    continue
+                scalar(f"by_round/{key}", float(value), step=int(row["round"]))
+                scalar(f"by_time/{key}", float(value), step=step_ms)
+        self._writer.flush()
+
+    def on_train_end(self, result):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -6,8 +6,11 @@
 
 ``run`` starts an embedded cluster unless ``--address`` is given, trains with a progress
 bar, prints a table of epoch, time and accuracy, and writes ``model.keras``,
-``history.csv``, ``history.json`` and ``training.png`` to ``--out``. With
-``--checkpoint-every N`` it also keeps checkpoints there; ``--resume DIR`` continues one.
+``history.csv``, ``history.json`` and ``training.png`` to ``--out`` (and TensorBoard logs
+to ``--tensorboard DIR``). With ``--checkpoint-every N`` it also keeps checkpoints in
+``--out``; ``--resume DIR`` continues from one. TensorFlow's start-up lines are hidden unless ``--verbose``.
+Every mistake in the arguments is reported in one line, exit status 2, before a cluster
+starts or a dataset is fetched.
 """
 
 from __future__ import annotations
@@ -75,7 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--token-file", help="file holding the cluster token (or set DDLF_AUTH_TOKEN)")
     run.add_argument("--token", help=argparse.SUPPRESS)
     run.add_argument("--out", help="output directory (default: ddlf-run, or the --resume DIR)")
+    run.add_argument("--tensorboard", metavar="DIR",
+                     help="also write TensorBoard logs to DIR (by round and by time)")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--verbose", action="store_true",
+                     help="show TensorFlow's start-up and log lines (TF_CPP_MIN_LOG_LEVEL=0), "
+                          "the trainers' and the driver's")
     fetch = sub.add_parser("fetch", help="download a dataset into ~/.cache/ddlf/<name>")
     fetch.add_argument("name")
     fetch.add_argument("--force", action="store_true")
@@ -99,18 +107,80 @@ def _workers_arg(text: str):
             f"{text!r}: use a number of trainers (2) or a range MIN:MAX (2:4)") from None
 
 
+class _UsageError(Exception):
+    """A mistake on the command line: one line on stderr, exit status 2."""
+
+
+def _check_args(args) -> None:
+    """Every check that needs neither a cluster nor a download, so that a mistake is
+    reported before either starts. Reads --token-file into ``args.token``."""
+    from . import checkpoint, datasets
+    from .config import TrainConfig
+
+    if args.out is None:
+        args.out = args.resume or "ddlf-run"
+    for flag, path in (("--out", args.out), ("--tensorboard", args.tensorboard)):
+        if path is not None:
+            _check_output_dir(flag, path)
+    if args.scheme == "sync" and (args.staleness_bound is not None or args.staleness_scaling):
+        raise _UsageError("--staleness-bound and --staleness-scaling apply to --scheme async")
+    if args.limit is not None and args.limit < 1:
+        raise _UsageError(f"--limit must be >= 1, got {args.limit}")
+    try:   # the same checks train_sync/train_async make, named by their flags
+        TrainConfig(workers=args.workers, master_epochs=args.master_epochs,
+                    worker_epochs=args.worker_epochs, batch_size=args.batch_size,
+                    rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
+                    target_accuracy=args.target_accuracy, patience=args.patience,
+                    staleness_bound=args.staleness_bound, min_workers=args.min_workers,
+                    rejoin_timeout_s=args.rejoin_timeout,
+                    checkpoint_dir=args.out if args.checkpoint_every else None,
+                    checkpoint_every=args.checkpoint_every)
+    except ValueError as e:
+        name, _, rest = str(e).partition(" ")
+        raise _UsageError(f"--{name.replace('_', '-')} {rest}") from None
+    if os.path.isdir(args.dataset):
+        if args.limit or args.data_dir:
+            raise _UsageError("--limit and --data-dir apply to named datasets only")
+    elif args.dataset not in datasets.names():
+        raise _UsageError(f"unknown dataset {args.dataset!r}: use one of "
+                          f"{', '.join(sorted(datasets.names()))}, or a directory of "
+                          "partition files")
+    elif args.data_dir is not None:
+        datasets.ensure(args.dataset, args.data_dir)   # looks there only: no download
+    if args.resume is not None:
+        try:
+            checkpoint.load(args.resume)
+        except (FileNotFoundError, ValueError) as e:
+            raise _UsageError(f"--resume {args.resume}: {e}") from None
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                args.token = f.read().strip()
+        except OSError as e:
+            raise _UsageError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def _check_output_dir(flag: str, path: str) -> None:
+    """``path`` is a directory we can write, or can be made one."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise _UsageError(f"{flag} {path} is an existing file; give a directory (it is "
+                          "created if missing)")
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise _UsageError(f"{flag} {path}: {parent} is a file, so the directory cannot be made")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _UsageError(f"{flag} {path}: {parent} is not writable")
+
+
 def _dataset_arg(args):
-    """Turn --dataset/--data-dir/--limit into what the schemes take; fail early if wrong."""
+    """Turn --dataset/--data-dir/--limit into what the schemes take, fetching a named
+    dataset that is not on this machine (``_check_args`` has checked them)."""
     from . import datasets
 
     if os.path.isdir(args.dataset):
-        if args.limit or args.data_dir:
-            raise SystemExit("ddlf-train: --limit and --data-dir apply to named datasets only")
         return datasets.partitioned(args.dataset), f"partitions in {args.dataset}"
-    if args.dataset not in datasets.names():
-        raise SystemExit(f"ddlf-train: unknown dataset {args.dataset!r}: use one of "
-                         f"{', '.join(sorted(datasets.names()))}, or a directory of partition "
-                         "files")
     datasets.ensure(args.dataset, args.data_dir)  # find it here, else fetch it
     if args.data_dir is None and not args.limit:
         return args.dataset, args.dataset
@@ -121,16 +191,23 @@ def _run(args) -> int:
     import ddlf_actors as ddlf
 
     from . import models, report
+    from .callbacks import TensorBoard
     from .schemes import train_async, train_sync
 
-    dataset, label = _dataset_arg(args)
-    token = args.token
-    if args.token_file:
-        with open(args.token_file) as f:
-            token = f.read().strip()
+    _check_args(args)
+    runtime_env = None
+    if args.verbose:   # TF's lines, here and in every trainer (tf_startup.py)
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "0"}}
     t0 = time.perf_counter()
-    ddlf.init(args.address, token=token) if args.address else ddlf.init()
+    # Connect before fetching the dataset: a wrong --address fails in seconds, not
+    # after a download.
+    if args.address:
+        ddlf.init(args.address, token=args.token, runtime_env=runtime_env)
+    else:
+        ddlf.init(runtime_env=runtime_env)
     try:
+        dataset, label = _dataset_arg(args)
         shape = models.INPUT_SHAPES.get(args.dataset, (28, 28, 1))
         model_fn = _ModelFn(shape)
         common = dict(workers=args.workers, master_epochs=args.master_epochs,
@@ -138,7 +215,8 @@ def _run(args) -> int:
                       rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
                       target_accuracy=args.target_accuracy, patience=args.patience,
                       progress=not args.no_progress, min_workers=args.min_workers,
-                      rejoin_timeout_s=args.rejoin_timeout, resume=args.resume)
+                      rejoin_timeout_s=args.rejoin_timeout, resume=args.resume,
+                      callbacks=[TensorBoard(args.tensorboard)] if args.tensorboard else [])
         if args.checkpoint_every:
             common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
         if args.scheme == "sync":
@@ -160,6 +238,8 @@ def _run(args) -> int:
           f"{result.startup_s:.1f} s, trained in {result.history[-1]['time_s']:.1f} s, "
           f"{total:.1f} s in all. Wrote model.keras, history.csv, history.json, training.png "
           f"to {args.out}/")
+    if args.tensorboard:
+        print(f"TensorBoard logs in {args.tensorboard}/ (tensorboard --logdir {args.tensorboard})")
     if result.stopped_early:
         print(f"stopped early: {result.stopped_early}")
     return 0
@@ -184,8 +264,6 @@ def main(argv=None) -> int:
     from .schemes import TooFewTrainersError, TrainerStartError
 
     args = _parser().parse_args(argv)
-    if getattr(args, "command", None) == "run" and args.out is None:
-        args.out = args.resume or "ddlf-run"
     # Losses and rejoins are logged as they happen (the progress bar prints them too).
     logging.basicConfig(format="ddlf-train: %(message)s")
     logging.getLogger("ddlf_actors.train").setLevel(logging.INFO)
@@ -194,9 +272,10 @@ def main(argv=None) -> int:
             print(datasets.fetch(args.name, force=args.force))
             return 0
         return _run(args)
-    except (datasets.DatasetNotFoundError, datasets.DatasetFormatError, TrainerStartError,
-            TooFewTrainersError, FileNotFoundError, ddlf.errors.UnschedulableError,
-            ddlf.errors.AuthenticationError, ValueError) as e:
+    except (_UsageError, datasets.DatasetNotFoundError, datasets.DatasetFormatError,
+            TrainerStartError, TooFewTrainersError, ddlf.errors.UnschedulableError,
+            ddlf.errors.AuthenticationError, ddlf.errors.HeadUnreachableError,
+            FileNotFoundError, ValueError) as e:
         # A user's mistake, not a bug: the message says what to do; no traceback.
         print(f"ddlf-train: error: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ import numpy as np
 import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
 
-from . import datasets
+from . import datasets, tf_startup
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
 
@@ -84,8 +84,8 @@ class TrainerActor(ClusterWorker):
         os.environ["OMP_NUM_THREADS"] = str(n)
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(n)
         os.environ["TF_NUM_INTEROP_THREADS"] = "1"
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import tensorflow as tf
+        # Quietly: TF's start-up lines would reach the driver's terminal (tf_startup.py).
+        tf = tf_startup.import_tensorflow()
 
         try:
             tf.config.threading.set_intra_op_parallelism_threads(n)
@@ -218,6 +218,7 @@ class TrainerActor(ClusterWorker):
     @classmethod
     def local_model(cls, model_fn, weights):
         """A model in the calling process holding ``weights`` (what ``result.model`` is)."""
-        model = model_fn()
+        with tf_startup.quiet_startup():   # the driver's first TF import, if it is one
+            model = model_fn()
         model.set_weights(weights)
         return model

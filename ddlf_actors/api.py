@@ -10,7 +10,7 @@ from ddlf_actors.runtime import config, context
 from ddlf_actors.runtime import runtime_env as _runtime_env
 from ddlf_actors.runtime.address import split_address
 from ddlf_actors.runtime.core import Core, get_core, set_core
-from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.errors import DDLFError, HeadUnreachableError
 from ddlf_actors.runtime.generators import ObjectRefGenerator
 from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
@@ -68,7 +68,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
 
     A second call returns the current ``ClusterInfo`` when ``ignore_reinit_error=True``
     (its arguments are then ignored) and raises ``AlreadyInitializedError`` (a
-    ``DDLFError`` and ``RuntimeError``) otherwise. ``AuthenticationError`` for a wrong token.
+    ``DDLFError`` and ``RuntimeError``) otherwise. ``AuthenticationError`` for a wrong token;
+    ``HeadUnreachableError`` (also a ``ConnectionError``) when no head answers at
+    ``address`` (or ``"auto"`` finds none on this host), naming how to start one.
     """
     global _info
     with _lock:
@@ -121,8 +123,9 @@ def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
     if address == "auto":
         rec = head_record()
         if rec is None:
-            raise DDLFError("address='auto' found no DDLF head started on this host; start one "
-                            "with `ddlf-node start --head`, or pass address='host:port'")
+            raise HeadUnreachableError(
+                "address='auto' found no DDLF head started on this host; start one with "
+                "`ddlf-node start --head`, or pass address='host:port'", "auto")
         address = rec["address"]
     elif address.endswith(".toml") and os.path.isfile(address):
         hosts, ports = read_config(address)
@@ -141,7 +144,10 @@ def _first_reachable(addresses: list[str]) -> str:
             return addr
         except OSError:
             continue
-    raise DDLFError(f"none of the hosts in the cluster file answers: {addresses}")
+    raise HeadUnreachableError(
+        f"none of the hosts in the cluster file answers: {', '.join(addresses)}; start a head "
+        "on one of them with `ddlf-node start --head --host HOST --port PORT`",
+        ", ".join(addresses))
 
 
 def shutdown() -> None:

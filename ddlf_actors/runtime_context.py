@@ -7,10 +7,15 @@ driver is no worker), and the node is the one on the driver's host, if any.
 
 from __future__ import annotations
 
+import copy
+import json
+import warnings
+
 from ddlf_actors.runtime import context
 from ddlf_actors.runtime.core import get_core
 
 from .actor import ActorHandle
+from .ids import ActorID, JobID, NodeID, PlacementGroupID, TaskID
 
 __all__ = ["RuntimeContext", "get_runtime_context"]
 
@@ -135,6 +140,83 @@ class RuntimeContext:
         core = get_core(auto=False)
         return core.head_address if core is not None else None
 
+    # -- Ray's older spellings: properties that return typed ids ------------------------------
+    # Ray keeps them (deprecated, with a warning) and its docs still use them, e.g.
+    # NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().node_id, ...).
+
+    @property
+    def job_id(self) -> JobID:
+        """``JobID`` of :meth:`get_job_id`; ``RuntimeError`` before ``ddlf.init``."""
+        _deprecated("job_id", "get_job_id")
+        job = self.get_job_id()
+        if job is None:
+            raise RuntimeError("job_id is not available: DDLF is not initialized; call "
+                               "ddlf.init() first")
+        return JobID(job)
+
+    @property
+    def node_id(self) -> NodeID:
+        """``NodeID`` of :meth:`get_node_id`. ``RuntimeError`` before ``ddlf.init``, and in
+        a driver whose host runs no node of the cluster (Ray's driver always has one)."""
+        _deprecated("node_id", "get_node_id")
+        node = self.get_node_id()
+        if node is None:
+            if context.current is None and get_core(auto=False) is None:
+                why = "DDLF is not initialized; call ddlf.init() first"
+            else:
+                why = ("this driver's host runs no node of the cluster; pick a node from "
+                       "ddlf.nodes() instead")
+            raise RuntimeError(f"node_id is not available: {why}")
+        return NodeID(node)
+
+    @property
+    def task_id(self) -> TaskID | None:
+        """``TaskID`` of the running task or call; None outside one (in the driver, in an
+        actor's ``__init__``)."""
+        _deprecated("task_id", "get_task_id")
+        task = self.get_task_id()
+        return TaskID(task) if task is not None else None
+
+    @property
+    def actor_id(self) -> ActorID | None:
+        """``ActorID`` of the actor this code runs in; None in a task or the driver."""
+        _deprecated("actor_id", "get_actor_id")
+        actor = self.get_actor_id()
+        return ActorID(actor) if actor is not None else None
+
+    @property
+    def current_placement_group_id(self) -> PlacementGroupID:
+        """``PlacementGroupID`` of the group this runs in; a nil id (``is_nil()``) outside
+        one, as in Ray."""
+        _deprecated("current_placement_group_id", "get_placement_group_id")
+        group = self.get_placement_group_id()
+        return PlacementGroupID(group) if group is not None else PlacementGroupID.nil()
+
+    @property
+    def should_capture_child_tasks_in_placement_group(self) -> bool:
+        """True in a task or actor placed with ``placement_group_capture_child_tasks=True``:
+        what it submits without a strategy joins its group. False elsewhere."""
+        ctx = context.current
+        placement = ctx.placement if ctx is not None else None
+        return bool(placement and placement.get("capture"))
+
+    @property
+    def runtime_env(self) -> dict:
+        """The runtime env this driver, task or actor runs in, as it travels: ``env_vars``
+        as given, ``working_dir`` and ``py_modules`` as package ids (the folders were
+        packed and shipped; like Ray's ``gcs://`` URIs). ``{}`` if none."""
+        ctx = context.current
+        if ctx is not None:
+            wire = ctx.runtime_env
+        else:
+            core = get_core(auto=False)
+            wire = core.runtime_env if core is not None else None
+        return copy.deepcopy(wire or {})   # callers may change what they get
+
+    def get_runtime_env_string(self) -> str:
+        """:attr:`runtime_env` as a JSON string."""
+        return json.dumps(self.runtime_env)
+
     def get(self) -> dict:
         """The ids above as one dict (Ray's deprecated ``get()``)."""
         out = {"job_id": self.get_job_id(), "node_id": self.get_node_id(),
@@ -145,6 +227,12 @@ class RuntimeContext:
             if self.get_actor_id() is not None:
                 out["actor_id"] = self.get_actor_id()
         return out
+
+
+def _deprecated(name: str, instead: str) -> None:
+    warnings.warn(f"get_runtime_context().{name} is Ray's deprecated spelling; use "
+                  f"{instead}(), which returns the id as a hex string", DeprecationWarning,
+                  stacklevel=3)
 
 
 def _local_node_id() -> str | None:

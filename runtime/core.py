@@ -39,7 +39,7 @@ from .actor_submitter import ActorCall, ActorClient
 from .address import split_address
 from .connection import connect
 from .dependencies import split_refs, with_nested
-from .errors import ActorDiedError, DDLFError, UnschedulableError
+from .errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
 from .eventloop import LoopThread
 from .generators import DYNAMIC, STREAMING
 from .messages import ActorCreation, ActorLost, LogBatch
@@ -74,6 +74,30 @@ class ActorSpec:
         self.class_name = class_name
         self.class_segments = class_segments
         self.methods = methods
+
+
+
+def _unreachable(address: str, error: OSError, timeout: float) -> HeadUnreachableError:
+    """The error for a head that does not answer at ``address``, naming why and the fix."""
+    import socket
+
+    host, port = split_address(address)
+    if isinstance(error, ConnectionRefusedError):
+        why = "the connection was refused (nothing listens on that port)"
+    elif isinstance(error, socket.gaierror):
+        why = f"the host name {host!r} cannot be resolved"
+    elif isinstance(error, TimeoutError):
+        why = f"it did not answer within {timeout:g} s"
+    else:
+        why = error.strerror or str(error) or type(error).__name__
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    start = (f"ddlf-node start --head --port {port}" if loopback else
+             f"ddlf-node start --head --host {host} --port {port}")
+    where = "" if loopback else f" (on {host})"
+    return HeadUnreachableError(
+        f"could not reach a DDLF head at {address}: {why}. Start one there with "
+        f"`{start}`{where}, or give the address a running head printed (with no address, "
+        "DDLF starts a local cluster instead).", address)
 
 
 class Core:
@@ -114,7 +138,11 @@ class Core:
 
     async def _connect(self, timeout):
         host, port = split_address(self.head_address)
-        self.head = await connect(host, port, self.token, rpc.RpcHandler(self), timeout=timeout)
+        try:
+            self.head = await connect(host, port, self.token, rpc.RpcHandler(self),
+                                      timeout=timeout)
+        except OSError as e:   # refused, unknown host, unreachable, timed out
+            raise _unreachable(self.head_address, e, timeout) from e
         info = await rpc.call(self.head, "hello_driver", {
             **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
         }, timeout=timeout)
@@ -145,7 +173,9 @@ class Core:
                         lease.conn.abort()
 
     def on_closed(self, conn, exc):
-        if not (self.closed or self.closing):
+        # Only a head link that was up: one refused during connect() is reported as the
+        # error connect() raises, not also as a lost connection.
+        if conn is self.head and not (self.closed or self.closing):
             log.warning("lost the connection to the DDLF head at %s", self.head_address)
 
     def _print_logs(self, batch: LogBatch):

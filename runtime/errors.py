@@ -12,6 +12,7 @@ __all__ = [
     "TLSConfigError",
     "FrameError",
     "ConnectionLostError",
+    "HeadUnreachableError",
     "UnschedulableError",
     "SerializationError",
     "CodeShippingError",
@@ -43,6 +44,23 @@ class FrameError(DDLFError):
 
 class ConnectionLostError(DDLFError):
     """A connection closed while a request on it was outstanding."""
+
+
+class HeadUnreachableError(DDLFError, ConnectionError):
+    """No DDLF head answers at the address given to ``ddlf.init`` (nothing listens there,
+    the host is unknown or unreachable, or it did not answer in time).
+
+    Also a ``ConnectionError``, so ``except ConnectionError`` (or ``OSError``) written for
+    the bare ``ConnectionRefusedError`` of earlier versions still catches it. ``address``
+    is the ``host:port`` tried; the message says how to start a head there.
+    """
+
+    def __init__(self, message: str, address: str | None = None):
+        super().__init__(message)
+        self.address = address
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.address))
 
 
 class GetTimeoutError(DDLFError, TimeoutError):

@@ -475,8 +475,8 @@ class Head:
         if not any(scheduling.fits(demand, b) for b in specs):
             raise UnschedulableError(
                 f"{what} asks for {demand}, more than its bundle of placement group "
-                f"{g.group_id} reserves (bundles: {specs}). Lower its num_cpus/resources, "
-                "or reserve a bigger bundle.")
+                f"{g.group_id} reserves (bundles: {placement.describe_bundles(specs)}). Lower "
+                "its num_cpus/resources, or reserve a bigger bundle.")
         targets = g.reservations if index == -1 else [g.reservations[index]]
         for r in targets:
             if r is not None and r.alive and scheduling.fits(demand, r.available):
@@ -550,9 +550,10 @@ class Head:
         self._place_groups()
         infeasible = g.state == placement.PENDING and self._infeasible(g)
         if infeasible:
-            log.warning("placement group %s (%s, %s) cannot fit the live nodes %s; it waits for "
-                        "a node that can hold it", g.group_id, strategy, bundles,
-                        [n.total for n in self._alive_nodes()])
+            log.warning("placement group %s (%s, %s) cannot fit the live nodes (%s); it waits "
+                        "for a node that can hold it", g.group_id, strategy,
+                        placement.describe_bundles(bundles),
+                        placement.describe_bundles([n.total for n in self._alive_nodes()]))
         return {"id": g.group_id, "state": g.state, "infeasible": infeasible}
 
     def rpc_remove_placement_group(self, conn, group_id: str):

@@ -18,7 +18,8 @@ import asyncio
 from .scheduling import add, fits, subtract
 
 __all__ = ["STRATEGIES", "PENDING", "CREATED", "RESCHEDULING", "REMOVED", "Group", "Reservation",
-           "check_bundles", "check_strategy", "check_bundle_fit", "plan", "total_of"]
+           "check_bundles", "check_strategy", "check_bundle_fit", "plan", "total_of",
+           "describe_bundles"]
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 PENDING, CREATED, RESCHEDULING, REMOVED = "PENDING", "CREATED", "RESCHEDULING", "REMOVED"
@@ -77,8 +78,33 @@ def check_bundle_fit(demand: dict, bundles: list[dict], index: int, what: str) -
         which = "any bundle" if index == -1 else f"bundle {index}"
         raise ValueError(
             f"{what} asks for {demand}, which does not fit in {which} of its placement group "
-            f"(bundles: {bundles}); its demand comes out of the bundle's reservation. Lower "
+            f"(bundles: {describe_bundles(bundles)}); its demand comes out of the bundle's "
+            "reservation. Lower "
             "its num_cpus/resources, or reserve a bigger bundle.")
+
+
+def describe_bundles(bundles) -> str:
+    """A short text for a list of resource dicts (bundles, or nodes' totals): each run of
+    equal ones as ``count × {CPU: 1}``, in order, so 99 trainers' bundles read
+    ``99 × {CPU: 1}`` instead of 99 dicts (a warning that lists them all buries the point).
+    Memory is written in GiB."""
+    runs: list[list] = []
+    for b in bundles:
+        if runs and runs[-1][1] == b:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, b])
+    return ", ".join(f"{n} × {_describe_resources(b)}" for n, b in runs)
+
+
+def _describe_resources(resources: dict) -> str:
+    parts = []
+    for k, v in resources.items():
+        if k in ("memory", "object_store_memory") and v >= 1 << 20:
+            parts.append(f"{k}: {v / (1 << 30):.3g} GiB")
+        else:
+            parts.append(f"{k}: {v:g}")
+    return "{" + ", ".join(parts) + "}"
 
 
 def total_of(bundles) -> dict:

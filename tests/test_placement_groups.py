@@ -180,6 +180,24 @@ def test_group_that_can_never_fit_warns_and_stays_pending(cluster):
     remove_placement_group(pg)
 
 
+def test_a_group_of_many_bundles_is_described_by_count(cluster):
+    with pytest.warns(UserWarning, match="cannot fit") as caught:
+        pg = placement_group([{"CPU": 1}] * 99, strategy="SPREAD")
+    text = str(caught[0].message)
+    assert "99 × {CPU: 1}" in text and len(text) < 400, text
+    assert repr(pg) == f"PlacementGroup({pg.id}, 99 × {{CPU: 1}})"
+    remove_placement_group(pg)
+
+
+def test_describe_bundles_counts_runs_of_equal_bundles():
+    describe = placement.describe_bundles
+    assert describe([{"CPU": 1.0}] * 3) == "3 × {CPU: 1}"
+    assert describe([{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0, "GPU": 0.5}, {"CPU": 1.0}]) == (
+        "2 × {CPU: 1}, 1 × {CPU: 1, GPU: 0.5}, 1 × {CPU: 1}")   # in order: indexes matter
+    assert describe([{"CPU": 2.0, "memory": 3 * 2.0 ** 30}]) == "1 × {CPU: 2, memory: 3 GiB}"
+    assert describe([]) == ""
+
+
 def test_work_draws_on_the_bundle_not_the_node(cluster):
     pg = placement_group([{"CPU": 2}])
     assert pg.wait(20)

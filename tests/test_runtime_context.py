@@ -136,3 +136,114 @@ def test_rays_runtime_context_is_ddlfs(cluster):
     assert rc.get_job_id() == ddlf.get_runtime_context().get_job_id()
     with pytest.raises(AttributeError, match="accelerator"):
         rc.get_accelerator_ids()
+
+
+# -- Ray's older properties: typed ids, and the rest Ray 2.60 has besides get_*() ------------
+def _properties():
+    import warnings
+
+    rc = ddlf.get_runtime_context()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return {"job": rc.job_id, "node": rc.node_id, "task": rc.task_id, "actor": rc.actor_id,
+                "group": rc.current_placement_group_id,
+                "capture": rc.should_capture_child_tasks_in_placement_group,
+                "env": rc.runtime_env, "env_string": rc.get_runtime_env_string(),
+                "get": {"job": rc.get_job_id(), "node": rc.get_node_id(),
+                        "task": rc.get_task_id(), "actor": rc.get_actor_id(),
+                        "group": rc.get_placement_group_id()}}
+
+
+@ddlf.remote
+def properties_task():
+    return _properties()
+
+
+@ddlf.remote
+class PropertiesProbe:
+    def properties(self):
+        return _properties()
+
+
+def test_the_drivers_properties_are_typed_ids_of_its_get_answers(cluster):
+    from ddlf_actors.ids import ActorID, JobID, NodeID, PlacementGroupID, TaskID  # noqa: F401
+
+    p = _properties()
+    assert p["job"] == JobID(p["get"]["job"]) and p["job"].hex() == get_core().job_id
+    assert isinstance(p["node"], NodeID) and p["node"].hex() == p["get"]["node"]
+    assert p["node"].hex() in {n["node_id"] for n in ddlf.nodes()}
+    assert p["task"] is None and p["actor"] is None
+    assert isinstance(p["group"], PlacementGroupID) and p["group"].is_nil()
+    assert p["capture"] is False and p["env"] == {} and p["env_string"] == "{}"
+
+
+def test_a_task_and_an_actor_see_their_own_ids_and_runtime_env(cluster):
+    env = {"env_vars": {"DDLF_CTX_PROBE": "on"}}
+    t = ddlf.get(properties_task.options(runtime_env=env).remote(), timeout=30)
+    assert t["task"] is not None and t["task"].hex() == t["get"]["task"]
+    assert t["node"].hex() == t["get"]["node"] and t["actor"] is None
+    assert t["env"]["env_vars"] == {"DDLF_CTX_PROBE": "on"}
+    assert '"DDLF_CTX_PROBE": "on"' in t["env_string"]
+    probe = PropertiesProbe.remote()
+    a = ddlf.get(probe.properties.remote(), timeout=30)
+    assert a["actor"].hex() == probe._actor_id and a["task"].hex() == a["get"]["task"]
+    assert a["env"] == {}
+    ddlf.kill(probe)
+
+
+def test_an_actor_in_a_capturing_placement_group_sees_it(cluster):
+    from ddlf_actors.util.placement_group import placement_group, remove_placement_group
+    from ddlf_actors.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}])
+    assert pg.wait(30)
+    try:
+        probe = PropertiesProbe.options(num_cpus=1, scheduling_strategy=(
+            PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        )).remote()
+        a = ddlf.get(probe.properties.remote(), timeout=30)
+        assert a["group"].hex() == pg.id == a["get"]["group"] and not a["group"].is_nil()
+        assert a["capture"] is True
+        ddlf.kill(probe)
+    finally:
+        remove_placement_group(pg)
+
+
+def test_the_id_properties_warn_as_rays_deprecated_ones_do(cluster):
+    rc = ddlf.get_runtime_context()
+    with pytest.warns(DeprecationWarning, match=r"use get_node_id\(\)"):
+        rc.node_id  # noqa: B018
+    with pytest.warns(DeprecationWarning, match=r"use get_job_id\(\)"):
+        rc.job_id  # noqa: B018
+
+
+@ddlf.remote
+def where_am_i():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ddlf.get_runtime_context().node_id
+
+
+def test_rays_scheduling_doc_example_runs(cluster):
+    """Ray's doc_code/scheduling.py: node affinity to the driver's node_id, then to the
+    node_id a task returned (an id object, not a string)."""
+    import warnings
+
+    import ddlf_actors.compat.ray as ray
+    from ddlf_actors.compat.ray.util.scheduling_strategies import (
+        NodeAffinitySchedulingStrategy,
+    )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        here = ray.get_runtime_context().node_id
+    hard = where_am_i.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node_id=here, soft=False)).remote()
+    assert ray.get(hard, timeout=30) == here
+    there = ray.get(where_am_i.remote(), timeout=30)
+    soft = where_am_i.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        node_id=there, soft=True)).remote()
+    assert ray.get(soft, timeout=30) == there == ray.NodeID(there.hex())
+    assert isinstance(ray.get_runtime_context().runtime_env, ray.runtime_env.RuntimeEnv)

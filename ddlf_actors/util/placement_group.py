@@ -87,7 +87,8 @@ class PlacementGroup:
         return hash(self.id)
 
     def __repr__(self):
-        return f"PlacementGroup({self.id}, bundles={self.bundle_specs})"
+        # A summary, not the list: a group of 99 bundles would print 99 dicts.
+        return f"PlacementGroup({self.id}, {placement.describe_bundles(self.bundle_specs)})"
 
 
 def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "",
@@ -120,8 +121,9 @@ def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "",
         "detached": lifetime == "detached"})
     if reply.get("infeasible"):
         warnings.warn(
-            f"placement group {reply['id']} ({strategy}, bundles {bundles}) cannot fit the "
-            "nodes alive now; it stays pending until a node that can hold it joins. "
+            f"placement group {reply['id']} ({strategy}, bundles "
+            f"{placement.describe_bundles(bundles)}) cannot fit the nodes alive now; it "
+            "stays pending until a node that can hold it joins. "
             "Remove it with remove_placement_group(), or reserve smaller bundles.",
             stacklevel=2)
     return PlacementGroup(reply["id"], bundles)

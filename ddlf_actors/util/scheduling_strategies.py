@@ -12,6 +12,7 @@ captures child tasks runs in that group too.
 
 from __future__ import annotations
 
+from ddlf_actors.ids import NodeID
 from ddlf_actors.runtime import context
 
 __all__ = ["PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy"]
@@ -53,7 +54,7 @@ class PlacementGroupSchedulingStrategy:
 
 
 class NodeAffinitySchedulingStrategy:
-    """Run on the node ``node_id`` (see ``ddlf.nodes()``).
+    """Run on the node ``node_id`` (see ``ddlf.nodes()``; a ``NodeID`` is taken too).
 
     ``soft=False``: only there; it fails if that node is dead, unknown or too small, and
     waits while it is busy. ``soft=True``: there if that node is alive and can ever fit
@@ -64,6 +65,8 @@ class NodeAffinitySchedulingStrategy:
 
     def __init__(self, node_id: str, soft: bool, _spill_on_unavailable: bool = False,
                  _fail_on_unavailable: bool = False):
+        if isinstance(node_id, NodeID):   # get_runtime_context().node_id, as Ray takes it
+            node_id = node_id.hex()
         if not isinstance(node_id, str) or not node_id:
             raise ValueError(f"node_id must be a node id string (see ddlf.nodes()), got "
                              f"{node_id!r}")

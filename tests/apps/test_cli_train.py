@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -28,23 +31,43 @@ def _write_fake_fashion_mnist(directory, n_train=400, n_test=100, seed=0):
         datasets.write_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte.gz"), y)
 
 
-def _ddlf_train(*args, timeout=300):
+def _ddlf_train(*args, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "ddlf_actors.apps.cli", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("scheme", ["sync", "async"])
-def test_ddlf_train_run_writes_every_output(tmp_path, scheme):
+# What TensorFlow prints while it loads (apps/tf_startup.py): absl's banner, and log lines
+# in absl's format ("I0000 00:00:1795547173.250856   12738 port.cc:153] ...").
+_TF_LINE = re.compile(r"(\(\w+ pid=\d+\) )?(WARNING: All log messages before absl|"
+                      r"[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] )")
+
+
+@pytest.mark.parametrize("scheme,verbose", [("sync", False), ("async", True)])
+def test_ddlf_train_run_writes_every_output(tmp_path, scheme, verbose):
     data = tmp_path / "data"
     data.mkdir()
     _write_fake_fashion_mnist(str(data))
     out = tmp_path / "out"
+    tb = tmp_path / "tb"
+    extra = ["--verbose", "--tensorboard", str(tb)] if verbose else []
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     with no_leaked_processes():
         proc = _ddlf_train("run", "--dataset", "fashion-mnist", "--data-dir", str(data),
                            "--scheme", scheme, "--workers", "2", "--master-epochs", "2",
-                           "--batch-size", "32", "--out", str(out))
+                           "--batch-size", "32", "--out", str(out), *extra, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ddlf " + scheme in proc.stderr            # the progress bar
+    tf_lines = [m for m in map(_TF_LINE.match, proc.stderr.splitlines()) if m]
+    if not verbose:
+        # Neither the trainers' TensorFlow nor the driver's (result.model) says a word.
+        assert not tf_lines, proc.stderr[-3000:]
+    else:
+        # --verbose: what TF prints at start-up on this machine (the driver's lines, no
+        # "(TrainerActor pid=...)" prefix) is printed by every trainer too.
+        if any(m.group(1) is None for m in tf_lines):
+            assert any((m.group(1) or "").startswith("(TrainerActor pid=") for m in tf_lines)
+        assert glob.glob(str(tb / "events.out.tfevents.*"))
+        assert f"TensorBoard logs in {tb}/" in proc.stdout
     assert "test acc" in proc.stdout and "epoch" in proc.stdout
     with open(out / "history.json") as f:
         history = json.load(f)
@@ -65,7 +88,7 @@ def test_ddlf_train_bad_dataset_name_is_a_clear_error(tmp_path):
     with no_leaked_processes():
         proc = _ddlf_train("run", "--dataset", "fashion-mnits", "--out", str(tmp_path / "o"),
                            timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "unknown dataset 'fashion-mnits'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -89,6 +112,9 @@ def test_ddlf_train_more_workers_than_cpus(tmp_path):
     assert proc.returncode == 2
     assert "workers=64" in proc.stderr and "CPUs" in proc.stderr
     assert "Traceback" not in proc.stderr
+    # The head's warning about the group summarises its bundles instead of listing 64.
+    assert "64 × {CPU: 1}" in proc.stderr and proc.stderr.count("{'CPU'") <= 1
+    assert len(proc.stderr) < 1000, proc.stderr
 
 
 @pytest.mark.timeout(600)   # two TensorFlow runs of a few trainers each
@@ -112,6 +138,44 @@ def test_ddlf_train_checkpoints_into_out_and_resumes(tmp_path):
     assert [r["round"] for r in history] == [1, 2]        # continuous, nothing twice
     assert all(r["workers"] in (1, 2) for r in history)
     assert " K " in second.stdout or "  K" in second.stdout   # the table's trainers column
-    # Another model on the same checkpoints is refused with what differs, exit 2.
-    cifar = _ddlf_train("run", "--dataset", "cifar10", "--resume", str(out), timeout=120)
-    assert cifar.returncode == 2 and "Traceback" not in cifar.stderr
+    # Other data on the same checkpoints is refused with what differs, exit 2.
+    other = _ddlf_train(*common, "--master-epochs", "3", "--limit", "200", "--resume", str(out),
+                        timeout=300)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "dataset num_train: checkpoint has 400, this run has 200" in other.stderr
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--out", "{file}"], "--out {file} is an existing file"),
+    (["--tensorboard", "{file}"], "--tensorboard {file} is an existing file"),
+    (["--dataset", "nope"], "unknown dataset 'nope'"),
+    (["--workers", "0"], "--workers must be an int >= 1, got 0"),
+    (["--target-accuracy", "5"], "--target-accuracy must be in (0, 1]"),
+    (["--scheme", "sync", "--staleness-bound", "1"], "apply to --scheme async"),
+    (["--token-file", "{missing}"], "--token-file {missing}: No such file"),
+    (["--address", "127.0.0.1:{port}"], "could not reach a DDLF head at 127.0.0.1:{port}"),
+], ids=["out-is-a-file", "tensorboard-is-a-file", "unknown-dataset", "workers-0",
+        "target-accuracy", "staleness-with-sync", "token-file-missing", "no-head-there"])
+def test_a_user_mistake_is_one_line_exit_2_before_any_fetch(tmp_path, args, says):
+    """cifar10 is in no cache here, so checking after the dataset would start a download
+    (and print "fetching"); every mistake must be caught first."""
+    existing = tmp_path / "a-file"
+    existing.write_text("not a directory\n")
+    fill = {"file": str(existing), "missing": str(tmp_path / "no-token"), "port": _closed_port()}
+    args = [a.format(**fill) for a in args]
+    env = {k: v for k, v in os.environ.items() if k != "DDLF_DATA_DIR"}
+    env["DDLF_CACHE_DIR"] = str(tmp_path / "empty-cache")
+    with no_leaked_processes():
+        proc = _ddlf_train("run", "--dataset", "cifar10", "--out", str(tmp_path / "o"), *args,
+                           timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddlf-train: error: "), proc.stderr
+    assert says.format(**fill) in lines[0]
+    assert not os.path.exists(tmp_path / "empty-cache" / "cifar10")   # nothing fetched

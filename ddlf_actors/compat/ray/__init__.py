@@ -16,6 +16,7 @@ import sys
 import ddlf_actors as _ddlf
 from ddlf_actors import runtime_context as _runtime_context
 from ddlf_actors.api import ClusterInfo as _ClusterInfo
+from ddlf_actors.ids import ActorID, JobID, NodeID, PlacementGroupID, TaskID, WorkerID
 from ddlf_actors.runtime.address import host_of as _host_of
 from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ddlf_actors.runtime.object_ref import ObjectRef
@@ -31,7 +32,7 @@ __all__ = [
     "get_actor", "nodes", "cluster_resources", "available_resources", "method",
     "get_runtime_context", "get_gpu_ids", "ObjectRef", "ObjectRefGenerator",
     "DynamicObjectRefGenerator", "exceptions", "util", "actor", "runtime_env", "RayContext",
-    "NotProvidedError",
+    "NotProvidedError", "JobID", "NodeID", "WorkerID", "TaskID", "ActorID", "PlacementGroupID",
 ]
 
 # Ray's init arguments that only tune Ray's own processes: accepted and ignored.
@@ -180,6 +181,13 @@ class RuntimeContext(_runtime_context.RuntimeContext):
     def gcs_address(self) -> str | None:
         """Ray's GCS is DDLF's head: its ``host:port``."""
         return self.head_address
+
+    @property
+    def runtime_env(self):
+        """DDLF's ``runtime_env`` as Ray's ``RuntimeEnv``."""
+        from .runtime_env import RuntimeEnv
+
+        return RuntimeEnv(**super().runtime_env)
 
     def __getattr__(self, name: str):
         if name.startswith("__"):

@@ -1,11 +1,21 @@
 """``ray._raylet``: only the public types Ray's docs import from it."""
 
+from ddlf_actors.ids import (
+    ActorID,
+    BaseID,
+    JobID,
+    NodeID,
+    PlacementGroupID,
+    TaskID,
+    WorkerID,
+)
 from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
 from ddlf_actors.runtime.object_ref import ObjectRef
 
 from ._missing import missing
 
-__all__ = ["ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator"]
+__all__ = ["ObjectRef", "ObjectRefGenerator", "DynamicObjectRefGenerator", "BaseID", "JobID",
+           "NodeID", "WorkerID", "TaskID", "ActorID", "PlacementGroupID"]
 
 
 def __getattr__(name: str):

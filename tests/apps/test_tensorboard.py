@@ -1,0 +1,70 @@
+"""The TensorBoard callback: event files read back, tag by tag, against the history rows."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers_modules.numpy_trainer import NumpyTrainer, hard_blobs_dataset, softmax_model_fn
+
+from ddlf_actors.apps import train_sync
+from ddlf_actors.apps.callbacks import Callback, TensorBoard
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("tensorboard")   # tf.summary.scalar lives there
+
+
+class WorkersOnEvenRounds(Callback):
+    """Stands in for the rows that carry ``workers``: only some rows have it."""
+
+    def on_row(self, row, run):
+        if row["round"] % 2 == 0:
+            row["workers"] = 2
+
+
+def _read_scalars(log_dir: str) -> dict:
+    """``{tag: [(step, value), ...]}`` from every event file in ``log_dir``."""
+    import tensorflow as tf
+
+    out: dict = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor))))
+    return out
+
+
+def test_every_row_is_written_by_round_and_by_time(train_cluster, tmp_path):
+    log_dir = str(tmp_path / "tb")
+    result = train_sync(softmax_model_fn(64, 4), hard_blobs_dataset, workers=2,
+                        master_epochs=2, rounds_per_epoch=2, trainer_cls=NumpyTrainer,
+                        progress=False, callbacks=[WorkersOnEvenRounds(), TensorBoard(log_dir)])
+    rows = result.history
+    assert len(rows) == 4
+    scalars = _read_scalars(log_dir)
+    assert set(scalars) == {f"{series}/{key}" for series in ("by_round", "by_time")
+                            for key in TensorBoard.KEYS}
+    for key in TensorBoard.KEYS:
+        present = [r for r in rows if r.get(key) is not None]
+        assert present, key
+        by_round, by_time = scalars[f"by_round/{key}"], scalars[f"by_time/{key}"]
+        assert [s for s, _ in by_round] == [r["round"] for r in present]
+        assert [s for s, _ in by_time] == [round(r["time_s"] * 1000) for r in present]
+        for (_, a), (_, b), r in zip(by_round, by_time, present):
+            # tf.summary.scalar stores float32
+            assert a == b == pytest.approx(float(r[key]), rel=1e-6), key
+    assert [s for s, _ in scalars["by_round/workers"]] == [2, 4]   # only where present
+    steps = [s for s, _ in scalars["by_time/test_accuracy"]]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+
+
+def test_making_one_does_not_import_tensorflow():
+    code = ("import sys\nfrom ddlf_actors.apps.callbacks import TensorBoard\n"
+            "TensorBoard('unused')\nassert 'tensorflow' not in sys.modules, 'imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
