@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", help="where the dataset's files are (default: the lookup "
                                         "order of datasets.load)")
     run.add_argument("--scheme", choices=("sync", "async"), default="sync")
-    run.add_argument("--workers", type=_workers_arg, default=2,
+    run.add_argument("--workers", default="2",
                      help="trainers: K, or MIN:MAX for an elastic run that starts with MIN "
                           "and grows as CPUs appear")
     run.add_argument("--min-workers", type=int,
@@ -91,20 +91,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _workers_arg(text: str):
-    """``K`` or ``MIN:MAX``."""
+    """``--workers``: ``K`` or ``MIN:MAX``; a ``_UsageError`` for anything else."""
     try:
         if ":" in text:
             lo, hi = (int(v) for v in text.split(":"))
             if not 1 <= lo <= hi:
                 raise ValueError
             return (lo, hi)
-        k = int(text)
-        if k < 1:
-            raise ValueError
-        return k
+        return int(text)   # TrainConfig says what is wrong with a number below 1
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: use a number of trainers (2) or a range MIN:MAX (2:4)") from None
+        raise _UsageError(f"--workers {text}: use a number of trainers (2) or a range "
+                          "MIN:MAX with 1 <= MIN <= MAX (2:4)") from None
 
 
 class _UsageError(Exception):
@@ -119,6 +116,7 @@ def _check_args(args) -> None:
 
     if args.out is None:
         args.out = args.resume or "ddlf-run"
+    args.workers = _workers_arg(str(args.workers))
     for flag, path in (("--out", args.out), ("--tensorboard", args.tensorboard)):
         if path is not None:
             _check_output_dir(flag, path)

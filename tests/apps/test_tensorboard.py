@@ -11,18 +11,10 @@ import pytest
 from helpers_modules.numpy_trainer import NumpyTrainer, hard_blobs_dataset, softmax_model_fn
 
 from ddlf_actors.apps import train_sync
-from ddlf_actors.apps.callbacks import Callback, TensorBoard
+from ddlf_actors.apps.callbacks import TensorBoard
 
 pytest.importorskip("tensorflow")
 pytest.importorskip("tensorboard")   # tf.summary.scalar lives there
-
-
-class WorkersOnEvenRounds(Callback):
-    """Stands in for the rows that carry ``workers``: only some rows have it."""
-
-    def on_row(self, row, run):
-        if row["round"] % 2 == 0:
-            row["workers"] = 2
 
 
 def _read_scalars(log_dir: str) -> dict:
@@ -42,7 +34,7 @@ def test_every_row_is_written_by_round_and_by_time(train_cluster, tmp_path):
     log_dir = str(tmp_path / "tb")
     result = train_sync(softmax_model_fn(64, 4), hard_blobs_dataset, workers=2,
                         master_epochs=2, rounds_per_epoch=2, trainer_cls=NumpyTrainer,
-                        progress=False, callbacks=[WorkersOnEvenRounds(), TensorBoard(log_dir)])
+                        progress=False, callbacks=[TensorBoard(log_dir)])
     rows = result.history
     assert len(rows) == 4
     scalars = _read_scalars(log_dir)
@@ -57,7 +49,7 @@ def test_every_row_is_written_by_round_and_by_time(train_cluster, tmp_path):
         for (_, a), (_, b), r in zip(by_round, by_time, present):
             # tf.summary.scalar stores float32
             assert a == b == pytest.approx(float(r[key]), rel=1e-6), key
-    assert [s for s, _ in scalars["by_round/workers"]] == [2, 4]   # only where present
+    assert scalars["by_round/workers"] == [(1, 2.0), (2, 2.0), (3, 2.0), (4, 2.0)]
     steps = [s for s, _ in scalars["by_time/test_accuracy"]]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
 
