@@ -16,11 +16,11 @@ safe in a forked process.
 
 from .cache import load_shared
 from .cifar import read_cifar10
-from .download import ensure, fetch
+from .download import fetch
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
-from .registry import load, locate, names, normalise_images, register
+from .registry import ensure, load, locate, names, normalise_images, register
 
 __all__ = [
     "load",

@@ -12,13 +12,12 @@ import glob
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import urllib.request
 
 from .atomic import atomic_write
 from .cifar import extract_cifar10
-from .errors import DatasetFormatError, DatasetNotFoundError
+from .errors import DatasetFormatError
 from .idx import read_idx
 from .paths import cache_root
 from .sources import BUILTIN, CifarSource, IdxSource, not_found_error
@@ -171,26 +170,3 @@ def _short(error: BaseException) -> str:
     text = f"{type(error).__name__}: {reason if reason is not None else error}"
     return " ".join(text.split())[:300]
 
-
-def ensure(name: str, data_dir: str | None = None) -> None:
-    """Make sure dataset ``name`` is on this machine before trainers look for it.
-
-    Without ``data_dir``: looks it up without downloading (``load``'s order) and, if it
-    is missing, ``fetch``es it into the cache (URLs, then for Fashion-MNIST the Debian
-    package). With ``data_dir``: the files must be there (or in ``data_dir/<name>``); a
-    user who names a folder means that folder, so no other copy is silently used.
-    Raises ``DatasetNotFoundError`` with how to get the files.
-    """
-    from .registry import load, locate
-
-    if data_dir is not None:
-        base = os.path.abspath(os.path.expanduser(data_dir))
-        found = locate(name, data_dir)
-        if found is None or os.path.commonpath([base, os.path.abspath(found)]) != base:
-            raise not_found_error(name, [f"{base} (the data_dir given): no {name} files"])
-        return
-    try:
-        load(name, download=False)
-    except DatasetNotFoundError:
-        print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
-        fetch(name)

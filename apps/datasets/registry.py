@@ -8,6 +8,8 @@ For a built-in name (``fashion-mnist``, ``mnist``, ``cifar10``) ``load`` tries:
 2. the cache ``<cache>/<name>`` (``$DDLF_CACHE_DIR`` or ``~/.cache/ddlf``);
 3. a system-wide copy (``SYSTEM_DIRS``: Debian's ``dataset-fashion-mnist``);
 4. ``fetch`` into the cache (official URLs, then for Fashion-MNIST the Debian package).
+
+``ensure`` runs that lookup before a run starts and fetches only what is missing.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .download import _fetch
+from .download import _fetch, fetch
+from .errors import DatasetNotFoundError
 from .paths import cache_root, data_dir_from_env
 from .sources import BUILTIN, FORMAT_VERSION, not_found_error
 
-__all__ = ["load", "locate", "register", "names", "normalise_images", "SYSTEM_DIRS"]
+__all__ = ["load", "locate", "ensure", "register", "names", "normalise_images", "SYSTEM_DIRS"]
 
 # Step 3 of the lookup. Tests point this at a temporary directory.
 SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -134,6 +138,27 @@ def locate(name: str, data_dir: str | None = None) -> str | None:
             return found
     return None
 
+
+def ensure(name: str, data_dir: str | None = None) -> None:
+    """Make sure dataset ``name`` is on this machine before trainers look for it.
+
+    Without ``data_dir``: looks it up without downloading (``load``'s order) and, if it
+    is missing, ``fetch``es it into the cache (URLs, then for Fashion-MNIST the Debian
+    package). With ``data_dir``: the files must be there (or in ``data_dir/<name>``); a
+    user who names a folder means that folder, so no other copy is silently used.
+    Raises ``DatasetNotFoundError`` with how to get the files.
+    """
+    if data_dir is not None:
+        base = os.path.abspath(os.path.expanduser(data_dir))
+        found = locate(name, data_dir)
+        if found is None or os.path.commonpath([base, os.path.abspath(found)]) != base:
+            raise not_found_error(name, [f"{base} (the data_dir given): no {name} files"])
+        return
+    try:
+        load(name, download=False)
+    except DatasetNotFoundError:
+        print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
+        fetch(name)
 
 def normalise_images(images: np.ndarray) -> np.ndarray:
     """uint8 pixels -> float32 ``x / 255 - 0.5`` (the DDLF paper's scaling), a new array."""

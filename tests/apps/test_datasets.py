@@ -715,6 +715,41 @@ def test_importing_the_package_starts_no_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def _sibling_imports(path: str, siblings: set) -> set:
+    """The modules of ``path``'s own package that it imports, at any depth."""
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out.update(n.split(".")[0] for n in names)
+    return out & siblings
+
+
+def test_the_datasets_modules_import_each_other_without_a_cycle():
+    """registry and download imported each other (ensure lived in download and needed
+    load); a cycle makes import order matter and hides which module owns what."""
+    package = os.path.dirname(datasets.__file__)
+    modules = {f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py"}
+    graph = {m: _sibling_imports(os.path.join(package, m + ".py"), modules) for m in modules}
+    assert graph["registry"] >= {"download"}  # the walk below does see the imports
+
+    def cycle_from(module, path):
+        for nxt in sorted(graph[module]):
+            if nxt in path:
+                return path[path.index(nxt):] + [nxt]
+            found = cycle_from(nxt, path + [nxt])
+            if found:
+                return found
+        return None
+
+    cycles = [c for m in sorted(modules) if (c := cycle_from(m, [m]))]
+    assert not cycles, " -> ".join(cycles[0])
+
+
 def _real_fashion_mnist_dir():
     for base in (_REAL_DATA_DIR, "/usr/share/datasets/fashion-mnist"):
         if not base:
