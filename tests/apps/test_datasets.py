@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import warnings
 
@@ -405,6 +406,36 @@ def test_fetch_tries_the_next_mirror_and_rejects_bad_downloads(tmp_path, monkeyp
     assert calls[:2] == ["https://ossci-datasets.s3.amazonaws.com/mnist/train-images-idx3-ubyte.gz",
                          "https://storage.googleapis.com/cvdf-datasets/mnist/train-images-idx3-ubyte.gz"]
     assert len(calls) == 8
+
+
+def test_concurrent_fetches_on_a_node_download_once(tmp_path, monkeypatch):
+    """Processes fetching one dataset at once (trainers starting together) each downloaded
+    every file, and one that finished first saw the others' files still in flight and
+    reported the dataset missing. Now one downloads while the others wait, then find it."""
+    make_mnist(tmp_path / "served")
+    calls = []
+    serve = fake_server(tmp_path / "served", calls)
+
+    def slow(url, dest):
+        time.sleep(0.05)
+        serve(url, dest)
+
+    monkeypatch.setattr(download, "_download", slow)
+    paths, errors = [], []
+
+    def fetch():
+        try:
+            paths.append(datasets.fetch("fashion-mnist"))
+        except Exception as e:  # pragma: no cover - shown by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=fetch) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and len(paths) == 3 and len(set(paths)) == 1
+    assert len(calls) == 4, calls
 
 
 def test_download_writes_atomically_from_a_url(tmp_path):
