@@ -4,7 +4,8 @@
     (x, y), (x_test, y_test) = datasets.load("fashion-mnist")
 
 - ``load`` finds a copy on this node (``$DDLF_DATA_DIR``, the cache, a system copy)
-  or downloads one; ``fetch`` only downloads.
+  or downloads one; ``fetch`` only downloads; ``source_files`` names the files ``load``
+  would read.
 - ``load_shared`` gives the same arrays as read-only memory maps of a node-local cache,
   so every trainer process on a host shares one copy.
 - ``partitioned`` / ``write_partitions``: a dataset pre-split into per-trainer files.
@@ -20,11 +21,12 @@ from .download import fetch
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
-from .registry import ensure, load, locate, names, normalise_images, register
+from .registry import ensure, load, locate, names, normalise_images, register, source_files
 
 __all__ = [
     "load",
     "locate",
+    "source_files",
     "load_shared",
     "fetch",
     "ensure",

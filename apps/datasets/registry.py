@@ -9,7 +9,9 @@ For a built-in name (``fashion-mnist``, ``mnist``, ``cifar10``) ``load`` tries:
 3. a system-wide copy (``SYSTEM_DIRS``: Debian's ``dataset-fashion-mnist``);
 4. ``fetch`` into the cache (official URLs, then for Fashion-MNIST the Debian package).
 
-``ensure`` runs that lookup before a run starts and fetches only what is missing.
+``resolve`` is that lookup alone: the directory ``load`` reads, fetched if need be.
+``source_files`` names the files in it.
+``ensure`` runs the lookup before a run starts and fetches only what is missing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from .errors import DatasetNotFoundError
 from .paths import cache_root, data_dir_from_env
 from .sources import BUILTIN, FORMAT_VERSION, not_found_error
 
-__all__ = ["load", "locate", "ensure", "register", "names", "normalise_images", "SYSTEM_DIRS"]
+__all__ = ["load", "locate", "resolve", "read", "source_files", "ensure", "register", "names",
+           "normalise_images", "SYSTEM_DIRS"]
 
 # Step 3 of the lookup. Tests point this at a temporary directory.
 SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -89,6 +92,18 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
     if name in _REGISTERED:
         loader = _REGISTERED[name].loader
         return loader() if data_dir is None else loader(data_dir=data_dir)
+    if name not in BUILTIN:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
+    return read(name, resolve(name, data_dir, download=download))
+
+
+def resolve(name: str, data_dir: str | None = None, *, download: bool = True) -> str:
+    """The directory ``load(name, data_dir, download=download)`` reads built-in ``name``
+    from: the first place in the lookup order that has it, else the cache after fetching.
+
+    Only ``stat`` calls unless it has to fetch. Raises ``ValueError`` for a name that is
+    not built in, ``DatasetNotFoundError`` as ``load`` does.
+    """
     source = BUILTIN.get(name)
     if source is None:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
@@ -107,7 +122,7 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
             continue
         found, why = source.probe(directory)
         if found is not None:
-            return _normalised(source.read(found))
+            return found
         tried.append(f"{directory} ({label}): {why}")
     if not download:
         tried.append("download: skipped (download=False)")
@@ -116,7 +131,23 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
     tried += fetch_tried
     if path is None:
         raise not_found_error(name, tried)
-    return _normalised(source.read(source.probe(path)[0]))
+    return source.probe(path)[0]
+
+
+def read(name: str, directory: str):
+    """Built-in ``name`` read from ``directory`` (as ``resolve`` returns it) and normalised,
+    as ``load`` returns it. Raises ``DatasetFormatError`` for a corrupt file."""
+    return _normalised(BUILTIN[name].read(directory))
+
+
+def source_files(name: str, data_dir: str | None = None, *, download: bool = True) -> list:
+    """The files ``load(name, data_dir)`` would read for built-in ``name``, fetching them
+    first if this node has none (``download=False``: raise instead).
+
+    Raises as ``resolve``.
+    """
+    directory = resolve(name, data_dir, download=download)  # ValueError unless built in
+    return BUILTIN[name].files(directory)
 
 
 def locate(name: str, data_dir: str | None = None) -> str | None:
@@ -125,18 +156,13 @@ def locate(name: str, data_dir: str | None = None) -> str | None:
     Useful to hand trainers an explicit ``data_dir`` when their environment (another
     ``DDLF_CACHE_DIR`` or ``HOME``) differs from the driver's.
     """
-    source = BUILTIN.get(name)
-    if source is None:
+    if name not in BUILTIN:
         raise ValueError(f"locate() knows the built-in datasets only ({', '.join(BUILTIN)}), "
                          f"not {name!r}")
-    for directory, _label in _places(name, data_dir):
-        other = os.path.basename(directory)
-        if not os.path.isdir(directory) or (other != name and other in BUILTIN):
-            continue
-        found, _why = source.probe(directory)
-        if found is not None:
-            return found
-    return None
+    try:
+        return resolve(name, data_dir, download=False)
+    except DatasetNotFoundError:
+        return None
 
 
 def ensure(name: str, data_dir: str | None = None) -> None:
@@ -159,6 +185,7 @@ def ensure(name: str, data_dir: str | None = None) -> None:
     except DatasetNotFoundError:
         print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
         fetch(name)
+
 
 def normalise_images(images: np.ndarray) -> np.ndarray:
     """uint8 pixels -> float32 ``x / 255 - 0.5`` (the DDLF paper's scaling), a new array."""

@@ -841,3 +841,21 @@ def test_locate_names_the_directory_load_would_read(tmp_path, monkeypatch):
         tmp_path / "mine")
     with pytest.raises(ValueError):
         datasets.locate("no-such-set")
+
+
+
+def test_source_files_names_what_load_reads(tmp_path, monkeypatch):
+    make_mnist(tmp_path / "d", dotted=True)
+    make_mnist(tmp_path / "cache" / "mnist", gz=False)
+    assert datasets.source_files("mnist", data_dir=str(tmp_path / "d")) == [
+        str(tmp_path / "d" / f.replace("-idx", ".idx")) + ".gz" for f in FMNIST_FILES]
+    assert datasets.source_files("mnist") == [str(tmp_path / "cache" / "mnist" / f)
+                                             for f in FMNIST_FILES]
+    make_cifar(tmp_path / "c" / "cifar-10-batches-py")
+    files = datasets.source_files("cifar10", data_dir=str(tmp_path / "c"))
+    assert [os.path.basename(f) for f in files] == [f"data_batch_{i}" for i in range(1, 6)] + [
+        "test_batch"] and all(os.path.dirname(f).endswith("cifar-10-batches-py") for f in files)
+    with pytest.raises(datasets.DatasetNotFoundError, match="download=False"):
+        datasets.source_files("fashion-mnist", download=False)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        datasets.source_files("imagenet")
