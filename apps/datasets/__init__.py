@@ -7,7 +7,9 @@
   or downloads one; ``fetch`` only downloads; ``source_files`` names the files ``load``
   would read.
 - ``load_shared`` gives the same arrays as read-only memory maps of a node-local cache,
-  so every trainer process on a host shares one copy.
+  so every trainer process on a host shares one copy. Its entries are keyed by what
+  they were built from (``source_files``: the files ``load`` reads), so a changed
+  source is never served from an old entry.
 - ``partitioned`` / ``write_partitions``: a dataset pre-split into per-trainer files.
 - ``read_idx`` / ``write_idx`` and ``read_cifar10``: the on-disk formats.
 

@@ -10,13 +10,12 @@ For a built-in name (``fashion-mnist``, ``mnist``, ``cifar10``) ``load`` tries:
 4. ``fetch`` into the cache (official URLs, then for Fashion-MNIST the Debian package).
 
 ``resolve`` is that lookup alone: the directory ``load`` reads, fetched if need be.
-``source_files`` names the files in it.
+``source_files`` names the files in it, which is how ``load_shared`` keys its cache.
 ``ensure`` runs the lookup before a run starts and fetches only what is missing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import sys
@@ -28,10 +27,10 @@ import numpy as np
 from .download import _fetch, fetch
 from .errors import DatasetNotFoundError
 from .paths import cache_root, data_dir_from_env
-from .sources import BUILTIN, FORMAT_VERSION, not_found_error
+from .sources import BUILTIN, not_found_error
 
-__all__ = ["load", "locate", "resolve", "read", "source_files", "ensure", "register", "names",
-           "normalise_images", "SYSTEM_DIRS"]
+__all__ = ["load", "locate", "resolve", "read", "source_files", "ensure", "register",
+           "registered", "Registered", "names", "normalise_images", "SYSTEM_DIRS"]
 
 # Step 3 of the lookup. Tests point this at a temporary directory.
 SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -40,9 +39,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # it becomes a directory
 
 
 @dataclass(frozen=True)
-class _Registered:
+class Registered:
+    """A dataset added with ``register``: its loader and the caller's version, if given."""
+
     loader: Callable
-    version: str
+    version: str | None
 
 
 _REGISTERED: dict = {}
@@ -58,9 +59,12 @@ def register(name: str, loader: Callable, *, version: str | None = None,
     """Make ``load(name)`` call ``loader()`` (``loader(data_dir=...)`` if a data_dir is given).
 
     ``loader`` must return ``((x, y), (x_test, y_test))``; ``load`` passes it through as
-    is. ``version`` goes into ``load_shared``'s cache key: change it when the data
-    changes. By default it is a hash of the pickled loader. Registration is
-    per process (do it at import time of your module so remote workers have it too).
+    is. ``load_shared`` keys its cache by the ``data_dir`` and, unless ``version`` is
+    given, by the loader (its pickle, the source of the module it is defined in, and the
+    files it names with a ``source_files()`` method, if it has one). ``version`` replaces
+    the loader part: entries are then reused until the version changes, even if the
+    loader's code does. Registration is per process (do it at import time of your module
+    so remote workers have it too).
 
     Raises ``ValueError`` for a name that is taken (built-ins always; registered ones
     unless ``overwrite``) or unusable as a directory name, ``TypeError`` if ``loader``
@@ -73,7 +77,12 @@ def register(name: str, loader: Callable, *, version: str | None = None,
     if name in BUILTIN or (name in _REGISTERED and not overwrite):
         raise ValueError(f"dataset {name!r} is already registered"
                          + ("" if name in BUILTIN else "; pass overwrite=True to replace it"))
-    _REGISTERED[name] = _Registered(loader, version or "h" + callable_digest(loader)[:16])
+    _REGISTERED[name] = Registered(loader, None if version is None else str(version))
+
+
+def registered(name: str) -> Registered | None:
+    """What ``register`` stored for ``name``, or None for a built-in or unknown name."""
+    return _REGISTERED.get(name)
 
 
 def load(name: str, data_dir: str | None = None, *, download: bool = True):
@@ -144,7 +153,8 @@ def source_files(name: str, data_dir: str | None = None, *, download: bool = Tru
     """The files ``load(name, data_dir)`` would read for built-in ``name``, fetching them
     first if this node has none (``download=False``: raise instead).
 
-    Raises as ``resolve``.
+    A dataset callable that wraps ``load`` can return this from a ``source_files()``
+    method, so ``load_shared`` notices when those files change. Raises as ``resolve``.
     """
     directory = resolve(name, data_dir, download=download)  # ValueError unless built in
     return BUILTIN[name].files(directory)
@@ -193,22 +203,6 @@ def normalise_images(images: np.ndarray) -> np.ndarray:
     out /= np.float32(255)  # in place: the float copy of CIFAR's train set is 600 MB
     out -= np.float32(0.5)
     return out
-
-
-def callable_digest(fn: Callable) -> str:
-    """sha256 hex of ``cloudpickle.dumps(fn)``: equal in every process for the same function."""
-    import cloudpickle  # a dependency of ddlf_actors; imported here to keep import light
-
-    return hashlib.sha256(cloudpickle.dumps(fn)).hexdigest()
-
-
-def cache_key(name: str) -> str:
-    """The ``load_shared`` cache key of a named dataset. Raises ``ValueError`` if unknown."""
-    if name in _REGISTERED:
-        return f"{name}-{_REGISTERED[name].version}"
-    if name in BUILTIN:
-        return f"{name}-{FORMAT_VERSION}"
-    raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
 
 
 def _places(name: str, data_dir: str | None):
