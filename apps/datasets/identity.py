@@ -11,6 +11,7 @@ All of it is cheap: ``stat`` calls and reading a few source files, never the dat
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import os
@@ -189,8 +190,15 @@ def _code_parts(code: types.CodeType):
             yield _stable(const)
 
 
+_GLOBAL_OPS = {"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL"}
+
+
 def _global_names(code: types.CodeType) -> set:
-    names = set(code.co_names)
+    """The global names ``code`` (and code nested in it) reads or writes. Not
+    ``co_names``, which also holds attribute names: a function cloudpickle ships by value
+    arrives with only its real globals, so an attribute that shares a global's name
+    would make the driver's stamp differ from the trainer's."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _global_names(const)

@@ -753,6 +753,35 @@ def test_a_callables_code_stamp_is_the_same_in_every_process(tmp_path):
     assert len(stamps) == 1 and len(next(iter(stamps))) == 64, stamps
 
 
+_BY_VALUE_MODULE = """
+import numpy as np
+
+size = 3  # a plain global that shares its name with an attribute the lambda reads
+
+
+def make():
+    return lambda: ((np.zeros((2, 2, 2, 1), np.float32), np.zeros(np.ones(2).size)),
+                    (np.zeros((1, 2, 2, 1), np.float32), np.zeros(1)))
+"""
+
+
+def test_a_function_shipped_by_value_keeps_its_code_stamp(tmp_path, monkeypatch):
+    """A lambda travels by value and arrives with only the globals it uses, so the
+    trainer's stamp must not depend on other names of the driver's module."""
+    import cloudpickle
+
+    from ddlf_actors.apps.datasets import identity
+
+    (tmp_path / "ddlf_test_by_value.py").write_text(_BY_VALUE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ddlf_test_by_value", raising=False)
+    fn = importlib.import_module("ddlf_test_by_value").make()
+    shipped = cloudpickle.loads(cloudpickle.dumps(fn))
+    assert "np" in shipped.__globals__ and "size" not in shipped.__globals__
+    assert identity.code_stamp(shipped) == identity.code_stamp(fn)
+    sys.modules.pop("ddlf_test_by_value", None)
+
+
 def _dir_loader(data_dir=None):
     """A registered loader reading one ``.npy`` from its data_dir."""
     x = np.load(os.path.join(data_dir, "x.npy"))
