@@ -144,7 +144,9 @@ class _CodeWalk:
         # same module are walked too (their source is in the same file, but a stale
         # process runs their old code).
         for name in sorted(_global_names(fn.__code__)):
-            value = fn.__globals__.get(name)
+            if name not in fn.__globals__:
+                continue  # a builtin (len, range): the cluster's Python fixes those
+            value = fn.__globals__[name]
             if isinstance(value, _PLAIN) or (isinstance(value, (tuple, frozenset))
                                              and all(isinstance(v, _PLAIN) for v in value)):
                 self.code.append(digest(fn.__module__, name, _stable(value)))
