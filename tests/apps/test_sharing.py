@@ -9,6 +9,8 @@ Both cases are measured on the same two processes, so the check can fail.
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
 import sys
 
 import numpy as np
@@ -63,8 +65,12 @@ def _write_idx_dataset(directory, n_train: int, seed: int) -> None:
                            rng.integers(0, 10, n).astype(np.uint8))
 
 
-def _filename(self):
-    return self.x.filename
+def _where(self, module):
+    """Where a trainer's arrays and the dataset's module come from."""
+    import os
+    import sys
+
+    return self.x.filename, sys.modules[module].__file__, os.environ.get("DDLF_CACHE_DIR")
 
 
 def test_trainers_read_the_directory_their_environment_names(train_cluster, tmp_path):
@@ -106,8 +112,11 @@ def test_driver_and_trainers_share_an_entry_keyed_by_module_source(train_cluster
     monkeypatch.delitem(sys.modules, name, raising=False)
     cls = ddlf.remote(num_cpus=1)(NumpyTrainer)
     try:
-        for rows in (6, 9):
+        for rows in (6, 12):
             (folder / f"{name}.py").write_text(_MODULE.format(rows=rows))
+            # A rewrite within the same second and of the same size would pass the old
+            # bytecode's check, and reload would run the old code.
+            shutil.rmtree(folder / "__pycache__", ignore_errors=True)
             importlib.invalidate_caches()
             mod = importlib.reload(sys.modules[name]) if name in sys.modules \
                 else importlib.import_module(name)
@@ -117,7 +126,11 @@ def test_driver_and_trainers_share_an_entry_keyed_by_module_source(train_cluster
                 softmax_model_fn(4, 4), mod.load, 0)
             try:
                 assert ddlf.get(trainer.describe.remote())["num_train"] == rows
-                assert ddlf.get(trainer.run_method.remote(_filename, {})) == x.filename
+                filename, module_file, cache_dir = ddlf.get(
+                    trainer.run_method.remote(_where, {"module": name}))
+                assert module_file != mod.__file__  # the trainer's copy, elsewhere
+                assert filename == x.filename, (filename, cache_dir, x.filename,
+                                                os.environ.get("DDLF_CACHE_DIR"))
             finally:
                 ddlf.kill(trainer)
     finally:
