@@ -75,6 +75,11 @@ class Int8Codec(Codec):
         scale = work(m) / work(127)
         if m == 0:
             return "q8", (np.zeros(a.shape, dtype=np.int8).reshape(-1),), 0.0
+        if not _finite_product(scale, work(127)):
+            # m near the dtype's largest value: m/127 rounded up makes 127·s overflow to
+            # inf on decode. The largest scale that does not keeps the bound (clip takes
+            # care of the |x/s| a few ulps above 127 this allows).
+            scale = np.nextafter(work(np.finfo(work).max) / work(127), work(0))
         if scale < np.finfo(work).tiny:
             # A subnormal scale has too few significant bits for the bound; such a tensor
             # is all but zero, so sending it exactly costs nothing that matters.
@@ -97,3 +102,8 @@ class Int8Codec(Codec):
 
 def _size(shape) -> int:
     return int(np.prod(shape, dtype=np.int64))
+
+
+def _finite_product(a, b) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(a * b))

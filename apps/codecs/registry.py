@@ -72,7 +72,8 @@ def get(spec=None) -> Codec:
     for f in fields:
         if f in _FLAGS:
             if feedback is not None:
-                raise ValueError(f"codec spec {spec!r} sets error feedback twice")
+                raise ValueError(f"codec spec {spec!r} sets error feedback twice: valid forms "
+                                 f"are {forms()}")
             feedback = _FLAGS[f]
         else:
             params.append(f)
