@@ -1,11 +1,14 @@
 """Lossy codecs that keep every value at fewer bits: ``fp16`` and ``int8``.
 
-Both apply to float16/32/64 tensors that hold data; other tensors (integers, bools,
-empty ones) are sent exactly. Both raise ValueError, naming the tensor, for NaN or inf:
-a diverged model should stop with an error, not ship garbage.
+Both scale each tensor by its largest magnitude and apply to float16/32/64 tensors that
+hold data; other tensors (integers, bools, empty ones) are sent exactly. Both raise
+ValueError, naming the tensor, for NaN or inf: a diverged model should stop with an
+error, not ship garbage.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -14,18 +17,24 @@ from .registry import register
 
 __all__ = ["FP16Codec", "Int8Codec"]
 
-FP16_MAX = float(np.finfo(np.float16).max)   # 65504
-
 
 @register
 class FP16Codec(Codec):
-    """``fp16``: each float tensor rounded to float16 (half the bytes of float32).
+    """``fp16``: each float tensor as float16 (half the bytes of float32), scaled by a
+    power of two per tensor.
 
-    Error bound, per element: ``|decoded − x| ≤ max(2⁻¹¹·|x|, 2⁻²⁵)`` (round to nearest:
-    a relative 2⁻¹¹ for |x| ≥ 2⁻¹⁴, half of float16's subnormal spacing 2⁻²⁴ below).
-    The decoded tensor has the input's dtype. Raises ValueError for |x| > 65504,
-    float16's largest value (it would become inf), and for NaN or inf. float16 input
-    and non-float tensors go through exactly.
+    With ``m = max|x|`` over the tensor, the tensor is multiplied by ``2^e``, the power of
+    two that brings m into [2¹⁴, 2¹⁵), rounded to float16 and divided by ``2^e`` on
+    decode. Scaling by a power of two is exact, so this is plain float16 rounding minus
+    its two failures: values above 65504 become inf, and values below 2⁻¹⁴ fall into
+    float16's subnormals, where precision drops and numpy converts far more slowly (a
+    paper-CNN delta, a quarter of whose values are there, took 35 ms instead of 1.5).
+
+    Error bound, per element: ``|decoded − x| ≤ max(2⁻¹¹·|x|, 2⁻³⁹·m)`` (a relative 2⁻¹¹
+    for every |x| ≥ 2⁻²⁸·m). The decoded tensor has the input's dtype. Raises ValueError
+    for NaN or inf. float16 input, non-float tensors, and tensors at the ends of their
+    dtype's range (float32: m < 2⁻¹¹¹ or m ≥ 2¹²⁷; float64: m < 2⁻¹⁰⁰⁹ or m ≥ 2¹⁰²³) go
+    through exactly.
     """
 
     name = "fp16"
@@ -36,17 +45,23 @@ class FP16Codec(Codec):
         if not is_lossy_float(a) or a.dtype == np.float16:
             return raw(a)
         m = check_finite(self.name, index, a)
-        if m > FP16_MAX:
-            raise ValueError(
-                f"tensor {index} (shape {a.shape}) holds |x| = {m:g}, beyond float16's "
-                f"largest value {FP16_MAX:g}: fp16 would turn it into inf. Use int8 (it "
-                "scales each tensor) or a lossless codec")
-        return "f16", (a.astype(np.float16),), None
+        e = 15 - math.frexp(m)[1] if m else 0   # m·2^e in [2^14, 2^15)
+        info = np.finfo(a.dtype)
+        # 2^e must be a normal number, decoded values y·2^-e (y a multiple of 2^-24)
+        # multiples of the dtype's smallest subnormal, so that decoding is exact, and
+        # the largest, y = 2^15 (m rounded up), finite.
+        if not 15 - info.maxexp < e <= min(info.maxexp - 1, info.nmant - info.minexp - 24):
+            return raw(a)
+        scaled = np.multiply(a, a.dtype.type(2.0 ** e)) if e else a
+        return "f16", (scaled.astype(np.float16).reshape(-1),), e
 
     def decode_tensor(self, method, segments, scalar, shape, dtype):
         (seg,) = segments
         seg = segment(seg, np.float16, _size(shape), "fp16")
-        return seg.astype(dtype).reshape(shape)
+        out = seg.astype(dtype)
+        if scalar:
+            out *= dtype.type(2.0 ** -scalar)
+        return out.reshape(shape)
 
 
 @register
