@@ -1,7 +1,7 @@
 """Lossless codecs: ``none``, ``lz4`` and ``zstd``. Decoding gives back every bit.
 
 ``lz4`` and ``zstd`` compress each tensor's bytes on their own, so a tensor is never
-copied into one big buffer first. On float32 weights and deltas they save little
+copied into one big buffer first; a tensor that does not shrink is sent as it is. On float32 weights and deltas they save little
 (random low mantissa bits do not compress; see ``benchmarks/README.md``); they pay
 off on tensors with many repeated values, such as zeros.
 """
@@ -36,9 +36,15 @@ class _BytesCodec(Codec):
     method = ""
 
     def encode_tensor(self, index, a):
-        a = np.ascontiguousarray(a)
+        # A flat uint8 view (no copy): the compressor sees the bytes, whatever the shape.
+        data = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        packed = self.compress(data)
+        if len(packed) >= data.nbytes:
+            # Incompressible (random float mantissas often are): sending it as it is
+            # costs fewer bytes and no decoding.
+            return raw(a)
         # frombuffer: the compressor's bytes become a segment without a copy.
-        return self.method, (np.frombuffer(self.compress(a), dtype=np.uint8),), None
+        return self.method, (np.frombuffer(packed, dtype=np.uint8),), None
 
     def decode_tensor(self, method, segments, scalar, shape, dtype):
         if method != self.method:
