@@ -357,6 +357,23 @@ def test_payload_bytes_are_its_segments_and_the_header_is_small(spec):
     assert len(buffers) == len(payload.segments)
 
 
+@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "zstd"])
+def test_ddlf_serialization_ships_large_segments_out_of_band(spec):
+    from ddlf_actors.runtime import serialization
+
+    rng = np.random.default_rng(8)
+    delta = [rng.standard_normal((7744, 64)).astype(np.float32) * 1e-3,
+             rng.standard_normal(64).astype(np.float32)]
+    payload = codecs.get(spec).encode(delta)
+    segments = serialization.dumps((payload, {"loss": 0.5}))
+    big = [s.nbytes for s in payload.segments if s.nbytes >= 64 * 1024]
+    assert big and sorted(memoryview(b).nbytes for b in segments[1:]) == sorted(big)
+    got, stats = serialization.loads(segments)
+    assert stats == {"loss": 0.5}
+    for a, b in zip(codecs.get(spec).decode(payload), codecs.decode(got)):
+        assert np.array_equal(a, b)
+
+
 def test_decode_refuses_other_codecs_and_malformed_payloads():
     x = [np.arange(100, dtype=np.float32)]
     payload = codecs.get("lz4").encode(x)
