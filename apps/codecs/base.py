@@ -115,6 +115,11 @@ class Codec:
     lossless = True
     # Lossy codecs: whether encoder() keeps an error-feedback residual unless told.
     default_feedback = False
+    # True when one decoded payload is far from its input and only the running sum of a
+    # stream (with error feedback) tracks the inputs' sum: top-k. A scheme must send such
+    # a codec quantities that the receiver adds up (deltas, weight changes), never whole
+    # weights, which it would zero all but a fraction of.
+    needs_summing = False
 
     def __init__(self, *, error_feedback: bool | None = None):
         if error_feedback and self.lossless:

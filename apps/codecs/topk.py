@@ -29,12 +29,17 @@ class TopKCodec(Codec):
     is in (0, 1]. Error feedback is on by default (``topk:<fraction>:noef`` turns it off).
     A tensor where the indices would cost more than sending it whole, and non-float
     tensors, go through exactly. Raises ValueError for NaN or inf.
+
+    Only for streams the receiver adds up (``needs_summing``): top-k of whole weights
+    would zero most of them. To send weights with it, send their changes since the
+    receiver's last copy, through an error-feedback encoder.
     """
 
     name = "topk"
     form = "topk:<fraction in (0, 1]>"
     lossless = False
     default_feedback = True
+    needs_summing = True
 
     def __init__(self, fraction: float, *, error_feedback: bool | None = None):
         super().__init__(error_feedback=error_feedback)

@@ -441,6 +441,11 @@ def test_specs_are_canonical_and_codecs_pickle(spec):
     assert codecs.get(spec.upper()) == codec
 
 
+def test_only_topk_needs_a_summed_stream():
+    assert [n for n in codecs.names() if codecs.get(
+        "topk:0.1" if n == "topk" else n).needs_summing] == ["topk"]
+
+
 def test_defaults_and_error_feedback_flags():
     assert codecs.get(None) == codecs.get("none")
     assert codecs.get("topk:0.01").error_feedback is True
