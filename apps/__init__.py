@@ -11,7 +11,7 @@ TensorFlow is imported only inside trainers and when a result's model is built, 
 when this package is imported.
 """
 
-from . import datasets, models
+from . import codecs, datasets, models
 from .app import App
 from .callbacks import Callback, CsvLogger, EarlyStopping, History, ProgressBar
 from .config import TrainConfig
@@ -24,6 +24,7 @@ __all__ = [
     "TrainerActor",
     "datasets",
     "models",
+    "codecs",
     "train_sync",
     "train_async",
     "TrainConfig",
