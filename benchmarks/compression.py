@@ -16,19 +16,23 @@ If Fashion-MNIST is not found (``datasets.load``: ``--data-dir``, ``$DDLF_DATA_D
 the cache, Debian's ``dataset-fashion-mnist``), random images and labels of the same
 shape are used instead, and the output says so.
 
-Methods: the paper's stdlib compressors (bz2, gzip, lzma, zlib at their default levels,
-applied to each tensor's bytes, as the lz4 and zstd codecs do) and the codecs of
-``ddlf_actors.apps.codecs`` (none, lz4, zstd, zstd:19, fp16, int8, topk:0.01, topk:0.1).
+Methods: the paper's stdlib compressors at their default levels (bz2 9, gzip 9, lzma
+preset 6, zlib 6), applied to each tensor's bytes as the lz4 and zstd codecs are, and
+the codecs of ``ddlf_actors.apps.codecs`` (none, lz4, zstd, zstd:19, fp16, int8,
+topk:0.01, topk:0.1).
 
-Per method and input: the encoded size (the bytes that cross the wire: the codec's
-``payload.nbytes``, or the compressed bytes), the paper's "ratio" (space saved,
-1 − size/original) and the factor original/size, the best of ``--repeat`` encode and
-decode times (``time.perf_counter``, one thread; calls under 0.5 s in all are repeated
-until 0.5 s is spent), the decode's error relative to the
-input (max |x̂ − x| / max |x|, and ‖x̂ − x‖ / ‖x‖), and the time to transfer the encoded
-bytes at 1 Gbit/s and 100 Mbit/s, *computed* as size·8/rate (no protocol overhead,
-nothing measured), added to encode and decode in "total". The paper measured its
-transmission on a 1 Gbit/s LAN (0.438 s for 2.06 MB, about 38 Mbit/s effective).
+Per method and input:
+
+- size: the codec's ``payload.nbytes``, or the compressed bytes;
+- + wire: what DDLF's serialization adds to that when the payload is returned from a
+  call (its pickle beyond the data; frame headers not counted);
+- saved: the paper's "ratio", 1 − size/original; ×: original/size;
+- encode, decode: the best of at least ``--repeat`` calls (``time.perf_counter``, one
+  thread); calls that take under 0.5 s in all are repeated until 0.5 s is spent;
+- max err, L2 err: max |x̂ − x| / max |x| and ‖x̂ − x‖ / ‖x‖ over all tensors;
+- total: encode + transfer + decode, the transfer *computed* as size·8/rate at 1 Gbit/s
+  and 100 Mbit/s (no protocol overhead, nothing measured). The paper measured its
+  transfer on a 1 Gbit/s LAN: 0.438 s for 2.06 MB, about 38 Mbit/s in effect.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ import zlib  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ddlf_actors.apps import codecs, datasets, models  # noqa: E402
+from ddlf_actors.runtime import serialization  # noqa: E402
 
 CODEC_SPECS = ["none", "lz4", "zstd", "zstd:19", "fp16", "int8", "topk:0.01", "topk:0.1"]
 STDLIB = {"bz2": (bz2.compress, bz2.decompress), "gzip": (gzip.compress, gzip.decompress),
@@ -132,7 +137,11 @@ def measure(method, arrays, repeat, budget_s):
     y = np.concatenate([np.asarray(b).ravel() for b in decoded]).astype(np.float64)
     size = method.nbytes(payload)
     original = sum(a.nbytes for a in arrays)
-    row = {"method": method.name, "bytes": int(size), "saved": 1 - size / original,
+    # What DDLF's wire carries for this payload as a call's result: its pickle plus the
+    # out-of-band buffers (frame headers not counted).
+    wire = sum(memoryview(s).nbytes for s in serialization.dumps((payload, {"loss": 0.0})))
+    row = {"method": method.name, "bytes": int(size), "wire_bytes": int(wire),
+           "saved": 1 - size / original,
            "factor": original / size, "encode_s": enc_s, "decode_s": dec_s,
            "max_err": float(np.max(np.abs(y - x)) / np.max(np.abs(x))),
            "l2_err": float(np.linalg.norm(y - x) / np.linalg.norm(x))}
@@ -179,14 +188,15 @@ def make_inputs(args):
 
 def fmt_table(title, rows, original):
     lines = [f"### {title} ({original / 1e6:.3f} MB)", "",
-             "| method | size (MB) | saved | × | encode (ms) | decode (ms) | max err | L2 err "
-             "| total @1G (ms) | total @100M (ms) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method | size (MB) | + wire (KB) | saved | × | encode (ms) | decode (ms) | max err "
+             "| L2 err | total @1G (ms) | total @100M (ms) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         err = ("0" if r["max_err"] == 0 else f"{r['max_err']:.1e}",
                "0" if r["l2_err"] == 0 else f"{r['l2_err']:.1e}")
         lines.append(
-            f"| {r['method']} | {r['bytes'] / 1e6:.3f} | {100 * r['saved']:.2f} % | "
+            f"| {r['method']} | {r['bytes'] / 1e6:.3f} | {(r['wire_bytes'] - r['bytes']) / 1e3:.2f} | "
+            f"{100 * r['saved']:.2f} % | "
             f"{r['factor']:.2f} | {1e3 * r['encode_s']:.2f} | {1e3 * r['decode_s']:.2f} | "
             f"{err[0]} | {err[1]} | {1e3 * r['total_1G_s']:.1f} | "
             f"{1e3 * r['total_100M_s']:.1f} |")
