@@ -1,9 +1,10 @@
 """Lossless codecs: ``none``, ``lz4`` and ``zstd``. Decoding gives back every bit.
 
 ``lz4`` and ``zstd`` compress each tensor's bytes on their own, so a tensor is never
-copied into one big buffer first; a tensor that does not shrink is sent as it is. On float32 weights and deltas they save little
-(random low mantissa bits do not compress; see ``benchmarks/README.md``); they pay
-off on tensors with many repeated values, such as zeros.
+copied into one big buffer first; a tensor that does not shrink is sent as it is. On
+float32 weights and deltas they save little (random low mantissa bits do not compress;
+see ``benchmarks/README.md``); they pay off on tensors with many repeated values, such
+as zeros.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import threading
 
 import numpy as np
 
-from .base import Codec, raw, require
+from .base import Codec, CodecUnavailableError, raw, require
 from .registry import register
 
 __all__ = ["NoneCodec", "LZ4Codec", "ZstdCodec"]
@@ -59,6 +60,8 @@ class _BytesCodec(Codec):
                              f"the header's {dtype}{shape} tensor has {size}")
         try:
             data = self.decompress(seg)
+        except CodecUnavailableError:
+            raise
         except Exception as e:  # the libraries' own error types (LZ4BlockError, ZstdError)
             raise ValueError(f"corrupt {self.name!r} segment for a {dtype}{shape} tensor: "
                              f"{type(e).__name__}: {e}") from e

@@ -472,6 +472,7 @@ def test_resolve_pair():
 def test_a_codec_whose_library_is_missing_is_refused_with_the_pip_command(
         monkeypatch, spec, modules, pip_name):
     codec = codecs.get(spec)   # made while the library was there, like a shipped codec
+    payload = codec.encode([np.zeros(1000)])
     for m in modules:
         monkeypatch.setitem(sys.modules, m, None)   # import now raises ImportError
     name = spec.split(":")[0]
@@ -483,6 +484,8 @@ def test_a_codec_whose_library_is_missing_is_refused_with_the_pip_command(
     # A trainer on a machine without the library fails the same way at its first use.
     with pytest.raises(codecs.CodecUnavailableError, match=f"pip install {pip_name}"):
         codec.encode([np.ones(3)])
+    with pytest.raises(codecs.CodecUnavailableError, match=f"pip install {pip_name}"):
+        codec.decode(payload)
     # The other codecs are unaffected.
     assert codecs.get("fp16").decode(codecs.get("fp16").encode([np.ones(3)]))[0][0] == 1
 
