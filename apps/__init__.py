@@ -11,7 +11,7 @@ TensorFlow is imported only inside trainers and when a result's model is built, 
 when this package is imported.
 """
 
-from . import checkpoint, datasets, models
+from . import checkpoint, codecs, datasets, models
 from .app import App
 from .callbacks import (
     Callback,
@@ -33,6 +33,7 @@ __all__ = [
     "TrainerActor",
     "datasets",
     "models",
+    "codecs",
     "train_sync",
     "train_async",
     "TrainConfig",
