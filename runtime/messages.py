@@ -36,7 +36,7 @@ from typing import Any, Callable, ClassVar
 from .errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
-    DDLFError,
+    MessageError,
     PlacementGroupRemovedError,
     UnschedulableError,
 )
@@ -46,11 +46,6 @@ __all__ = ["MessageError", "ActorCreation", "ActorStarted", "LeaseGrant", "Actor
 
 # slots=True needs Python 3.10; on 3.9 the messages are ordinary dataclasses.
 _SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
-
-
-class MessageError(DDLFError):
-    """A peer sent a control message that is malformed (a field missing or of the wrong
-    type). The request it came with fails with this error; the server carries on."""
 
 
 # -- field checks: each returns the value unchanged or raises MessageError ------------------
