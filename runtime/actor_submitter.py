@@ -26,13 +26,14 @@ from .errors import ActorDiedError, DDLFError, TaskCancelledError
 from .messages import ActorCreation, ActorDeath, ActorView, MessageError
 from .object_store import Entry
 from .serialization import dumps, loads
-from .states import ActorState
+from .states import ActorClientState, ActorState
 
 __all__ = ["ActorCall", "ActorClient"]
 
 log = logging.getLogger("ddlf.core")
 
 _STATES = frozenset(s.value for s in ActorState)
+RESOLVING, READY, DEAD = ActorClientState.RESOLVING, ActorClientState.READY, ActorClientState.DEAD
 
 
 class ActorCall:
@@ -53,7 +54,7 @@ class ActorClient:
         self.store = core.store
         self.actor_id = actor_id
         self.class_name = class_name
-        self.state = "resolving"   # resolving | ready | dead
+        self.state = RESOLVING
         self.conn = None
         self.queue: collections.deque = collections.deque()
         # msg id -> object id, or the ActorCall itself when the actor retries calls
@@ -87,7 +88,7 @@ class ActorClient:
         view = self._read_view(reply, "create_actor")
         if view is None:
             return
-        if self.state == "dead" and view.state != ActorState.DEAD:
+        if self.state is DEAD and view.state != ActorState.DEAD:
             # ddlf.kill() ran while the arguments were pending: the head did not know
             # the actor yet, so the kill must follow the creation.
             try:
@@ -106,7 +107,7 @@ class ActorClient:
         return self.store.error_of(e)
 
     def resolve(self, after_epoch: int) -> None:
-        self.state = "resolving"
+        self.state = RESOLVING
         self.core.background.spawn(self._resolve(after_epoch))
 
     async def _resolve(self, after_epoch):
@@ -170,18 +171,18 @@ class ActorClient:
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
         await shm_store.wait_hello(conn)
-        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
+        if self.state is DEAD:   # ddlf.kill() ran while we connected: stay dead
             conn.close()
             return
         if conn.closed:   # it went away while answering our hello
             self.resolve(self.epoch)
             return
         self.conn = conn
-        self.state = "ready"
+        self.state = READY
         self.pump()
 
     def _die_with(self, exc: BaseException) -> None:
-        self.state = "dead"
+        self.state = DEAD
         self.dead_error = exc
         while self.queue:
             self.store.fail(self.queue.popleft().obj_id, exc)
@@ -200,11 +201,11 @@ class ActorClient:
 
     # -- calls -------------------------------------------------------------------------------
     def enqueue(self, call: ActorCall) -> None:
-        if self.state == "dead":
+        if self.state is DEAD:
             self.store.fail(call.obj_id, self.dead_error)
             return
         self.queue.append(call)
-        if self.state == "ready" and not self.blocked:
+        if self.state is READY and not self.blocked:
             self.pump()
 
     def pump(self) -> None:
@@ -212,7 +213,7 @@ class ActorClient:
         conn = self.conn
         queue = self.queue
         inflight = self.inflight
-        while queue and self.state == "ready":
+        while queue and self.state is READY:
             call = queue[0]
             if call.refs:
                 pending, failed = deps_state(store, call.refs)
@@ -251,7 +252,7 @@ class ActorClient:
                 if i == 0 and self.blocked:
                     # It held the queue waiting for its arguments: let the next one go.
                     self.blocked = False
-                    if self.state == "ready":
+                    if self.state is READY:
                         self.pump()
                 return
         for msg_id, call in self.inflight.items():
@@ -275,7 +276,7 @@ class ActorClient:
                 # The actor called sys.exit/exit_actor: its replies so far still arrive
                 # here, but later calls wait for the head's next view of the actor
                 # (restarted or dead), resolved when this connection closes.
-                self.state = "resolving"
+                self.state = RESOLVING
                 if data.get("status") and data.get("msg_id") in self.inflight:
                     # A crash (non-zero exit) in a call the actor may retry: retry it
                     # on the restarted actor instead of taking the exit's error reply.
@@ -336,5 +337,5 @@ class ActorClient:
                         f"with ddlf.cancel(), and the actor's process then went away: {why}"))
                 else:
                     self.store.fail(obj_id, err)
-        if self.state != "dead":
+        if self.state is not DEAD:
             self.resolve(self.epoch)
