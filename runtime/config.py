@@ -69,7 +69,7 @@ LEASE_IDLE_S = _env_float("DDLF_LEASE_IDLE_S", 0.5)
 # Attempts to connect to an actor's address the head gave, before asking the head again.
 ACTOR_CONNECT_TRIES = max(1, _env_int("DDLF_ACTOR_CONNECT_TRIES", 5))
 
-# -- the head (head.py) --
+# -- the head (head/) --
 # The longest one wait_actor request waits for an actor to change; callers then ask again.
 WAIT_ACTOR_MAX_S = _env_float("DDLF_WAIT_ACTOR_MAX_S", 30.0)
 # Likewise for a wait_placement_group request.

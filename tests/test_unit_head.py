@@ -48,10 +48,10 @@ class FakeNode(FakeConn):
         self.loop = loop
         self.calls: list = []
         self.fail_init = False
-        info = {"node_id": node_id, "address": f"10.0.0.{len(head.nodes) + 1}:7000",
+        info = {"node_id": node_id, "address": f"10.0.0.{len(head.nodes.nodes) + 1}:7000",
                 "resources": {"CPU": cpus}, "pid": 1, **process.versions()}
         head.rpc_register_node(self, info)
-        self.record = head.nodes[node_id]
+        self.record = head.nodes.get(node_id)
 
     def send_msg(self, kind, msg_id, segs):
         if kind != protocol.REQUEST:
@@ -124,7 +124,7 @@ def test_a_name_is_taken_until_its_actor_dies():
         assert head.rpc_kill_actor(d, "a1") is True
         assert head.rpc_get_actor(d, "counter") is None
         view = await head.rpc_create_actor(d, spec("a4", name="counter"))
-        return view, head.names
+        return view, head.actors.names
 
     view, names = run(scenario)
     assert view["state"] == "ALIVE" and names == {"counter": "a4"}
@@ -140,9 +140,9 @@ def test_a_reserved_name_belongs_to_its_actor_until_released_by_its_owner():
         with pytest.raises(ActorNameTakenError):
             head.rpc_reserve_name(other, "q", "a2", "Queue", {})
         head.on_push(other, "release_name", {"actor_id": "a1"})   # not its reservation
-        still = "a1" in head.reserved
+        still = "a1" in head.actors.reserved
         head.on_push(owner, "release_name", {"actor_id": "a1"})
-        return early, still, head.reserved, head.names
+        return early, still, head.actors.reserved, head.actors.names
 
     early, still, reserved, names = run(scenario)
     assert early == {"actor_id": "a1", "class_name": "Queue", "methods": {"put": {}}}
@@ -158,7 +158,7 @@ def test_create_actor_fills_its_reservation_and_wakes_waiters():
         await settle()
         assert not waiter.done()
         await head.rpc_create_actor(d, spec("a1", name="svc"))
-        return await waiter, head.reserved
+        return await waiter, head.actors.reserved
 
     view, reserved = run(scenario)
     assert view["state"] == "ALIVE" and view["epoch"] == 1 and reserved == {}
@@ -176,16 +176,16 @@ def test_an_owner_that_disconnects_takes_its_names_and_non_detached_actors():
         return head, node
 
     head, node = run(scenario)
-    assert head.actors["a1"].state is ActorState.DEAD
-    assert head.actors["a2"].state is ActorState.ALIVE
-    assert head.names == {"kept": "a2"} and head.reserved == {}
+    assert head.actors.get("a1").state is ActorState.DEAD
+    assert head.actors.get("a2").state is ActorState.ALIVE
+    assert head.actors.names == {"kept": "a2"} and head.actors.reserved == {}
     assert ("kill_actor", ("a1",)) in node.calls
     assert node.record.available["CPU"] == 1.0   # a1's CPU is free again
 
 
 # -- restarts ------------------------------------------------------------------------------------
 def _died(head, node, actor_id, exitcode=-9, on_purpose=False):
-    a = head.actors[actor_id]
+    a = head.actors.get(actor_id)
     head.on_push(node, "worker_died", {"worker_id": a.worker_id, "actor_id": actor_id,
                                        "exitcode": exitcode, "pid": a.pid,
                                        "on_purpose": on_purpose})
@@ -196,14 +196,14 @@ def test_a_crashed_actor_restarts_while_max_restarts_allows():
         node = FakeNode(loop, head, "n1")
         d = driver(head)
         await head.rpc_create_actor(d, spec("a1", max_restarts=1))
-        first = head.actors["a1"].view()
+        first = head.actors.get("a1").view()
         _died(head, node, "a1")
-        restarting = head.actors["a1"].state
+        restarting = head.actors.get("a1").state
         await settle()
-        second = head.actors["a1"].view()
+        second = head.actors.get("a1").view()
         _died(head, node, "a1")
         await settle()
-        return first, restarting, second, head.actors["a1"], d, node
+        return first, restarting, second, head.actors.get("a1"), d, node
 
     first, restarting, second, a, d, node = run(scenario)
     assert first["state"] == "ALIVE" and first["epoch"] == 1
@@ -222,7 +222,7 @@ def test_unlimited_restarts():
         for _ in range(5):
             _died(head, node, "a1")
             await settle()
-        return head.actors["a1"]
+        return head.actors.get("a1")
 
     a = run(scenario)
     assert a.state is ActorState.ALIVE and a.epoch == 6 and a.restarts_left == -1
@@ -238,7 +238,7 @@ def test_an_exit_on_purpose_or_a_kill_is_not_restarted():
         head.rpc_kill_actor(d, "a2")
         _died(head, node, "a2")
         await settle()
-        return head.actors["a1"], head.actors["a2"]
+        return head.actors.get("a1"), head.actors.get("a2")
 
     a1, a2 = run(scenario)
     assert a1.state is ActorState.DEAD and "exited on purpose" in a1.error["reason"]
@@ -254,7 +254,7 @@ def test_kill_with_restart_allowed_restarts():
         await settle()
         _died(head, node, "a1")
         await settle()
-        return head.actors["a1"], node
+        return head.actors.get("a1"), node
 
     a, node = run(scenario)
     assert ("kill_actor", ("a1",)) in node.calls
@@ -266,11 +266,11 @@ def test_an_actor_restarts_on_another_node_when_its_node_dies():
         n1 = FakeNode(loop, head, "n1")
         d = driver(head)
         await head.rpc_create_actor(d, spec("a1", max_restarts=1, cpus=2))
-        on_first = head.actors["a1"].node.node_id
+        on_first = head.actors.get("a1").node.node_id
         n2 = FakeNode(loop, head, "n2")
         head.on_closed(n1, None)     # the node daemon's connection closed
         await settle()
-        return on_first, head.actors["a1"], n2, d
+        return on_first, head.actors.get("a1"), n2, d
 
     on_first, a, n2, d = run(scenario)
     assert on_first == "n1" and a.node.node_id == "n2" and a.state is ActorState.ALIVE
@@ -283,7 +283,7 @@ def test_a_failed_init_is_dead_at_once_and_frees_its_resources():
         node = FakeNode(loop, head, "n1")
         node.fail_init = True
         view = await head.rpc_create_actor(driver(head), spec("a1", name="x", max_restarts=5))
-        return view, node.record.available, head.names
+        return view, node.record.available, head.actors.names
 
     view, available, names = run(scenario)
     assert view["state"] == "DEAD" and view["error"]["reason"] == "its __init__ raised"
@@ -308,7 +308,7 @@ def test_an_actor_waits_for_resources_then_starts():
         await head.rpc_create_actor(d, spec("a1"))
         second = loop.create_task(head.rpc_create_actor(d, spec("a2")))
         await settle()
-        waiting = (second.done(), head.actors["a2"].state)
+        waiting = (second.done(), head.actors.get("a2").state)
         head.rpc_kill_actor(d, "a1")
         return waiting, await second
 

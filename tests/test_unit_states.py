@@ -5,14 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from ddlf_actors.runtime import config
-from ddlf_actors.runtime.head import ActorRecord, Head
-from ddlf_actors.runtime.states import (
-    ActorClientState,
-    ActorState,
-    GroupSchedulingState,
-    GroupState,
-    WorkerState,
-)
+from ddlf_actors.runtime.head import Head
+from ddlf_actors.runtime.head.actors import ActorRecord
+from ddlf_actors.runtime.states import ActorState, WorkerState
 
 
 class FakeConn:
@@ -25,15 +20,6 @@ def test_states_equal_their_old_strings():
     assert ActorState.ALIVE == "ALIVE" and str(ActorState.DEAD) == "DEAD"
     assert f"{ActorState.RESTARTING}" == "RESTARTING"
     assert WorkerState.IDLE == "idle" and str(WorkerState.STARTING) == "starting"
-    # Placement groups' states reach callers in placement_group_table() as Ray's strings.
-    assert GroupState.CREATED == "CREATED" and str(GroupState.RESCHEDULING) == "RESCHEDULING"
-    assert GroupSchedulingState.INFEASIBLE == "INFEASIBLE"
-
-
-def test_a_callers_link_to_an_actor_is_never_a_bare_string():
-    # "resolving | ready | dead" were compared as strings; a typo was a silent bug.
-    assert {s.value for s in ActorClientState} == {"resolving", "ready", "dead"}
-    assert ActorClientState.DEAD != "dead"   # not a str enum: compare by identity
 
 
 def test_a_reserved_name_is_not_pending(monkeypatch):
