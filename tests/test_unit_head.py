@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from ddlf_actors.runtime import process, protocol
+from ddlf_actors.runtime import config, process, protocol
 from ddlf_actors.runtime.errors import ActorNameTakenError
 from ddlf_actors.runtime.head import Head
 from ddlf_actors.runtime.serialization import loads
@@ -89,7 +89,8 @@ def driver(head: Head) -> FakeConn:
 def spec(actor_id, name=None, max_restarts=0, cpus=1.0, detached=False, node_id=None):
     return {"actor_id": actor_id, "class_name": "Counter", "name": name,
             "resources": {"CPU": cpus}, "max_restarts": max_restarts, "detached": detached,
-            "node_id": node_id, "methods": {}}
+            "node_id": node_id, "methods": {}, "class_segments": [b"class"],
+            "args_segments": [b"args"]}
 
 
 def run(scenario):
@@ -315,3 +316,29 @@ def test_an_actor_waits_for_resources_then_starts():
     (done, state), view = run(scenario)
     assert not done and state is ActorState.PENDING
     assert view["state"] == "ALIVE"
+
+
+# -- dead actors ---------------------------------------------------------------------------------
+def test_the_head_keeps_a_bounded_number_of_dead_actors_without_their_arguments(monkeypatch):
+    monkeypatch.setattr(config, "DEAD_ACTORS_KEPT", 2)
+
+    async def scenario(loop, head):
+        node = FakeNode(loop, head, "n1", cpus=4)
+        d = driver(head)
+        for i in range(4):
+            await head.rpc_create_actor(d, spec(f"a{i}"))
+        sent = [args[0]["args_segments"] for method, args in node.calls
+                if method == "start_actor"]
+        for i in range(4):
+            head.rpc_kill_actor(d, f"a{i}")
+        forgotten = await head.rpc_wait_actor(d, "a0", 0)
+        kept = await head.rpc_wait_actor(d, "a3", 0)
+        return sent, head.rpc_list_actors(d), forgotten, kept, head.actors.get("a3"), node
+
+    sent, listed, forgotten, kept, record, node = run(scenario)
+    assert sent == [[b"args"]] * 4   # the node got them; the head did not need to keep them
+    assert [v["actor_id"] for v in listed] == ["a2", "a3"]
+    assert forgotten["state"] == "DEAD" and "no such actor" in forgotten["error"]["reason"]
+    assert kept["state"] == "DEAD" and "killed with ddlf.kill()" in kept["error"]["reason"]
+    assert record.creation.args_segments == [] and record.creation.class_segments == []
+    assert node.record.available == {"CPU": 4.0}

@@ -74,7 +74,7 @@ def test_totals_and_sums_cover_live_nodes_only_and_skip_node_markers():
 
 # -- ActorDirectory ----------------------------------------------------------------------------
 def test_a_name_is_held_by_a_reservation_then_its_actor_until_it_dies():
-    d = ActorDirectory()
+    d = ActorDirectory(keep_dead=100)
     d.reserve("svc", "a1", "Counter", {"inc": False}, owner="o1")
     assert d.named("svc") == {"actor_id": "a1", "class_name": "Counter",
                               "methods": {"inc": False}}
@@ -92,7 +92,7 @@ def test_a_name_is_held_by_a_reservation_then_its_actor_until_it_dies():
 
 
 def test_a_released_reservation_frees_its_name_and_wakes_its_waiters():
-    d = ActorDirectory()
+    d = ActorDirectory(keep_dead=100)
     d.reserve("q", "a1", "Queue", {}, owner="o1")
     created = d.reserved["a1"].created
     assert d.release("a1", owner="o1")
@@ -105,7 +105,7 @@ def test_a_released_reservation_frees_its_name_and_wakes_its_waiters():
     (-1, 4, [True, True, True, True]),   # -1: unlimited, as in Ray
 ])
 def test_a_lost_actor_restarts_while_max_restarts_allows(max_restarts, losses, expected):
-    d = ActorDirectory()
+    d = ActorDirectory(keep_dead=100)
     a = d.add(creation("a1", max_restarts=max_restarts), owner=None)
     got = []
     for _ in range(losses):
@@ -117,14 +117,42 @@ def test_a_lost_actor_restarts_while_max_restarts_allows(max_restarts, losses, e
 
 
 def test_a_killed_actor_does_not_restart():
-    d = ActorDirectory()
+    d = ActorDirectory(keep_dead=100)
     a = d.add(creation("a1", max_restarts=5), owner=None)
     a.killed = True
     assert d.lost(a) is False and a.restarts_left == 5
 
 
+def test_dead_records_are_bounded_and_keep_no_pickled_class_or_arguments():
+    d = ActorDirectory(keep_dead=2)
+    records = [d.add(creation(f"a{i}", name=f"n{i}"), owner=None) for i in range(4)]
+    forgotten = []
+    for a in records:
+        forgotten += d.mark_dead(a, ActorDeath.of("gone"))
+    assert forgotten == ["a0", "a1"] and sorted(d.actors) == ["a2", "a3"]
+    assert d.mark_dead(records[3], ActorDeath.of("again")) == []   # counted once
+    kept = d.get("a3").creation
+    assert kept.class_segments == [] and kept.args_segments == [] and kept.objects is None
+    view = d.get("a2").view()   # still says what it was and why it died
+    assert view["state"] == "DEAD" and view["error"]["reason"] == "gone"
+    assert view["class_name"] == "Counter" and d.names == {}
+
+
+def test_a_started_actor_keeps_its_arguments_only_while_it_may_restart():
+    d = ActorDirectory(keep_dead=10)
+    once = d.add(creation("a1", max_restarts=0), owner=None)
+    twice = d.add(creation("a2", max_restarts=1), owner=None)
+    up = ActorStarted(True, address="h:1", pid=1, worker_id="w")
+    d.started(once, up)
+    d.started(twice, up)
+    assert once.creation.args_segments == [] and twice.creation.args_segments == [b"args"]
+    assert d.lost(twice) and twice.creation.class_segments == [b"class"]   # restarts with them
+    d.started(twice, up)   # its last start: never needed again
+    assert twice.creation.args_segments == [] and twice.restarts_left == 0
+
+
 def test_queries_by_owner_group_and_node():
-    d = ActorDirectory()
+    d = ActorDirectory(keep_dead=100)
     table = nodes_of(4)
     node = table.get("n0")
     a1 = d.add(creation("a1", group="g1"), owner="o1")

@@ -10,6 +10,11 @@ An actor's life, as the head sees it (``ActorState``)::
   or its reservation is given back by the connection that made it.
 * **Restarts.** An actor whose process is lost restarts while ``max_restarts`` allows
   (-1: without limit) unless it was killed or exited on purpose (:meth:`lost`).
+* **Dead records are bounded.** A dead actor keeps answering ``wait_actor`` and
+  ``list_actors`` with why it died, but only the newest ``keep_dead`` of them are kept
+  (Ray's ``maximum_gcs_destroyed_actor_cached_count``), and a record keeps no pickled
+  class or arguments once they can no longer be needed: at death, or once started if
+  it may not restart.
 
 Pure state with no I/O: the head's shell starts and kills processes and frees resources.
 """
@@ -17,6 +22,7 @@ Pure state with no I/O: the head's shell starts and kills processes and frees re
 from __future__ import annotations
 
 import asyncio
+import collections
 
 from ..errors import ActorNameTakenError
 from ..messages import ActorCreation, ActorDeath, ActorStarted, ActorView
@@ -89,14 +95,21 @@ class ActorRecord:
         self.changed.set()
         self.changed = asyncio.Event()
 
+    def drop_payload(self) -> None:
+        """Forget the pickled class, arguments and shipped objects (never needed again)."""
+        c = self.creation
+        c.class_segments, c.args_segments, c.objects = [], [], None
+
 
 class ActorDirectory:
     """Every actor the head knows, by id, and the names that lead to them."""
 
-    def __init__(self):
+    def __init__(self, keep_dead: int):
+        self.keep_dead = keep_dead
         self.actors: dict[str, ActorRecord] = {}
         self.names: dict[str, str] = {}               # name -> actor id
         self.reserved: dict[str, NameReservation] = {}   # actor id -> its reservation
+        self._dead: collections.OrderedDict = collections.OrderedDict()   # oldest death first
 
     def get(self, actor_id: str) -> ActorRecord | None:
         return self.actors.get(actor_id)
@@ -160,6 +173,8 @@ class ActorDirectory:
         a.address, a.pid, a.worker_id = reply.address, reply.pid, reply.worker_id
         a.state = ActorState.ALIVE
         a.epoch += 1
+        if a.restarts_left == 0:
+            a.drop_payload()   # it is never started again
         a.touch()
 
     def detach(self, a: ActorRecord):
@@ -182,14 +197,27 @@ class ActorDirectory:
         a.touch()
         return True
 
-    def mark_dead(self, a: ActorRecord, death: ActorDeath) -> None:
-        """``a`` is DEAD for ``death``; its name is free."""
+    def mark_dead(self, a: ActorRecord, death: ActorDeath) -> list[str]:
+        """``a`` is DEAD for ``death``: its name is free, its payload dropped, and it joins
+        the bounded list of dead records. The ids of the oldest dead actors forgotten to
+        keep that bound."""
+        first = a.state != ActorState.DEAD
         a.state = ActorState.DEAD
         a.death = death
         a.address = None
         if a.name and self.names.get(a.name) == a.actor_id:
             self.names.pop(a.name, None)
+        a.drop_payload()
         a.touch()
+        if not first:
+            return []
+        self._dead[a.actor_id] = None
+        forgotten = []
+        while len(self._dead) > self.keep_dead:
+            old, _ = self._dead.popitem(last=False)
+            self.actors.pop(old, None)
+            forgotten.append(old)
+        return forgotten
 
     # -- queries ---------------------------------------------------------------------------
     def owned_by(self, owner: str) -> list[ActorRecord]:

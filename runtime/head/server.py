@@ -52,7 +52,7 @@ class Head:
         self.host = host
         self.port = port
         self.nodes = NodeTable(config.NODE_DEAD_AFTER_MISSED)
-        self.actors = ActorDirectory()
+        self.actors = ActorDirectory(config.DEAD_ACTORS_KEPT)
         self.leases = LeaseManager(config.MAX_LENT_TASKS_PER_NODE)
         self.groups = PlacementGroupManager(config.REMOVED_GROUPS_KEPT)
         self.scheduler = Scheduler(self.nodes, self.groups)
