@@ -35,7 +35,7 @@ import sys
 import threading
 
 from . import context, oob, placement, process, rpc, runtime_env, shm_store
-from .actor_submitter import ActorCall, ActorClient
+from .actor_submitter import ActorCall, ActorClient, ActorCreations
 from .address import split_address
 from .connection import connect
 from .dependencies import split_refs, with_nested
@@ -99,6 +99,7 @@ class Core:
         self.streams = Streams(self.store, self.submit_io)   # generator calls still running
         self.msg_ids = itertools.count(1)   # CALL frame ids, unique over all connections
         self.actors: dict[str, ActorClient] = {}
+        self.creations = ActorCreations(self)   # actors on their way to the head
         self.pools: dict[tuple, TaskPool] = {}
         self.head = None
         self.job_id = job_id
@@ -132,6 +133,8 @@ class Core:
         if event == "logs":
             if self.is_driver:
                 self._print_logs(LogBatch.from_wire(data))
+        elif event == "actor_started":
+            self.creations.started(data)
         elif event == "nodes_changed":
             self.node_totals = data
         elif event == "actor_lost":
@@ -148,6 +151,7 @@ class Core:
     def on_closed(self, conn, exc):
         if not (self.closed or self.closing):
             log.warning("lost the connection to the DDLF head at %s", self.head_address)
+        self.creations.head_lost()
 
     def _print_logs(self, batch: LogBatch):
         # Like Ray: name the node only when there is more than one to tell apart.

@@ -239,6 +239,49 @@ def test_default_takes_the_least_loaded_node_and_spread_goes_round_robin():
             for _ in range(4)] == ["n0", "n1", "n2", "n0"]
 
 
+def _place_one_by_one(scheduler, requests):
+    out = []
+    for i, (demand, sched, what) in enumerate(requests):
+        try:
+            got = scheduler.try_place(demand, sched, WorkKind.ACTOR, what, actor_load)
+        except UnschedulableError as e:
+            got = e
+        if isinstance(got, tuple):
+            got[0].actors.add(f"x{i}")
+        out.append(got)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_batch_places_as_one_request_after_another_would(seed):
+    import random
+
+    rng = random.Random(seed)
+    cpus = [rng.choice([0, 1, 2, 4]) for _ in range(rng.randint(1, 12))]
+    preload = [rng.randint(0, 3) for _ in cpus]
+    kinds = [None, None, None, Scheduling(strategy=Strategy.SPREAD),
+             Scheduling(node_id="n0", soft=True, spill=True), Scheduling(node_id="n1")]
+    requests = [({"CPU": float(rng.choice([0, 0, 1, 2, 8]))}, rng.choice(kinds), None)
+                for _ in range(rng.randint(1, 40))]
+
+    def fresh():
+        table = nodes_of(*cpus)
+        for n, k in zip(table.alive(), preload):
+            n.actors.update(f"old{i}" for i in range(k))
+        return Scheduler(table, PlacementGroupManager(keep_removed=10))
+
+    one_by_one, batch = fresh(), fresh()
+    expected = _place_one_by_one(one_by_one, requests)
+    got = batch.place_batch(requests, WorkKind.ACTOR, actor_load)
+
+    def summary(results):
+        return [r[0].node_id if isinstance(r, tuple) else type(r).__name__ for r in results]
+
+    assert summary(got) == summary(expected)
+    assert [n.available for n in batch.nodes.alive()] == \
+        [n.available for n in one_by_one.nodes.alive()]
+
+
 def test_a_removed_group_fails_actors_and_tasks_with_their_own_error_type():
     table = nodes_of(2)
     groups = PlacementGroupManager(keep_removed=10)

@@ -7,6 +7,10 @@ records); this class carries those decisions out: it places actors through the
 core (driver or worker) when an actor's process is lost, so that calls in flight fail
 instead of hanging.
 
+Creation is a pipeline: a caller sends every actor it created in one pass of its I/O
+loop as one ``create_actors`` request; their placements are decided in one batch
+(``Scheduler.place_batch``); each actor's start then runs on its own, and its view is
+pushed to the caller (``actor_started``) when its first start ends.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import time
 
 from .. import config, rpc
-from ..errors import PlacementGroupRemovedError, UnschedulableError
+from ..errors import DDLFError, MessageError, PlacementGroupRemovedError, UnschedulableError
 from ..messages import ActorCreation, ActorDeath, ActorLost, ActorStarted, ActorView, WorkerDied
 from ..states import ActorState
 from ..taskgroup import TaskGroup
@@ -52,33 +56,69 @@ class ActorLifecycle:
         self.background = background
 
     # -- creation --------------------------------------------------------------------------
-    async def create(self, creation, owner: str | None) -> dict:
-        """Register the actor ``creation`` (an ``ActorCreation`` dict) describes, start it,
-        and return its view once its first start ends; ``MessageError`` if malformed,
-        ``ActorNameTakenError`` if its name is held by another actor."""
-        a = self.actors.add(ActorCreation.from_wire(creation), owner)
-        await self.start(a)
-        return a.view()
+    def create(self, conn, creations: list, owner: str | None) -> list:
+        """Register each actor of ``creations`` (``ActorCreation`` dicts) and start placing
+        them, in one batch. Per creation: None (accepted: its view is pushed to ``conn``,
+        ``actor_started``, when its first start ends) or the error that refused it (a
+        malformed creation, a name already taken)."""
+        if not isinstance(creations, (list, tuple)):
+            raise MessageError(f"create_actors takes a list of ActorCreation dicts, got "
+                               f"{type(creations).__name__}")
+        answers, accepted = [], []
+        for c in creations:
+            try:
+                a = self.actors.add(ActorCreation.from_wire(c), owner)
+            except DDLFError as e:   # MessageError, ActorNameTakenError
+                answers.append(e)
+                continue
+            except Exception as e:   # one bad creation must not leave the others unstarted
+                answers.append(DDLFError(f"the head could not create this actor: "
+                                         f"{type(e).__name__}: {e}"))
+                continue
+            answers.append(None)
+            accepted.append(a)
+        placed = self.placer.scheduler.place_batch(
+            [(a.demand, a.sched, f"actor {a.class_name}") for a in accepted], WorkKind.ACTOR,
+            actor_load)
+        for a, got in zip(accepted, placed):
+            if isinstance(got, (UnschedulableError, PlacementGroupRemovedError)):
+                self.set_dead(a, str(got), error_obj=got)
+                rpc.push(conn, "actor_started", a.view())
+                continue
+            if got is not None:
+                self._assign(a, *got)
+            self.background.spawn(self._first_start(a, conn, got is not None))
+        return answers
+
+    async def _first_start(self, a: ActorRecord, conn, placed: bool):
+        try:
+            await self.start(a, placed)
+        finally:   # its creator waits for this push: it must come, whatever happened
+            rpc.push(conn, "actor_started", a.view())
 
     @staticmethod
     def _assign(a: ActorRecord, node: NodeRecord, charge) -> None:
         a.node, a.charge = node, charge
         node.actors.add(a.actor_id)
 
-    async def start(self, a: ActorRecord):
-        """Place ``a`` and have its node start it: ALIVE, or dead or restarting if that
-        fails."""
-        try:
-            node, charge = await self.placer.place(a.demand, a.sched, WorkKind.ACTOR,
-                                                   f"actor {a.class_name}", actor_load)
-        except (UnschedulableError, PlacementGroupRemovedError) as e:
-            if a.state != _DEAD:
-                self.set_dead(a, str(e), error_obj=e)
+    async def start(self, a: ActorRecord, placed: bool = False):
+        """Place ``a`` (unless ``placed``) and have its node start it: ALIVE, or dead or
+        restarting if that fails."""
+        if not placed:
+            try:
+                node, charge = await self.placer.place(a.demand, a.sched, WorkKind.ACTOR,
+                                                       f"actor {a.class_name}", actor_load)
+            except (UnschedulableError, PlacementGroupRemovedError) as e:
+                if a.state != _DEAD:
+                    self.set_dead(a, str(e), error_obj=e)
+                return
+            if a.state == _DEAD:  # killed while waiting for resources
+                self.placer.free(charge, a.demand)
+                return
+            self._assign(a, node, charge)
+        elif a.state == _DEAD:   # killed between its placement and now: resources given back
             return
-        if a.state == _DEAD:  # killed while waiting for resources
-            self.placer.free(charge, a.demand)
-            return
-        self._assign(a, node, charge)
+        node = a.node
         try:
             reply = ActorStarted.from_wire(
                 await rpc.call(node.conn, "start_actor", a.creation.to_wire())).check_placed()

@@ -12,15 +12,19 @@ A request is a demand (``{"CPU": 1.0, ...}``) and a :class:`~..scheduling.Schedu
   hard affinity to a dead node), or a ``PlacementGroupRemovedError`` (the actor's or
   the task's kind, chosen by :class:`WorkKind`) when its group is gone.
 
-Pure state with no I/O.
+:meth:`Scheduler.place_batch` places many requests in one pass (a burst of actor
+creations): DEFAULT ones pick from a heap of the nodes' scores instead of scanning every
+node for each. Pure state with no I/O.
 """
 
 from __future__ import annotations
 
+import heapq
 from enum import Enum
 
 from ..errors import (
     ActorPlacementGroupRemovedError,
+    PlacementGroupRemovedError,
     TaskPlacementGroupRemovedError,
     UnschedulableError,
 )
@@ -31,6 +35,7 @@ from ..scheduling import (
     choose_node,
     feasible_anywhere,
     fits,
+    node_order,
     subtract,
 )
 from ..states import GroupState
@@ -150,6 +155,47 @@ class Scheduler:
             f"{what} asks for {demand}, more than any node has (nodes: {have}). "
             "Lower its num_cpus/resources, or add a node that has them.")
 
+    # -- many requests at once ---------------------------------------------------------------
+    def place_batch(self, requests: list, kind: WorkKind, load_key=None) -> list:
+        """Place ``requests``, a list of ``(demand, sched, what)``, in order, as one
+        :meth:`try_place` each would; one result per request: ``(node, charge)``, None
+        (must wait) or the exception it raised.
+
+        ``load_key(node)`` must count what this batch places on a node only once the
+        caller records it (after this returns): placements made here are counted here.
+        """
+        out: list = []
+        heap = _NodeHeap(self.nodes.alive(), load_key)
+        feasible: dict = {}
+        for demand, sched, what in requests:
+            what = what or kind.value
+            if sched is not None and (sched.in_group or sched.node_id
+                                      or sched.strategy is not Strategy.DEFAULT):
+                try:
+                    got = self.try_place(demand, sched, kind, what, heap.load)
+                except (UnschedulableError, PlacementGroupRemovedError) as e:
+                    got = e
+                if isinstance(got, tuple):
+                    heap.changed(got[0])
+                out.append(got)
+                continue
+            shape = tuple(sorted(demand.items()))
+            ok = feasible.get(shape)
+            if ok is None:
+                ok = feasible[shape] = bool(heap.nodes) and feasible_anywhere(
+                    demand, [n.total for n in heap.nodes])
+            if not ok:
+                out.append(self.unschedulable(demand, what, heap.nodes))
+                continue
+            node = heap.take(demand)
+            if node is not None:
+                subtract(node.available, demand)
+                heap.changed(node)
+                out.append((node, node))
+            else:
+                out.append(None)
+        return out
+
     # -- giving back -----------------------------------------------------------------------
     @staticmethod
     def free(charge, demand: dict) -> None:
@@ -163,3 +209,55 @@ class Scheduler:
         """Take ``demand`` out of ``charge`` again (a lent task resumed); it may go below
         zero for a while."""
         subtract(charge.available, demand)
+
+
+class _NodeHeap:
+    """The live nodes by DEFAULT's score, for one batch: the best node that fits a demand
+    in O(log n), since a placement changes the score of one node only.
+
+    Entries are ``(score..., join order, version, node)``; a node whose score changed
+    gets a new entry with a new version, and older ones are skipped when popped.
+    """
+
+    def __init__(self, nodes: list, load_key):
+        self.nodes = nodes
+        self.load_key = load_key
+        self.extra: dict = {}   # node -> placed by this batch (its load_key does not show it)
+        self.version: dict = {}
+        self.order = {id(n): i for i, n in enumerate(nodes)}
+        self.heap = [self._entry(n) for n in nodes]
+        heapq.heapify(self.heap)
+
+    def load(self, node) -> int:
+        return (self.load_key(node) if self.load_key else 0) + self.extra.get(node, 0)
+
+    def _entry(self, n) -> tuple:
+        return (*node_order(n, self.load(n)), self.order[id(n)], self.version.get(n, 0), n)
+
+    def take(self, demand: dict):
+        """Pop the best node that fits ``demand`` (None if none does); the caller takes
+        the demand out of it and calls :meth:`changed`."""
+        skipped = []
+        node = None
+        while self.heap:
+            entry = heapq.heappop(self.heap)
+            n = entry[-1]
+            if entry[-2] != self.version.get(n, 0):
+                continue   # an older score of a node that has a newer entry
+            if fits(demand, n.available):
+                node = n
+                break
+            skipped.append(entry)
+        for entry in skipped:
+            heapq.heappush(self.heap, entry)
+        return node
+
+    def changed(self, node, placed: bool = True) -> None:
+        """``node``'s score changed: it took a request of this batch (``placed``, which
+        its load does not show yet) or its free resources changed."""
+        if id(node) not in self.order:
+            return
+        if placed:
+            self.extra[node] = self.extra.get(node, 0) + 1
+        self.version[node] = self.version.get(node, 0) + 1
+        heapq.heappush(self.heap, self._entry(node))

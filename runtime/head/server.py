@@ -77,7 +77,7 @@ class Head:
             "hello_driver": self.rpc_hello_driver,
             # actors
             "reserve_name": self.rpc_reserve_name,
-            "create_actor": self.rpc_create_actor,
+            "create_actors": self.rpc_create_actors,
             "wait_actor": self.rpc_wait_actor,
             "get_actor": self.rpc_get_actor,
             "kill_actor": self.rpc_kill_actor,
@@ -258,9 +258,10 @@ class Head:
         self.actors.reserve(name, actor_id, class_name, methods, conn.info.get("owner_id"))
         return True
 
-    async def rpc_create_actor(self, conn, creation: dict):
-        """Create one actor; its view once its first start ends (``ActorLifecycle.create``)."""
-        return await self.lifecycle.create(creation, conn.info.get("owner_id"))
+    def rpc_create_actors(self, conn, creations: list) -> list:
+        """Create actors in one batch; per creation None (its view follows as an
+        ``actor_started`` push) or the error that refused it (``ActorLifecycle.create``)."""
+        return self.lifecycle.create(conn, creations, conn.info.get("owner_id"))
 
     async def rpc_wait_actor(self, conn, actor_id: str, after_epoch: int):
         """The actor's view once its epoch passes ``after_epoch`` or it is dead."""
