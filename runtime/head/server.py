@@ -462,6 +462,9 @@ def _field(data, key: str, event: str) -> str:
 def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = False,
              ready_out=None) -> None:
     config.raise_open_file_limit()
+    # The head moves no bulk data: freed receive buffers must go back to the system
+    # instead of piling up in malloc's heap (see the function).
+    process.pin_malloc_mmap_threshold()
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     token = process.resolve_token(token) or generate_token()
