@@ -13,9 +13,9 @@ __all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD
            "NODE_DEAD_AFTER_MISSED", "NODE_REJOIN_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S",
            "REJECT_LOG_INTERVAL_S", "MAX_LENT_TASKS_PER_NODE", "TASK_PIPELINE_DEPTH",
            "LEASE_IDLE_S", "ACTOR_CONNECT_TRIES", "WAIT_ACTOR_MAX_S", "WAIT_GROUP_MAX_S",
-           "REMOVED_GROUPS_KEPT", "IDLE_TASK_MIN_CAP", "GPU_WAIT_S", "PRESTART_WORKERS",
-           "LOG_POLL_S", "LOG_POLL_MAX_S", "REJOIN_REFUSED_TRIES", "START_TIMEOUT_S",
-           "session_root", "raise_open_file_limit"]
+           "REMOVED_GROUPS_KEPT", "DEAD_ACTORS_KEPT", "IDLE_TASK_MIN_CAP", "GPU_WAIT_S",
+           "PRESTART_WORKERS", "LOG_POLL_S", "LOG_POLL_MAX_S", "REJOIN_REFUSED_TRIES",
+           "START_TIMEOUT_S", "session_root", "raise_open_file_limit"]
 
 log = logging.getLogger("ddlf.config")
 
@@ -69,13 +69,17 @@ LEASE_IDLE_S = _env_float("DDLF_LEASE_IDLE_S", 0.5)
 # Attempts to connect to an actor's address the head gave, before asking the head again.
 ACTOR_CONNECT_TRIES = max(1, _env_int("DDLF_ACTOR_CONNECT_TRIES", 5))
 
-# -- the head (head.py) --
+# -- the head (head/) --
 # The longest one wait_actor request waits for an actor to change; callers then ask again.
 WAIT_ACTOR_MAX_S = _env_float("DDLF_WAIT_ACTOR_MAX_S", 30.0)
 # Likewise for a wait_placement_group request.
 WAIT_GROUP_MAX_S = _env_float("DDLF_WAIT_GROUP_MAX_S", 30.0)
 # Removed placement groups placement_group_table() still lists (oldest dropped first).
 REMOVED_GROUPS_KEPT = _env_int("DDLF_REMOVED_GROUPS_KEPT", 1000)
+# Dead actors the head still answers for with why they died (wait_actor, list_actors);
+# older ones are forgotten, as Ray's maximum_gcs_destroyed_actor_cached_count does. A dead
+# record keeps no pickled class or arguments: about 1 KB each.
+DEAD_ACTORS_KEPT = max(0, _env_int("DDLF_DEAD_ACTORS_KEPT", 10_000))
 
 # -- node daemons (node.py) --
 # Idle task workers a node keeps across all runtime envs: at least this many (or 2 per CPU).

@@ -16,6 +16,7 @@ frame boundary left, so the connection is never reused.
 from __future__ import annotations
 
 import asyncio
+import encodings.idna  # noqa: F401  (see below)
 import logging
 import socket
 import ssl
@@ -26,6 +27,11 @@ from .errors import AuthenticationError, ConnectionLostError, FrameError
 from .framing import FrameDecoder, encode_frame
 
 __all__ = ["Connection", "connect", "serve", "RejectionLog"]
+
+# uvloop encodes the host name of every serve() and connect() with the idna codec, which
+# Python imports on first use (with stringprep, unicodedata and a regex: 5 ms of CPU, most
+# of it searching sys.path). Imported here, it is in the node's forkserver, which preloads
+# the worker module and so this one, instead of being imported by every new worker.
 
 log = logging.getLogger("ddlf.connection")
 

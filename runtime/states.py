@@ -1,14 +1,15 @@
-"""Named states of actors (kept by the head) and worker processes (kept by node daemons).
+"""Named states: of actors (kept by the head, and by each caller of an actor), of
+placement groups (kept by the head) and of worker processes (kept by node daemons).
 
-Both are ``str`` enums, so a state equals its old string ("ALIVE", "idle"). What goes
-on the wire is always ``.value``, a plain string, as before.
+The states that cross the wire are ``str`` enums, so a state equals its old string
+("ALIVE", "idle", "CREATED"). What goes on the wire is always ``.value``, a plain string.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ActorState", "WorkerState"]
+__all__ = ["ActorState", "ActorClientState", "GroupState", "GroupSchedulingState", "WorkerState"]
 
 
 class ActorState(str, Enum):
@@ -23,6 +24,38 @@ class ActorState(str, Enum):
     # Its process died and max_restarts allows another: being placed and started again.
     RESTARTING = "RESTARTING"
     DEAD = "DEAD"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ActorClientState(Enum):
+    """Where a caller's link to one actor is (``actor_submitter.ActorClient``)."""
+
+    RESOLVING = "resolving"   # being created, or asking the head where the actor is now
+    READY = "ready"           # connected: calls go out
+    DEAD = "dead"             # every call fails with the actor's death
+
+
+class GroupState(str, Enum):
+    """Where a placement group is in its life, as the head sees it (Ray's names)."""
+
+    PENDING = "PENDING"             # waits for room for all of its bundles
+    CREATED = "CREATED"             # every bundle is reserved on a node
+    RESCHEDULING = "RESCHEDULING"   # lost bundles with a node; placing them again
+    REMOVED = "REMOVED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GroupSchedulingState(str, Enum):
+    """Ray's ``placement_group_table()[...]["stats"]["scheduling_state"]``."""
+
+    FINISHED = "FINISHED"           # CREATED
+    REMOVED = "REMOVED"
+    NO_RESOURCES = "NO_RESOURCES"   # would fit the live nodes once resources free up
+    INFEASIBLE = "INFEASIBLE"       # waits for a node that can hold it to join
 
     def __str__(self) -> str:
         return self.value

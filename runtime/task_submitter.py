@@ -30,6 +30,7 @@ from .errors import (
 )
 from .messages import LeaseGrant, MessageError
 from .remote_error import decode_error
+from .scheduling import Scheduling
 from .serialization import dumps
 
 __all__ = ["Task", "Lease", "TaskPool", "LeaseHandler"]
@@ -68,12 +69,12 @@ class Lease:
 class TaskPool:
     """Tasks of one resource shape: a queue, and the worker leases that run them."""
 
-    def __init__(self, core, demand: dict, sched: dict | None = None,
+    def __init__(self, core, demand: dict, sched: Scheduling | None = None,
                  runtime_env: dict | None = None):
         self.core = core
         self.store = core.store
         self.demand = demand
-        self.sched = sched
+        self.sched = sched.to_wire() if sched is not None else None   # as lease_worker sends it
         self.runtime_env = runtime_env
         self.queue: collections.deque = collections.deque()
         self.leases: list[Lease] = []

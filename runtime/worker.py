@@ -416,10 +416,8 @@ class Worker:
         ctx = context.current
         ctx.actor_id = creation.actor_id
         ctx.job_id = creation.job_id
-        sched = creation.scheduling or {}
-        if sched.get("group_id"):
-            ctx.placement = {"group_id": sched["group_id"], "bundles": sched.get("bundles"),
-                             "capture": bool(sched.get("capture"))}
+        if creation.scheduling is not None and creation.scheduling.in_group:
+            ctx.placement = creation.scheduling.group_context()
         ctx.actor_info = {"name": creation.name, "class_name": creation.class_name,
                           "methods": creation.methods, "resources": creation.resources}
         self.actor_name = creation.class_name

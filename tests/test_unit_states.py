@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from ddlf_actors.runtime import config
-from ddlf_actors.runtime.head import ActorRecord, Head
+from ddlf_actors.runtime.head import Head
+from ddlf_actors.runtime.head.actors import ActorRecord
 from ddlf_actors.runtime.states import ActorState, WorkerState
 
 

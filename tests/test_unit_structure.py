@@ -139,3 +139,48 @@ def test_no_runtime_module_calls_private_methods_of_a_core():
                 if owner_name in ("core", "_core", "core_mod"):
                     offenders.append(f"{name}:{node.lineno}: {owner_name}.{node.attr}")
     assert not offenders, offenders
+
+
+_HEAD = os.path.join(_RUNTIME, "head")
+
+
+def test_the_heads_modules_and_classes_stay_small():
+    """The head was one 1,000-line class; it is one manager per concern behind a thin
+    shell. Keep it that way: no module over 600 lines, no class over 400."""
+    for name in sorted(os.listdir(_HEAD)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(_HEAD, name)) as f:
+            text = f.read()
+        assert text.count("\n") <= 600, f"head/{name} is over 600 lines: split it"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                assert size <= 400, f"head/{name}: class {node.name} is {size} lines"
+
+
+_STATE_WORDS = {"PENDING", "ALIVE", "RESTARTING", "DEAD", "RESERVED", "CREATED",
+                "RESCHEDULING", "REMOVED", "FINISHED", "INFEASIBLE", "NO_RESOURCES",
+                "resolving", "ready", "dead"}
+
+
+def test_states_are_compared_and_set_as_enums_on_the_head_side():
+    """No ``state == "DEAD"`` or ``self.state = "ready"``: a state is an Enum member."""
+    files = [os.path.join(_HEAD, n) for n in os.listdir(_HEAD) if n.endswith(".py")]
+    files.append(os.path.join(_RUNTIME, "actor_submitter.py"))
+    offenders = []
+    for path in files:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                values = [node.left, *node.comparators]
+            elif isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr == "state" for t in node.targets):
+                values = [node.value]
+            else:
+                continue
+            for v in values:
+                if isinstance(v, ast.Constant) and v.value in _STATE_WORDS:
+                    offenders.append(f"{os.path.basename(path)}:{node.lineno}: {v.value!r}")
+    assert not offenders, offenders
