@@ -1,14 +1,16 @@
-"""Named states of actors (kept by the head) and worker processes (kept by node daemons).
+"""Named states of actors (kept by the head), worker processes (kept by node daemons) and
+the calls a worker runs.
 
-Both are ``str`` enums, so a state equals its old string ("ALIVE", "idle"). What goes
-on the wire is always ``.value``, a plain string, as before.
+``ActorState`` and ``WorkerState`` are ``str`` enums, so a state equals its old string
+("ALIVE", "idle"). What goes on the wire is always ``.value``, a plain string, as before.
+``CallState`` never leaves its worker.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ActorState", "WorkerState"]
+__all__ = ["ActorState", "WorkerState", "CallState"]
 
 
 class ActorState(str, Enum):
@@ -37,6 +39,17 @@ class WorkerState(str, Enum):
     TASK = "task"           # leased for tasks
     ACTOR = "actor"         # is an actor
     DEAD = "dead"           # its process exited
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CallState(Enum):
+    """Where a call is on its worker (``context.CallContext.state``)."""
+
+    QUEUED = "queued"     # arrived; waiting for an execution thread or the loop
+    RUNNING = "running"   # its code runs: a cancel now interrupts it, or only flags it
+    DONE = "done"         # its code has returned; a cancel can no longer reach it
 
     def __str__(self) -> str:
         return self.value

@@ -49,6 +49,7 @@ from .messages import ActorCreation, ActorStarted
 from .object_ref import set_default_resolver
 from .remote_error import encode_error
 from .serialization import dumps, loads
+from .states import CallState
 from .taskgroup import TaskGroup
 
 __all__ = ["worker_main", "apply_sys_path"]
@@ -637,7 +638,7 @@ class Worker:
                 return None   # cancelled while queued here: already answered
             context.set_current_call(call)
             call.thread = threading.get_ident()
-            call.state = context.RUNNING
+            call.state = CallState.RUNNING
             kind = segs = None
             try:
                 # cancel() sets .cancelled before it reads .state: one of us sees the other.
@@ -855,7 +856,7 @@ class Worker:
         context.set_current_call(call)   # this asyncio task's own context
         try:
             async with self.semaphore:
-                call.state = context.RUNNING
+                call.state = CallState.RUNNING
                 try:
                     result = await fn(*args, **kwargs)
                 except SystemExit as e:
@@ -884,7 +885,7 @@ class Worker:
     async def _run_async_task(self, conn, msg_id, fn, args, kwargs, where, nret, call, enter):
         call.claim()   # started: from now on a cancel is answered here
         context.set_current_call(call)
-        call.state = context.RUNNING
+        call.state = CallState.RUNNING
         try:
             enter()
             result = await fn(*args, **kwargs)
@@ -971,7 +972,7 @@ def _interrupt(call: context.CallContext) -> None:
     (``time.sleep``, a socket read) sees it when that call returns.
     """
     with _interrupt_lock:
-        if call.state == context.RUNNING and not call.interrupted:
+        if call.state == CallState.RUNNING and not call.interrupted:
             call.interrupted = True
             _set_async_exc(call.thread, KeyboardInterrupt)
 
@@ -982,7 +983,7 @@ def _settle(call: context.CallContext) -> None:
     Lock-free unless cancelled: cancel() sets ``.cancelled`` before it reads ``.state``,
     so if we read ``.cancelled`` False after writing DONE, it will read DONE.
     """
-    call.state = context.DONE
+    call.state = CallState.DONE
     if call.cancelled:
         with _interrupt_lock:   # waits out a cancel() that is sending the interrupt now
             if call.interrupted:
