@@ -37,6 +37,7 @@ import threading
 from . import context, oob, placement, process, rpc, runtime_env, shm_store
 from .actor_submitter import ActorCall, ActorClient
 from .address import split_address
+from .callspec import CallSpec, TaskSpec
 from .connection import connect
 from .dependencies import split_refs, with_nested
 from .errors import ActorDiedError, DDLFError, UnschedulableError
@@ -286,8 +287,8 @@ class Core:
         nret = _check_num_returns(num_returns, what)
         backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
         args, kwargs, refs = split_refs(args, kwargs)
-        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
-        payload, nested = dumps_with_refs(body)
+        payload, nested = dumps_with_refs(
+            CallSpec(method, args, kwargs, nret, backpressure).to_wire())
         refs = with_nested(refs, nested)
         ref = self.store.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
@@ -399,12 +400,9 @@ class Core:
             options.get("_generator_backpressure_num_objects", -1), fn_name
         ) if nret == STREAMING else -1
         args, kwargs, refs = split_refs(args, kwargs)
-        body = (fn_id, fn_name, self.job_id, args, kwargs)
-        if group is not None:
-            body = (*body, nret, backpressure, group)
-        elif nret != 1:
-            body = (*body, nret, backpressure)
-        payload, nested = dumps_with_refs(body)
+        payload, nested = dumps_with_refs(
+            TaskSpec(fn_id, fn_name, self.job_id, args, kwargs, nret, backpressure,
+                     group).to_wire())
         refs = with_nested(refs, nested)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
         key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")

@@ -41,6 +41,7 @@ import psutil
 
 from . import context, oob, protocol, rpc, runtime_env, shm_store
 from . import core as core_mod
+from .callspec import CallSpec, TaskSpec
 from .connection import connect, serve
 from .dependencies import resolve_args
 from .errors import ActorDiedError, ActorExit, SerializationError, TaskCancelledError
@@ -817,10 +818,9 @@ class Worker:
         # Arguments are resolved here, on the loop, in frame order: a FREE frame that
         # follows this call on the connection must not drop an object it still needs.
         try:
-            name, args, kwargs, *extra = loads(segs[1:])
-            nret = extra[0] if extra else 1
-            limit = extra[1] if len(extra) > 1 else -1
-            args, kwargs = resolve_args(args, kwargs, self.objects)
+            spec = CallSpec.from_wire(loads(segs[1:]))
+            name, nret, limit = spec.method, spec.num_returns, spec.backpressure
+            args, kwargs = resolve_args(spec.args, spec.kwargs, self.objects)
             if self.instance is None:
                 raise RuntimeError(f"actor {self.actor_name} is not constructed")
             entry = self.methods.get(name)
@@ -907,17 +907,16 @@ class Worker:
     def _task_call(self, conn, msg_id, segs):
         fn_name = "task"
         try:
-            fn_id, fn_name, job_id, args, kwargs, *extra = loads(segs[1:])
-            nret = extra[0] if extra else 1
-            limit = extra[1] if len(extra) > 1 else -1
-            group = extra[2] if len(extra) > 2 else None   # its placement group, if any
+            spec = TaskSpec.from_wire(loads(segs[1:]))
+            fn_id, fn_name, job_id = spec.fn_id, spec.fn_name, spec.job_id
+            nret, limit, group = spec.num_returns, spec.backpressure, spec.placement
             fn = self.loaded.get(fn_id)
             if fn is None:
                 code = self.functions.get(fn_id)
                 if code is None:
                     raise RuntimeError(f"task code {fn_id.hex()} was never shipped to this worker")
                 fn = self.loaded[fn_id] = loads(code)
-            args, kwargs = resolve_args(args, kwargs, self.objects)
+            args, kwargs = resolve_args(spec.args, spec.kwargs, self.objects)
         except BaseException as e:
             self._reply_error(conn, msg_id, e, f"task {fn_name} (pid {_pid})")
             return
