@@ -239,7 +239,7 @@ def test_async_methods_and_async_generators_run_on_the_loop(isolated):
     frames, on_loop = _run(scenario, actor=Counter())
     assert on_loop == {"later": True, "agen": True}
     by_id = {}
-    for kind, msg_id, segs in frames:
+    for kind, msg_id, _ in frames:
         by_id.setdefault(msg_id, []).append(kind)
     assert by_id == {1: [protocol.RESULT_OK],
                      2: [protocol.STREAM_ITEM, protocol.STREAM_ITEM, protocol.STREAM_END]}
