@@ -77,7 +77,7 @@ WAIT_GROUP_MAX_S = _env_float("DDLF_WAIT_GROUP_MAX_S", 30.0)
 # Removed placement groups placement_group_table() still lists (oldest dropped first).
 REMOVED_GROUPS_KEPT = _env_int("DDLF_REMOVED_GROUPS_KEPT", 1000)
 
-# -- node daemons (node.py) --
+# -- node daemons (node/) --
 # Idle task workers a node keeps across all runtime envs: at least this many (or 2 per CPU).
 IDLE_TASK_MIN_CAP = _env_int("DDLF_IDLE_TASK_MIN_CAP", 4)
 # How long a GPU demand waits for a GPU to be given back before it shares one.
