@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
+import sys
 
 import pytest
 
@@ -244,15 +246,23 @@ class FakeLoop:
         return self.readers.pop(fd, None) is not None
 
     def call_later(self, delay, cb, *args):
-        handle = asyncio.TimerHandle(0, cb, args, None)
+        handle = _Timer(cb, args)
         self.timers.append(handle)
         return handle
 
     def run_timers(self):
         timers, self.timers = self.timers, []
         for t in timers:
-            if not t.cancelled():
-                t._run()
+            if not t.cancelled:
+                t.cb(*t.args)
+
+
+class _Timer:
+    def __init__(self, cb, args):
+        self.cb, self.args, self.cancelled = cb, args, False
+
+    def cancel(self):
+        self.cancelled = True
 
 
 class FakeBackground:
@@ -322,3 +332,99 @@ def test_polling_backs_off_while_workers_are_quiet(tmp_path, monkeypatch):
     _write(w, ".out", "busy\n")
     asyncio.run(tailer._poll())
     assert sleeps == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
+
+
+# -- the log tailer, event-driven (inotify, Linux) ----------------------------------------------
+needs_inotify = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify")
+
+
+def _readable(fd, timeout=5.0) -> bool:
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def _events_tailer(tmp_path, workers, sent):
+    loop = FakeLoop()
+    background = FakeBackground()
+    tailer = LogTailer(loop, str(tmp_path), workers, sent.append, background)
+    tailer.start()
+    assert tailer.event_driven, "inotify refused (fs.inotify.max_user_instances reached?)"
+    return tailer, loop, background
+
+
+@needs_inotify
+def test_a_quiet_node_does_no_work(tmp_path):
+    w = _worker(tmp_path)
+    tailer, loop, background = _events_tailer(tmp_path, {w.worker_id: w}, [])
+    try:
+        # Nothing scheduled, nothing polled: only the inotify descriptor, waited on.
+        assert list(loop.readers) == [tailer._watch.fd]
+        assert loop.timers == [] and background.spawned == []
+        assert not _readable(tailer._watch.fd, 0.2)
+    finally:
+        tailer.close()
+    assert loop.readers == {}
+
+
+@needs_inotify
+def test_a_write_wakes_the_tailer_which_sends_the_burst_in_one_batch(tmp_path):
+    sent = []
+    w1, w2 = _worker(tmp_path, "w1", 41), _worker(tmp_path, "w2", 42)
+    tailer, loop, _ = _events_tailer(tmp_path, {"w1": w1, "w2": w2}, sent)
+    try:
+        fd = tailer._watch.fd
+        _write(w1, ".out", "one\n")
+        assert _readable(fd)
+        woken, args = loop.readers[fd]
+        woken(*args)
+        # Gathering: no longer listening, one flush due after LOG_BATCH_S.
+        assert fd not in loop.readers and len(loop.timers) == 1
+        _write(w1, ".out", "two\n")
+        _write(w2, ".err", "three\n")
+        (tmp_path / "unrelated.txt").write_text("not a worker's\n")
+        loop.run_timers()
+        assert sorted(sent[0]) == [(None, "worker", 41, "out", "one"),
+                                   (None, "worker", 41, "out", "two"),
+                                   (None, "worker", 42, "err", "three")]
+        assert len(sent) == 1
+        assert fd in loop.readers and loop.timers == []   # listening again
+        assert not _readable(fd, 0.2)   # the events of the batch were consumed
+    finally:
+        tailer.close()
+
+
+@needs_inotify
+def test_output_past_a_chunk_is_read_on_without_another_write(tmp_path):
+    sent = []
+    w = _worker(tmp_path)
+    tailer, loop, _ = _events_tailer(tmp_path, {w.worker_id: w}, sent)
+    try:
+        line = "x" * 1023 + "\n"
+        _write(w, ".out", line * 1500)   # 1.5 MiB: more than one read takes
+        assert _readable(tailer._watch.fd)
+        woken, args = loop.readers[tailer._watch.fd]
+        woken(*args)
+        loop.run_timers()
+        # The rest is read at the next batch, with no event to wait for.
+        assert tailer._watch.fd not in loop.readers and len(loop.timers) == 1
+        loop.run_timers()
+        assert sum(len(batch) for batch in sent) == 1500
+        assert tailer._watch.fd in loop.readers
+    finally:
+        tailer.close()
+
+
+def test_without_events_the_tailer_polls(tmp_path):
+    loop, background = FakeLoop(), FakeBackground()
+    tailer = LogTailer(loop, str(tmp_path), {}, lambda r: None, background, events=False)
+    tailer.start()
+    assert not tailer.event_driven and loop.readers == {}
+    assert [c.__name__ for c in background.spawned] == ["_poll"]
+
+
+@pytest.mark.parametrize("name,wid", [("worker-ab12.out", "ab12"), ("worker-ab12.err", "ab12"),
+                                      ("worker-ab12.log", None), ("runtime_env", None),
+                                      ("head.err", None)])
+def test_only_worker_output_files_count(name, wid):
+    from ddlf_actors.runtime.node.logs import _worker_id
+
+    assert _worker_id(name) == wid

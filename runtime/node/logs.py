@@ -2,8 +2,13 @@
 node's log folder (``worker-<id>.out`` / ``.err``), which this reads as they grow and
 sends on, line by line, to the head (which sends them to the driver).
 
-The files are polled every ``config.LOG_POLL_S`` while workers print, backing off to
-``config.LOG_POLL_MAX_S`` while they are quiet.
+Event-driven: one inotify descriptor watches the folder, so the event loop wakes only
+when a worker writes. It then stops listening for ``config.LOG_BATCH_S``, so a burst of
+prints is sent as one batch, reads just the files that were written, and listens again.
+A quiet node does nothing at all (the old poll looked at 2 files per worker 20 times a
+second: 12,000 stat calls a second at 300 workers). Where inotify is missing or refused
+(another OS, or the per-user instance limit), it polls instead: every
+``config.LOG_POLL_S`` while workers print, backing off to ``config.LOG_POLL_MAX_S``.
 
 A line ``\\0ddlf:kind:name:job`` (``worker.output.log_marker``) is not forwarded: it says
 whose output follows (an actor's class, a task's function), which prefixes the lines.
@@ -16,6 +21,7 @@ import logging
 import os
 
 from .. import config
+from .inotify import Watch
 
 __all__ = ["LogTailer", "MARKER"]
 
@@ -41,28 +47,57 @@ class LogTailer:
     dict) from ``log_dir`` and hands the records to ``send(records)``.
 
     Each record is ``(job id, name, pid, "out" | "err", line)`` (a ``LogBatch`` record).
+    ``events=False`` forces polling (tests; systems without inotify choose it anyway).
     """
 
-    def __init__(self, loop, log_dir: str, workers, send, background):
+    def __init__(self, loop, log_dir: str, workers, send, background, *, events: bool = True):
         self.loop = loop
         self.log_dir = log_dir
         self.workers = workers
         self._send = send
         self._background = background
+        self._events = events
         self._tails: dict[str, _Tail] = {}
+        self._watch: Watch | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._more: set = set()   # ids of workers with output left past a chunk
         self.closed = False
 
+    @property
+    def event_driven(self) -> bool:
+        return self._watch is not None
+
     def start(self) -> None:
-        self._background.spawn(self._poll())
+        if self._events:
+            try:
+                self._watch = Watch(self.log_dir)
+            except OSError as e:
+                log.info("cannot watch %s for worker output (%s); polling it instead",
+                         self.log_dir, e)
+        if self._watch is not None:
+            self.loop.add_reader(self._watch.fd, self._woken)
+        else:
+            self._background.spawn(self._poll())
 
     def close(self) -> None:
+        """Stop watching (output still in the files stays there)."""
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._watch is not None:
+            try:
+                self.loop.remove_reader(self._watch.fd)
+            except Exception:
+                pass
+            self._watch.close()
 
     # -- reading ---------------------------------------------------------------------------
     def finish(self, w) -> None:
         """``w`` exited: send the rest of its output, and forget it."""
         self._send_records(self.read(w))
         self._tails.pop(w.worker_id, None)
+        self._more.discard(w.worker_id)
 
     def drain(self) -> bool:
         """Read every worker's new output now and send it; True if there was any."""
@@ -90,6 +125,8 @@ class LogTailer:
                 continue
             if not data:
                 continue
+            if len(data) == _CHUNK:
+                self._more.add(w.worker_id)   # read on at the next batch, event or not
             tail.offsets[suffix] += len(data)
             lines = (tail.partial[suffix] + data).split(b"\n")
             tail.partial[suffix] = lines.pop()
@@ -107,7 +144,36 @@ class LogTailer:
         if records:
             self._send(records)
 
-    # -- polling ------------------------------------------------------------------------------
+    # -- event-driven: inotify ---------------------------------------------------------------
+    def _woken(self) -> None:
+        """A worker wrote: gather the burst for LOG_BATCH_S before reading it."""
+        self.loop.remove_reader(self._watch.fd)
+        if self._timer is None:
+            self._timer = self.loop.call_later(config.LOG_BATCH_S, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        names, overflow = self._watch.read()
+        ids = set(self._more)
+        self._more.clear()
+        if overflow:
+            ids.update(self.workers)
+        else:
+            ids.update(filter(None, map(_worker_id, names)))
+        records = []
+        for wid in ids:
+            w = self.workers.get(wid)
+            if w is not None:
+                records.extend(self.read(w))
+        self._send_records(records)
+        if self._more:   # a file had more than a chunk: go on without waiting for a write
+            self._timer = self.loop.call_later(config.LOG_BATCH_S, self._flush)
+        else:
+            self.loop.add_reader(self._watch.fd, self._woken)
+
+    # -- polling, where inotify is not available ----------------------------------------------
     async def _poll(self) -> None:
         # Poll fast while workers print, back off while they are quiet: a node with
         # hundreds of idle actors must not spend its CPU looking at empty files.
@@ -116,3 +182,10 @@ class LogTailer:
             delay = config.LOG_POLL_S if self.drain() else min(config.LOG_POLL_MAX_S, delay * 2)
             await asyncio.sleep(delay)
 
+
+def _worker_id(name: str) -> str | None:
+    """``worker-<id>.out`` -> ``<id>``; None for any other file in the folder."""
+    base, dot, suffix = name.rpartition(".")
+    if not dot or "." + suffix not in _SUFFIXES or not base.startswith("worker-"):
+        return None
+    return base[len("worker-"):]
