@@ -1,16 +1,16 @@
 """Named states of actors (kept by the head), worker processes (kept by node daemons) and
-the calls a worker runs.
+the calls a worker runs, and connections.
 
 ``ActorState`` and ``WorkerState`` are ``str`` enums, so a state equals its old string
 ("ALIVE", "idle"). What goes on the wire is always ``.value``, a plain string, as before.
-``CallState`` never leaves its worker.
+``CallState`` and ``ConnectionState`` never leave their process.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ActorState", "WorkerState", "CallState"]
+__all__ = ["ActorState", "WorkerState", "CallState", "ConnectionState"]
 
 
 class ActorState(str, Enum):
@@ -50,6 +50,20 @@ class CallState(Enum):
     QUEUED = "queued"     # arrived; waiting for an execution thread or the loop
     RUNNING = "running"   # its code runs: a cancel now interrupts it, or only flags it
     DONE = "done"         # its code has returned; a cancel can no longer reach it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ConnectionState(Enum):
+    """Where a connection is in its life (``connection.Connection.state``): the three
+    steps of the token handshake (runtime/auth.py), then open, then closed."""
+
+    AWAIT_CHALLENGE = "await challenge"   # client: waiting for the server's challenge
+    AWAIT_REPLY = "await reply"           # client: answered; waiting for the server's proof
+    AWAIT_RESPONSE = "await response"     # server: challenged; waiting for the client's answer
+    OPEN = "open"                         # authenticated: frames flow
+    CLOSED = "closed"
 
     def __str__(self) -> str:
         return self.value
