@@ -77,6 +77,22 @@ class ActorSpec:
         self.methods = methods
 
 
+def _print_log_batch(core: Core, batch: LogBatch) -> None:
+    """Print worker output the head forwarded, each line prefixed with whose it is."""
+    # Like Ray: name the node only when there is more than one to tell apart.
+    where = ""
+    if len(core.node_totals) > 1:
+        host = batch.host or ""
+        where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
+        where += f", node={(batch.node_id or '')[:6]}"
+    for _job, name, pid, stream, line in batch.records:
+        out = sys.stderr if stream == "err" else sys.stdout
+        try:
+            print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
+        except Exception:
+            pass
+
+
 class Core:
     """One process's client of a DDLF cluster: ``connect``, then submit and get."""
 
@@ -149,19 +165,7 @@ class Core:
         if not (self.closed or self.closing):
             log.warning("lost the connection to the DDLF head at %s", self.head_address)
 
-    def _print_logs(self, batch: LogBatch):
-        # Like Ray: name the node only when there is more than one to tell apart.
-        where = ""
-        if len(self.node_totals) > 1:
-            host = batch.host or ""
-            where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
-            where += f", node={(batch.node_id or '')[:6]}"
-        for _job, name, pid, stream, line in batch.records:
-            out = sys.stderr if stream == "err" else sys.stdout
-            try:
-                print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
-            except Exception:
-                pass
+    _print_logs = _print_log_batch   # a method (a tool may replace it on an instance)
 
     def _check_open(self):
         if self.closed:
