@@ -302,3 +302,43 @@ def test_the_cancel_rule(is_task, on_loop, cancelled_answer):
     queued = _call(is_task=is_task, on_loop=on_loop, cancelled=True, state=CallState.QUEUED)
     kind, segs = Runner._answer(queued, Ending.CANCELLED, None)
     assert "while queued on its worker" in str(decode_error(segs))
+
+
+_seen_args: list = []
+
+
+def _keep_weakref(arr):
+    import weakref
+
+    _seen_args.append(weakref.ref(arr))
+    return int(arr.sum())
+
+
+async def _keep_weakref_async(arr):
+    return _keep_weakref(arr)
+
+
+@pytest.mark.parametrize("fn", [_keep_weakref, _keep_weakref_async])
+def test_a_calls_arguments_are_not_kept_once_it_has_answered(isolated, fn):
+    """An argument may be large (or map a shared-memory object its owner frees later):
+    nothing of the worker's holds it after the reply, without waiting for a GC pass."""
+    import gc
+
+    import numpy as np
+
+    _seen_args.clear()
+
+    async def scenario(worker, conn, send, replies):
+        _ship(send, b"w" * 16, fn)
+        _task(send, 5, b"w" * 16, np.ones(1000))
+        (reply,) = await replies(1)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return _value(reply), [r() is None for r in _seen_args]
+
+    gc.disable()
+    try:
+        value, dead = _run(scenario)
+    finally:
+        gc.enable()
+    assert value == 1000 and dead == [True]

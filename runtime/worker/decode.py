@@ -41,6 +41,7 @@ class CallDecoder:
         try:
             spec = CallSpec.from_wire(loads(segs[1:]))
             args, kwargs = resolve_args(spec.args, spec.kwargs, w.objects)
+            spec.args = spec.kwargs = None   # the Call holds them, until its code has them
             if w.instance is None:
                 raise RuntimeError(f"actor {w.actor_name} is not constructed")
             entry = self.methods.get(spec.method)
@@ -71,6 +72,7 @@ class CallDecoder:
                         f"task code {spec.fn_id.hex()} was never shipped to this worker")
                 fn = self.loaded[spec.fn_id] = loads(code)
             args, kwargs = resolve_args(spec.args, spec.kwargs, w.objects)
+            spec.args = spec.kwargs = None
         except BaseException as e:
             w.runner.fail(conn, msg_id, e, f"task {fn_name} (pid {w.pid})")
             return None
