@@ -49,12 +49,10 @@ def _num_returns_ok(n) -> bool:
     return n >= 1 if type(n) is int else n in _GENERATORS
 
 
-def _body(body, what: str, least: int, most: int) -> tuple:
-    if type(body) is not tuple or not least <= len(body) <= most:
-        n = len(body) if type(body) is tuple else type(body).__name__
-        raise MessageError(f"a {what} is a tuple of {least} to {most} fields, got {n}; the "
-                           "caller runs another DDLF release (run the same one everywhere)")
-    return body
+def _bad_body(body, what: str, least: int, most: int) -> MessageError:
+    n = len(body) if type(body) is tuple else type(body).__name__
+    return MessageError(f"a {what} is a tuple of {least} to {most} fields, got {n}; the "
+                        "caller runs another DDLF release (run the same one everywhere)")
 
 
 def _malformed(spec, checks) -> MessageError:
@@ -103,7 +101,9 @@ class CallSpec:
     @classmethod
     def from_wire(cls, body) -> CallSpec:
         """The spec ``body`` (a received tuple) describes; ``MessageError`` if malformed."""
-        spec = cls(*_body(body, "CallSpec", 3, 5))
+        if type(body) is not tuple or not 3 <= len(body) <= 5:
+            raise _bad_body(body, "CallSpec", 3, 5)
+        spec = cls(*body)
         if (type(spec.method) is str and type(spec.args) in _SEQUENCES
                 and type(spec.kwargs) is dict and _num_returns_ok(spec.num_returns)
                 and type(spec.backpressure) is int):
@@ -146,7 +146,9 @@ class TaskSpec:
     @classmethod
     def from_wire(cls, body) -> TaskSpec:
         """The spec ``body`` (a received tuple) describes; ``MessageError`` if malformed."""
-        spec = cls(*_body(body, "TaskSpec", 5, 8))
+        if type(body) is not tuple or not 5 <= len(body) <= 8:
+            raise _bad_body(body, "TaskSpec", 5, 8)
+        spec = cls(*body)
         if (type(spec.fn_id) is bytes and type(spec.fn_name) is str
                 and (spec.job_id is None or type(spec.job_id) is str)
                 and type(spec.args) in _SEQUENCES and type(spec.kwargs) is dict

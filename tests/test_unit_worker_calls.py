@@ -233,7 +233,7 @@ def test_async_methods_and_async_generators_run_on_the_loop(isolated):
         _method(send, 1, "later", 4)
         _method(send, 2, "agen", 2, num_returns=STREAMING)
         frames = await replies(4)
-        on_loop = {k: v[1] or v[2] for k, v in worker.decoder.methods.items()}
+        on_loop = {k: v.on_loop or v.on_loop_streaming for k, v in worker.decoder.methods.items()}
         return frames, on_loop
 
     frames, on_loop = _run(scenario, actor=Counter())
@@ -276,8 +276,8 @@ def test_an_unknown_frame_kind_drops_the_caller(isolated):
 
 def _call(*, is_task, on_loop, cancelled=False, state=CallState.RUNNING):
     spec = TaskSpec(b"f", "f", None, (), {}) if is_task else CallSpec("m", (), {})
-    call = Call(None, 1, spec, None, (), {}, name="f" if is_task else "A.m",
-                where=f"x (pid {os.getpid()})", is_task=is_task, on_loop=on_loop)
+    call = Call(None, 1, spec, None, (), {}, "f" if is_task else "A.m",
+                f"x (pid {os.getpid()})", is_task, on_loop)
     call.cancelled, call.state = cancelled, state
     return call
 
@@ -342,3 +342,14 @@ def test_a_calls_arguments_are_not_kept_once_it_has_answered(isolated, fn):
     finally:
         gc.enable()
     assert value == 1000 and dead == [True]
+
+
+def test_a_call_sets_every_field_of_its_context():
+    call = _call(is_task=True, on_loop=False)
+    missing = [name for name in context.CallContext.__slots__ if not hasattr(call, name)]
+    assert missing == []
+    fresh = context.CallContext(0, "f", None, None, False)
+    for name in context.CallContext.__slots__:
+        if name not in ("name", "_token"):
+            assert getattr(Call(None, 1, TaskSpec(b"f", "f", None, (), {}), None, (), {},
+                                "f", "w", True, False), name) == getattr(fresh, name), name

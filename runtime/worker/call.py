@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import context
 from ..callspec import CallSpec, TaskSpec
+from ..states import CallState
 from .output import log_marker
 
 __all__ = ["Call"]
@@ -14,37 +15,45 @@ class Call(context.CallContext):
     reply goes, and (as a :class:`~context.CallContext`) what user code and ``cancel``
     see of it.
 
-    ``is_task`` tells a task from an actor method. ``on_loop`` is true when its code runs
+    ``is_task`` tells a task from an actor method. ``is_async`` is true when its code runs
     as an asyncio task on the event loop (``async def``, or for an actor an ``async def``
     generator), false when it runs on an execution thread. A generator call
     (``streaming``) sends its values through ``out`` (a ``StreamOut``) as they come;
     it is never registered for ``cancel``, nor seen by ``current_call``.
     """
 
-    __slots__ = ("msg_id", "spec", "args", "kwargs", "where", "what", "is_task", "on_loop",
-                 "out")
+    __slots__ = ("msg_id", "spec", "args", "kwargs", "where", "is_task", "streaming",
+                 "num_returns", "out")
 
-    def __init__(self, conn, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs, *,
-                 name: str, where: str, is_task: bool, on_loop: bool):
-        super().__init__(0, name, fn, conn, on_loop)
+    def __init__(self, conn, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs,
+                 name: str, where: str, is_task: bool, is_async: bool):
+        # CallContext's fields, set here rather than through its __init__: this runs for
+        # every call (test_unit_worker_calls checks that none is missed).
+        self.seq = 0
+        self.name = name
+        self.fn = fn
+        self.conn = conn
+        self.is_async = is_async
+        self.state = CallState.QUEUED
+        self.cancelled = False
+        self.interrupted = False
+        self.thread = 0
+        self.atask = None
+        self.children = None
+        self._token = [True]
         self.msg_id = msg_id
         self.spec = spec
         self.args = args
         self.kwargs = kwargs
         self.where = where   # names the call in errors: "Counter.incr (pid 12)"
-        self.what = f"task {name}" if is_task else name   # and in cancellation messages
         self.is_task = is_task
-        self.on_loop = on_loop
-        self.out = None
+        self.streaming = type(spec.num_returns) is str   # "streaming" or "dynamic"
+        self.num_returns = spec.num_returns
 
     @property
-    def streaming(self) -> bool:
-        """True for ``num_returns="streaming"`` or ``"dynamic"``."""
-        return self.spec.streaming
-
-    @property
-    def num_returns(self):
-        return self.spec.num_returns
+    def what(self) -> str:
+        """The call in a cancellation message: "task f", or "Counter.incr"."""
+        return f"task {self.name}" if self.is_task else self.name
 
     def enter(self) -> None:
         """A task's context, set on the thread (or asyncio task) that runs it just before

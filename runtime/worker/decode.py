@@ -8,6 +8,7 @@ a call on its connection must not drop an object the call still needs.
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 from ..callspec import CallSpec, TaskSpec
 from ..dependencies import resolve_args
@@ -15,6 +16,16 @@ from ..serialization import loads
 from .call import Call
 
 __all__ = ["CallDecoder"]
+
+
+class _Method(NamedTuple):
+    """An actor method as calls to it need it, looked up once per name."""
+
+    fn: object
+    name: str                 # "Counter.incr"
+    where: str                # "Counter.incr (pid 12)"
+    on_loop: bool             # an async def: runs on the event loop
+    on_loop_streaming: bool   # an async generator: streams from the event loop
 
 
 class CallDecoder:
@@ -28,15 +39,11 @@ class CallDecoder:
         self.worker = worker
         self.functions: dict[bytes, list] = {}   # function id -> shipped segments
         self.loaded: dict[bytes, object] = {}    # function id -> the function
-        self.methods: dict[str, tuple] = {}      # name -> (method, is coroutine fn, is async gen fn)
+        self.methods: dict[str, _Method] = {}    # an actor's methods by name
 
-    def decode(self, conn, msg_id: int, segs) -> Call | None:
-        """The call a CALL frame asks for; None if it cannot run (its error is sent)."""
-        if self.worker.is_actor:
-            return self._actor_call(conn, msg_id, segs)
-        return self._task_call(conn, msg_id, segs)
-
-    def _actor_call(self, conn, msg_id, segs) -> Call | None:
+    def actor_call(self, conn, msg_id: int, segs) -> Call | None:
+        """The actor method call a CALL frame asks for; None if it cannot run (its error
+        is sent)."""
         w = self.worker
         try:
             spec = CallSpec.from_wire(loads(segs[1:]))
@@ -44,21 +51,24 @@ class CallDecoder:
             spec.args = spec.kwargs = None   # the Call holds them, until its code has them
             if w.instance is None:
                 raise RuntimeError(f"actor {w.actor_name} is not constructed")
-            entry = self.methods.get(spec.method)
-            if entry is None:
-                fn = getattr(w.instance, spec.method)
-                entry = self.methods[spec.method] = (
-                    fn, inspect.iscoroutinefunction(fn), inspect.isasyncgenfunction(fn))
-            fn, is_coroutine, is_async_gen = entry
+            method = self.methods.get(spec.method)
+            if method is None:
+                method = self.methods[spec.method] = self._method(spec.method)
         except BaseException as e:
             w.runner.fail(conn, msg_id, e, f"{w.actor_name} (pid {w.pid})")
             return None
-        name = f"{w.actor_name}.{spec.method}"
-        return Call(conn, msg_id, spec, fn, args, kwargs, name=name,
-                    where=f"{name} (pid {w.pid})", is_task=False,
-                    on_loop=is_async_gen if spec.streaming else is_coroutine)
+        return Call(conn, msg_id, spec, method.fn, args, kwargs, method.name, method.where,
+                    False, method.on_loop_streaming if spec.streaming else method.on_loop)
 
-    def _task_call(self, conn, msg_id, segs) -> Call | None:
+    def _method(self, name: str) -> _Method:
+        w = self.worker
+        fn = getattr(w.instance, name)
+        full = f"{w.actor_name}.{name}"
+        return _Method(fn, full, f"{full} (pid {w.pid})", inspect.iscoroutinefunction(fn),
+                       inspect.isasyncgenfunction(fn))
+
+    def task_call(self, conn, msg_id: int, segs) -> Call | None:
+        """The task a CALL frame asks for; None if it cannot run (its error is sent)."""
         w = self.worker
         fn_name = "task"
         try:
@@ -78,6 +88,5 @@ class CallDecoder:
             return None
         # A generator task runs on a thread even when it is an async one (driven there on
         # a private event loop): the worker's loop only does I/O.
-        return Call(conn, msg_id, spec, fn, args, kwargs, name=fn_name,
-                    where=f"task {fn_name} (pid {w.pid})", is_task=True,
-                    on_loop=not spec.streaming and inspect.iscoroutinefunction(fn))
+        return Call(conn, msg_id, spec, fn, args, kwargs, fn_name, f"task {fn_name} (pid {w.pid})",
+                    True, not spec.streaming and inspect.iscoroutinefunction(fn))

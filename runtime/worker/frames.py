@@ -27,7 +27,8 @@ class CallerFrames(TableFrameHandler):
         w = self.worker
         if w.exit_status is not None:
             return  # exiting: the connection closes soon, failing this call
-        call = w.decoder.decode(conn, msg_id, segs)
+        decoder = w.decoder
+        call = (decoder.actor_call if w.is_actor else decoder.task_call)(conn, msg_id, segs)
         if call is not None:
             w.runner.run(call)
 

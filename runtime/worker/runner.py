@@ -91,10 +91,10 @@ class Runner:
             self._seq += 1
             call.seq = self._seq
             self.calls[(call.conn, call.msg_id)] = call
-        if call.on_loop:
+        if call.is_async:
             call.atask = self.worker.background.spawn(self._on_loop(call))
         else:
-            self.exec().submit(partial(self._on_thread, call))
+            (self.executor or self.exec()).submit(partial(self._on_thread, call))
 
     def _on_thread(self, call: Call):
         """An executor job: run the call here; its completion sends the reply on the loop."""
@@ -124,7 +124,8 @@ class Runner:
                 pass
         context.set_current_call(None)
         self.calls.pop((call.conn, call.msg_id), None)
-        kind, segs = self._answer(call, kind, segs)
+        if call.cancelled or kind is Ending.CANCELLED:
+            kind, segs = self._answer(call, kind, segs)
         if type(kind) is int:
             kind, segs = shm_store.wrap_result(call.conn, kind, segs)   # off the loop
         return partial(self._send, call, kind, segs)
@@ -256,7 +257,7 @@ class Runner:
         """
         if kind is Ending.CANCELLED or (
                 call.cancelled and kind is not Ending.EXIT
-                and (call.on_loop or not call.is_task)):
+                and (call.is_async or not call.is_task)):
             when = ("while queued on its worker" if call.state is CallState.QUEUED
                     else "while it ran")
             return _ERR, encode_error(TaskCancelledError(
