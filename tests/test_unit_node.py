@@ -428,3 +428,40 @@ def test_only_worker_output_files_count(name, wid):
     from ddlf_actors.runtime.node.logs import _worker_id
 
     assert _worker_id(name) == wid
+
+
+@needs_inotify
+def test_lost_events_make_the_tailer_read_every_worker(tmp_path):
+    sent = []
+    w1, w2 = _worker(tmp_path, "w1", 41), _worker(tmp_path, "w2", 42)
+    _write(w2, ".out", "quiet one\n")   # before the watch: no event names it
+    tailer, loop, _ = _events_tailer(tmp_path, {"w1": w1, "w2": w2}, sent)
+    try:
+        limit = int(open("/proc/sys/fs/inotify/max_queued_events").read())
+        fds = [os.open(w1.log_prefix + s, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for s in
+               (".out", ".err")]
+        try:
+            for _ in range(limit // 2 + 100):   # alternating files: the kernel cannot merge
+                os.write(fds[0], b"o\n")
+                os.write(fds[1], b"e\n")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        woken, args = loop.readers[tailer._watch.fd]
+        woken(*args)
+        loop.run_timers()
+        lines = [r for batch in sent for r in batch]
+        # No event named w2's file (the kernel dropped some): it was read all the same.
+        assert (None, "worker", 42, "out", "quiet one") in lines
+    finally:
+        tailer.close()
+
+
+def test_a_worker_marks_whose_output_follows_only_when_it_changes(capsys, monkeypatch):
+    from ddlf_actors.runtime.worker import output
+
+    monkeypatch.setattr(output, "_last_marker", "")
+    for text in ("task:f:j1", "task:f:j1", "task:g:j1", "task:f:j1", "task:f:j1"):
+        output.log_marker(text)
+    out = capsys.readouterr().out
+    assert out.split("\n")[:-1] == [f"{output.MARKER}task:{x}:j1" for x in ("f", "g", "f")]

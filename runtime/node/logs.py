@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 
 from .. import config
 from .inotify import Watch
@@ -155,13 +156,14 @@ class LogTailer:
         self._timer = None
         if self.closed:
             return
-        names, overflow = self._watch.read()
+        events, overflow = self._watch.read()
         ids = set(self._more)
         self._more.clear()
         if overflow:
             ids.update(self.workers)
         else:
-            ids.update(filter(None, map(_worker_id, names)))
+            for chunk in events:
+                ids.update(m.decode() for m in _WORKER_FILE.findall(chunk))
         records = []
         for wid in ids:
             w = self.workers.get(wid)
@@ -183,9 +185,11 @@ class LogTailer:
             await asyncio.sleep(delay)
 
 
+# A worker's output file, as its name appears in an inotify event (NUL-padded after it).
+_WORKER_FILE = re.compile(rb"worker-([^./\x00]+)\.(?:out|err)\x00")
+
+
 def _worker_id(name: str) -> str | None:
     """``worker-<id>.out`` -> ``<id>``; None for any other file in the folder."""
-    base, dot, suffix = name.rpartition(".")
-    if not dot or "." + suffix not in _SUFFIXES or not base.startswith("worker-"):
-        return None
-    return base[len("worker-"):]
+    m = _WORKER_FILE.fullmatch(os.fsencode(name) + b"\0")
+    return m.group(1).decode() if m else None

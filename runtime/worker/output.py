@@ -11,11 +11,20 @@ __all__ = ["MARKER", "log_marker", "redirect_output"]
 MARKER = "\x00ddlf:"
 
 
+_last_marker = ""
+
+
 def log_marker(text: str) -> None:
     """Tell the node's log tailer whose output follows (Ray does the same with magic lines).
 
-    ``text`` is ``kind:name:job``, e.g. ``task:f:job1`` or ``actor:Counter:``.
+    ``text`` is ``kind:name:job``, e.g. ``task:f:job1`` or ``actor:Counter:``. Written
+    only when it changes: a worker running the same task again and again says so once,
+    instead of writing (and waking the node's tailer) twice per task.
     """
+    global _last_marker
+    if text == _last_marker:
+        return
+    _last_marker = text
     line = f"{MARKER}{text}\n"
     for stream in (sys.stdout, sys.stderr):
         try:
