@@ -28,6 +28,7 @@ from .address import split_address
 from .connection import connect
 from .dependencies import await_deps, deps_objects, deps_state, ship_deps
 from .errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
+from .frames import TableFrameHandler
 from .messages import ActorCreation, ActorDeath, ActorView, MessageError
 from .object_store import Entry
 from .serialization import dumps, loads
@@ -51,7 +52,7 @@ class ActorCall:
         self.retries = None   # set from the actor's max_task_retries when first sent
 
 
-class ActorClient:
+class ActorClient(TableFrameHandler):
     """The caller's side of one actor: resolution, connection, ordered queue, in-flight calls."""
 
     def __init__(self, core, actor_id: str, class_name: str):
@@ -283,37 +284,34 @@ class ActorClient:
                     self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
                 return
 
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.PUSH:
-            event, data = loads(segs[1:])
-            if event != "exiting":
-                shm_store.client_frame(conn, kind, segs)   # the worker's hello
-                return
-            if conn is self.conn:
-                # The actor called sys.exit/exit_actor: its replies so far still arrive
-                # here, but later calls wait for the head's next view of the actor
-                # (restarted or dead), resolved when this connection closes.
-                self.state = RESOLVING
-                if data.get("status") and data.get("msg_id") in self.inflight:
-                    # A crash (non-zero exit) in a call the actor may retry: retry it
-                    # on the restarted actor instead of taking the exit's error reply.
-                    call = self.inflight[data["msg_id"]]
-                    if isinstance(call, ActorCall) and call.retries != 0:
-                        del self.inflight[data["msg_id"]]
-                        self._retry([call])
+    # -- frames from the actor (dispatched through FRAMES, runtime/frames.py) -----------------
+    def _on_push(self, conn, kind, msg_id, segs):
+        event, data = loads(segs[1:])
+        if event == "hello":
+            shm_store.client_hello(conn, data)
             return
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
-                msg_id, None)
-            if entry is not None:
-                self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
-                    entry, ActorCall) else entry, segs)
+        if event != "exiting" or conn is not self.conn:
             return
-        if kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
+        # The actor called sys.exit/exit_actor: its replies so far still arrive here, but
+        # later calls wait for the head's next view of the actor (restarted or dead),
+        # resolved when this connection closes.
+        self.state = RESOLVING
+        if data.get("status") and data.get("msg_id") in self.inflight:
+            # A crash (non-zero exit) in a call the actor may retry: retry it on the
+            # restarted actor instead of taking the exit's error reply.
+            call = self.inflight[data["msg_id"]]
+            if isinstance(call, ActorCall) and call.retries != 0:
+                del self.inflight[data["msg_id"]]
+                self._retry([call])
+
+    def _on_stream(self, conn, kind, msg_id, segs):
+        entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
+            msg_id, None)
+        if entry is not None:
+            self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
+                entry, ActorCall) else entry, segs)
+
+    def _on_result(self, conn, kind, msg_id, segs):
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
@@ -321,6 +319,19 @@ class ActorClient:
         if self.cancelled:
             self.cancelled.discard(obj_id)
         self.store.complete_result(obj_id, kind, segs)
+
+    def _on_shm_result(self, conn, kind, msg_id, segs):
+        kind, segs = shm_store.client_result(conn, segs)
+        self._on_result(conn, kind, msg_id, segs)
+
+    def _on_shm_ack(self, conn, kind, msg_id, segs):
+        shm_store.on_ack(conn, segs)
+
+    FRAMES = {protocol.PUSH: _on_push, protocol.STREAM_ITEM: _on_stream,
+              protocol.STREAM_END: _on_stream, protocol.RESULT_OK: _on_result,
+              protocol.RESULT_ERR: _on_result, protocol.RESULT_REFS: _on_result,
+              protocol.RESULT_MULTI: _on_result, protocol.RESULT_SHM: _on_shm_result,
+              protocol.SHM_ACK: _on_shm_ack}
 
     def _retry(self, calls) -> None:
         """Queue calls lost with the actor's process again, ahead of newer ones."""

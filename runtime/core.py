@@ -37,6 +37,7 @@ import threading
 from . import context, oob, placement, process, rpc, runtime_env, shm_store
 from .actor_submitter import ActorCall, ActorClient, ActorCreations
 from .address import split_address
+from .callspec import CallSpec, TaskSpec
 from .connection import connect
 from .dependencies import split_refs, with_nested
 from .errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
@@ -99,6 +100,22 @@ def _unreachable(address: str, error: OSError, timeout: float) -> HeadUnreachabl
         f"could not reach a DDLF head at {address}: {why}. Start one there with "
         f"`{start}`{where}, or give the address a running head printed (with no address, "
         "DDLF starts a local cluster instead).", address)
+
+
+def _print_log_batch(core: Core, batch: LogBatch) -> None:
+    """Print worker output the head forwarded, each line prefixed with whose it is."""
+    # Like Ray: name the node only when there is more than one to tell apart.
+    where = ""
+    if len(core.node_totals) > 1:
+        host = batch.host or ""
+        where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
+        where += f", node={(batch.node_id or '')[:6]}"
+    for _job, name, pid, stream, line in batch.records:
+        out = sys.stderr if stream == "err" else sys.stdout
+        try:
+            print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
+        except Exception:
+            pass
 
 
 class Core:
@@ -183,19 +200,7 @@ class Core:
             log.warning("lost the connection to the DDLF head at %s", self.head_address)
         self.creations.head_lost()
 
-    def _print_logs(self, batch: LogBatch):
-        # Like Ray: name the node only when there is more than one to tell apart.
-        where = ""
-        if len(self.node_totals) > 1:
-            host = batch.host or ""
-            where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
-            where += f", node={(batch.node_id or '')[:6]}"
-        for _job, name, pid, stream, line in batch.records:
-            out = sys.stderr if stream == "err" else sys.stdout
-            try:
-                print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
-            except Exception:
-                pass
+    _print_logs = _print_log_batch   # a method (a tool may replace it on an instance)
 
     def _check_open(self):
         if self.closed:
@@ -321,8 +326,8 @@ class Core:
         nret = _check_num_returns(num_returns, what)
         backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
         args, kwargs, refs = split_refs(args, kwargs)
-        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
-        payload, nested = dumps_with_refs(body)
+        payload, nested = dumps_with_refs(
+            CallSpec(method, args, kwargs, nret, backpressure).to_wire())
         refs = with_nested(refs, nested)
         ref = self.store.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
@@ -433,12 +438,9 @@ class Core:
             options.get("_generator_backpressure_num_objects", -1), fn_name
         ) if nret == STREAMING else -1
         args, kwargs, refs = split_refs(args, kwargs)
-        body = (fn_id, fn_name, self.job_id, args, kwargs)
-        if group is not None:
-            body = (*body, nret, backpressure, group)
-        elif nret != 1:
-            body = (*body, nret, backpressure)
-        payload, nested = dumps_with_refs(body)
+        payload, nested = dumps_with_refs(
+            TaskSpec(fn_id, fn_name, self.job_id, args, kwargs, nret, backpressure,
+                     group).to_wire())
         refs = with_nested(refs, nested)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
         key = (tuple(sorted(demand.items())), sched.pool_key() if sched is not None else (),

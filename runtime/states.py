@@ -1,15 +1,18 @@
 """Named states: of actors (kept by the head, and by each caller of an actor), of
-placement groups (kept by the head) and of worker processes (kept by node daemons).
+placement groups (kept by the head), of worker processes (kept by node daemons), of the
+calls a worker runs, and of connections.
 
 The states that cross the wire are ``str`` enums, so a state equals its old string
 ("ALIVE", "idle", "CREATED"). What goes on the wire is always ``.value``, a plain string.
+``CallState`` and ``ConnectionState`` never leave their process.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["ActorState", "ActorClientState", "GroupState", "GroupSchedulingState", "WorkerState"]
+__all__ = ["ActorState", "ActorClientState", "GroupState", "GroupSchedulingState", "WorkerState",
+           "CallState", "ConnectionState"]
 
 
 class ActorState(str, Enum):
@@ -70,6 +73,31 @@ class WorkerState(str, Enum):
     TASK = "task"           # leased for tasks
     ACTOR = "actor"         # is an actor
     DEAD = "dead"           # its process exited
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CallState(Enum):
+    """Where a call is on its worker (``context.CallContext.state``)."""
+
+    QUEUED = "queued"     # arrived; waiting for an execution thread or the loop
+    RUNNING = "running"   # its code runs: a cancel now interrupts it, or only flags it
+    DONE = "done"         # its code has returned; a cancel can no longer reach it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ConnectionState(Enum):
+    """Where a connection is in its life (``connection.Connection.state``): the three
+    steps of the token handshake (runtime/auth.py), then open, then closed."""
+
+    AWAIT_CHALLENGE = "await challenge"   # client: waiting for the server's challenge
+    AWAIT_REPLY = "await reply"           # client: answered; waiting for the server's proof
+    AWAIT_RESPONSE = "await response"     # server: challenged; waiting for the client's answer
+    OPEN = "open"                         # authenticated: frames flow
+    CLOSED = "closed"
 
     def __str__(self) -> str:
         return self.value

@@ -17,6 +17,7 @@ from ddlf_actors.errors import (
     ActorPlacementGroupRemovedError,
     TaskPlacementGroupRemovedError,
 )
+from ddlf_actors.runtime import placement
 from ddlf_actors.runtime.head.placement_groups import Group, plan
 from ddlf_actors.runtime.placement import PlacementStrategy
 from ddlf_actors.runtime.states import GroupState

@@ -37,7 +37,7 @@ from ddlf_actors.runtime.messages import (
     MessageError,
     WorkerDied,
 )
-from ddlf_actors.runtime.node import NodeDaemon
+from ddlf_actors.runtime.node import NodeDaemon, WorkerPool
 from ddlf_actors.runtime.remote_error import encode_error
 from ddlf_actors.runtime.serialization import dumps, loads
 from ddlf_actors.runtime.states import ActorState
@@ -392,7 +392,7 @@ def test_worker_died_is_taken_only_from_the_node_that_runs_the_worker(caplog):
                                          ("kill_actor", ("a1",)), ("shutdown", ())])
 def test_a_nodes_own_port_does_not_answer_the_heads_requests(method, args):
     node = object.__new__(NodeDaemon)
-    node.workers = {}
+    node.pool = WorkerPool(None, None, None, "", idle_task_cap=4)   # no workers
     conn = FakeConn(None)
     rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
         conn, [protocol.header(protocol.REQUEST, 3), *dumps((method, args))])
@@ -404,7 +404,7 @@ def test_a_nodes_own_port_does_not_answer_the_heads_requests(method, args):
 
 def test_a_nodes_own_port_still_answers_its_workers():
     node = object.__new__(NodeDaemon)
-    node.workers = {}
+    node.pool = WorkerPool(None, None, None, "", idle_task_cap=4)   # no workers
 
     class Conn(FakeConn):
         def close(self):

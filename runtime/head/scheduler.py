@@ -28,6 +28,7 @@ from ..errors import (
     TaskPlacementGroupRemovedError,
     UnschedulableError,
 )
+from ..placement import describe_bundles
 from ..scheduling import (
     Scheduling,
     Strategy,
@@ -38,7 +39,6 @@ from ..scheduling import (
     node_order,
     subtract,
 )
-from ..placement import describe_bundles
 from ..states import GroupState
 from .nodes import NodeRecord, NodeTable
 from .placement_groups import PlacementGroupManager
