@@ -151,7 +151,9 @@ class Scheme:
                     config=self.config, model_fn=self.model_fn, trainer_cls=self.trainer_cls,
                     updates=getattr(self, "updates", []), stopped_early=self.early.reason,
                     startup_s=startup, events=self.events, checkpoint=self.last_checkpoint,
-                    checkpoint_s=self.writer.blocked_s if self.writer else 0.0)
+                    checkpoint_s=self.writer.blocked_s if self.writer else 0.0,
+                    checkpoint_write_s=self.writer.write_s if self.writer else 0.0,
+                    checkpoint_cpu_s=self.writer.write_cpu_s if self.writer else 0.0)
             finally:
                 for cb in self.callbacks:
                     cb.on_train_end(result)
