@@ -34,6 +34,7 @@ from .nodes import NodeRecord, NodeTable
 from .packages import PackageStore
 from .placement_groups import Group, PlacementGroupManager, Reservation
 from .placer import Placer
+from .runs import RunStore
 from .scheduler import Scheduler, WorkKind
 
 __all__ = ["Head", "run_head", "main"]
@@ -46,7 +47,8 @@ _OWNER_GONE = "its owner (the driver or worker that created it) disconnected"
 class Head:
     """The head process: its server, its managers, and what connects them."""
 
-    def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0,
+                 dashboard: dict | None = None):
         self.loop = loop
         self.token = token
         self.host = host
@@ -59,6 +61,10 @@ class Head:
         self.placer = Placer(loop, self.nodes, self.groups, self.scheduler)
         self.packages = PackageStore()
         self.logs = LogFanout()
+        self.runs = RunStore()         # training runs their drivers publish (the dashboard's)
+        # The web dashboard: {"host", "port", "fallback"} to serve one (dashboard/app.py).
+        self.dashboard_spec = dashboard
+        self.dashboard = None
         self.cores: set = set()        # every driver's and worker's connection
         self.background = TaskGroup(loop, "head")
         self.lifecycle = ActorLifecycle(self.actors, self.placer, self.cores, self.background)
@@ -99,6 +105,9 @@ class Head:
             "nodes": self.rpc_nodes,
             "cluster_resources": self.rpc_cluster_resources,
             "available_resources": self.rpc_available_resources,
+            # the dashboard
+            "publish_run": self.rpc_publish_run,
+            "dashboard_url": self.rpc_dashboard_url,
             "shutdown": self.rpc_shutdown,
         }
 
@@ -117,6 +126,11 @@ class Head:
         self.server = await serve(self.host, self.port, self.token, self.handler)
         self.port = self.server.sockets[0].getsockname()[1]
         self.background.spawn(self._watch_nodes())
+        if self.dashboard_spec:
+            from .dashboard.app import Dashboard  # imports aiohttp: only when one is asked for
+
+            self.dashboard = Dashboard(self, self.token, **self.dashboard_spec)
+            await self.dashboard.start()
 
     @property
     def address(self) -> str:
@@ -213,6 +227,7 @@ class Head:
         if owner_id is not None:
             self.cores.discard(conn)
             self._owner_gone(owner_id)
+            self.runs.owner_gone(owner_id)
 
     def _owner_gone(self, owner_id: str):
         # Actors, leases and groups die with the connection that owns them (unless detached).
@@ -414,6 +429,15 @@ class Head:
     def rpc_available_resources(self, conn):
         return self.nodes.available_resources()
 
+    # -- the dashboard ------------------------------------------------------------------------
+    def rpc_publish_run(self, conn, data: dict) -> None:
+        """Record a training run's description, rows, events or end (``RunStore.publish``:
+        ``MessageError`` for a malformed one)."""
+        self.runs.publish(data, conn.info.get("owner_id"))
+
+    def rpc_dashboard_url(self, conn) -> str | None:
+        return self.dashboard.url if self.dashboard is not None else None
+
     # -- pushing and stopping -----------------------------------------------------------------
     @staticmethod
     def _push_all(conns, event, data):
@@ -461,7 +485,9 @@ def _field(data, key: str, event: str) -> str:
 
 
 def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = False,
-             ready_out=None) -> None:
+             ready_out=None, dashboard: dict | None = None) -> None:
+    """Run a head until it is shut down; ``dashboard`` (``{"host", "port", "fallback"}``)
+    serves the web dashboard too."""
     config.raise_open_file_limit()
     # The head moves no bulk data: freed receive buffers must go back to the system
     # instead of piling up in malloc's heap (see the function).
@@ -469,7 +495,7 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     token = process.resolve_token(token) or generate_token()
-    head = Head(loop, token, host, port)
+    head = Head(loop, token, host, port, dashboard)
     loop.run_until_complete(head.start())
     session = os.path.join(config.session_root(), f"head-{head.port}")
     os.makedirs(session, mode=0o700, exist_ok=True)
@@ -481,9 +507,12 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
 
     process.stop_on_signals(loop, stop, stdin_lifeline)
     if ready_out is not None:
-        process.announce_ready(ready_out, {"address": head.address, "token_file": token_file,
-                                           "pid": os.getpid()})
+        process.announce_ready(ready_out, {
+            "address": head.address, "token_file": token_file, "pid": os.getpid(),
+            "dashboard_url": head.dashboard.url if head.dashboard is not None else None})
     loop.run_until_complete(head.stopped)
+    if head.dashboard is not None:
+        loop.run_until_complete(head.dashboard.stop())
     try:
         os.unlink(token_file)
         os.rmdir(session)
@@ -500,9 +529,21 @@ def main(argv=None) -> None:
     p.add_argument("--token", help="deprecated: visible in the process list; set "
                                     "DDLF_AUTH_TOKEN in the environment instead")
     p.add_argument("--stdin-lifeline", action="store_true")
+    p.add_argument("--dashboard-host", default="127.0.0.1")
+    p.add_argument("--dashboard-port", type=int, default=0, help="0: no dashboard")
+    p.add_argument("--dashboard-port-fallback", action="store_true",
+                   help="take any free port if --dashboard-port is taken")
     a = p.parse_args(argv)
+    dashboard = None
+    if a.dashboard_port:
+        from .dashboard import MISSING_MESSAGE, available
+
+        if not available():
+            p.exit(2, f"ddlf head: {MISSING_MESSAGE}\n")
+        dashboard = {"host": a.dashboard_host, "port": a.dashboard_port,
+                     "fallback": a.dashboard_port_fallback}
     if a.token:
         print("ddlf head: warning: --token is visible to every local user in the process "
               "list; pass the token in DDLF_AUTH_TOKEN instead", file=sys.stderr)
     run_head(host=a.host, port=a.port, token=a.token, stdin_lifeline=a.stdin_lifeline,
-             ready_out=sys.stdout)
+             ready_out=sys.stdout, dashboard=dashboard)
