@@ -22,7 +22,7 @@ import time
 
 from ..errors import MessageError
 
-__all__ = ["RunRecord", "RunStore", "RUN_STATUSES"]
+__all__ = ["RunRecord", "RunStore", "RUN_STATUSES", "check"]
 
 RUN_STATUSES = ("running", "finished", "failed", "driver_gone")
 
@@ -93,22 +93,9 @@ class RunStore:
 
         Raises ``MessageError`` (and changes nothing) when any part is malformed.
         """
-        if not isinstance(data, dict):
-            raise MessageError(f"publish_run takes a dict, got {type(data).__name__}")
-        run_id = data.get("run_id")
-        if not isinstance(run_id, str) or not 0 < len(run_id) <= _MAX_ID:
-            raise MessageError(f"publish_run: run_id must be a str of 1 to {_MAX_ID} "
-                               f"characters, got {run_id!r:.80}")
-        unknown = set(data) - {"run_id", "info", "rows", "events", "status"}
-        if unknown:
-            raise MessageError(f"publish_run: unknown keys {sorted(unknown)!r:.200}")
-        info = _clean_dict(data.get("info") or {}, "info")
-        rows = [_clean_dict(r, "a row") for r in _batch(data.get("rows"), "rows")]
-        events = [_clean_dict(e, "an event") for e in _batch(data.get("events"), "events")]
-        status = data.get("status")
-        if status is not None and status not in RUN_STATUSES:
-            raise MessageError(f"publish_run: status must be one of {RUN_STATUSES}, "
-                               f"got {status!r:.80}")
+        data = check(data)
+        run_id, info, rows, events = data["run_id"], data["info"], data["rows"], data["events"]
+        status = data["status"]
         run = self.runs.get(run_id)
         if run is None:
             run = RunRecord(run_id, owner, self.max_rows, self.max_events)
@@ -145,6 +132,29 @@ class RunStore:
             del self.runs[victim]
 
 
+def check(data) -> dict:
+    """``data`` as the head keeps it: ``{"run_id", "info", "rows", "events", "status"}``
+    with plain JSON values (long strings cut, NaN and inf as None). ``MessageError``
+    naming the part that is malformed. Drivers call it too, to fail before sending."""
+    if not isinstance(data, dict):
+        raise MessageError(f"publish_run takes a dict, got {type(data).__name__}")
+    run_id = data.get("run_id")
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= _MAX_ID:
+        raise MessageError(f"publish_run: run_id must be a str of 1 to {_MAX_ID} "
+                           f"characters, got {run_id!r:.80}")
+    unknown = set(data) - {"run_id", "info", "rows", "events", "status"}
+    if unknown:
+        raise MessageError(f"publish_run: unknown keys {sorted(unknown)!r:.200}")
+    status = data.get("status")
+    if status is not None and status not in RUN_STATUSES:
+        raise MessageError(f"publish_run: status must be one of {RUN_STATUSES}, "
+                           f"got {status!r:.80}")
+    return {"run_id": run_id, "info": _clean_dict(data.get("info") or {}, "info"),
+            "rows": [_clean_dict(r, "a row") for r in _batch(data.get("rows"), "rows")],
+            "events": [_clean_dict(e, "an event") for e in _batch(data.get("events"), "events")],
+            "status": status}
+
+
 def _batch(value, what: str) -> list:
     if value is None:
         return []
@@ -168,8 +178,10 @@ def _clean_dict(d, what: str) -> dict:
                                f"{_MAX_KEY} characters: {k!r:.80}")
         if v is None or isinstance(v, bool):
             out[k] = v
-        elif isinstance(v, (int, float)):
-            out[k] = v if math.isfinite(v) else None   # JSON has no NaN or inf
+        elif isinstance(v, int):
+            out[k] = int(v)
+        elif isinstance(v, float):
+            out[k] = float(v) if math.isfinite(v) else None   # JSON has no NaN or inf
         elif isinstance(v, str):
             out[k] = v[:_MAX_STR]
         else:

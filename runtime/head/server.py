@@ -120,6 +120,7 @@ class Head:
             "task_blocked": self._on_task_blocked,  # a leased task waits in get
             "task_unblocked": self._on_task_unblocked,
             "release_name": self._on_release_name,  # a named actor was never created
+            "publish_run": self._on_publish_run,    # a training run's rows (dashboard)
         }
 
     async def start(self):
@@ -434,6 +435,13 @@ class Head:
         """Record a training run's description, rows, events or end (``RunStore.publish``:
         ``MessageError`` for a malformed one)."""
         self.runs.publish(data, conn.info.get("owner_id"))
+
+    def _on_publish_run(self, conn, data):
+        # A push has no reply to carry an error: the driver checked it before sending.
+        try:
+            self.runs.publish(data, conn.info.get("owner_id"))
+        except MessageError as e:
+            self._warn("publish_run", "ignored a publish_run push from %s: %s", conn.peer, e)
 
     def rpc_dashboard_url(self, conn) -> str | None:
         return self.dashboard.url if self.dashboard is not None else None

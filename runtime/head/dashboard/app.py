@@ -133,7 +133,7 @@ def make_app(head, token: str, bind_host: str) -> web.Application:
             msg = "<p class=bad>That is not this cluster's token.</p>"
             return web.Response(text=login_page.replace("{message}", msg), status=401,
                                 content_type="text/html", headers=_HEADERS)
-        resp = web.HTTPSeeOther("/")
+        resp = web.Response(status=303, headers={"Location": "/"})
         resp.set_cookie(COOKIE, cookie_value, httponly=True, samesite="Strict", path="/")
         return resp
 
