@@ -153,8 +153,9 @@ function chart(id, points, unit) {
     parts.push(line);
     if (points.length < 40) for (const p of points) parts.push(svg("circle", {cx: px(p[0]), cy: py(p[1]), r: 2.5, class: "dot"}));
     for (const [y, label] of [[y0, y0], [y1, y1]]) parts.push(svg("text", {x: L - 4, y: py(y) + 4, "text-anchor": "end", class: "tick"}, num(label, 3)));
-    parts.push(svg("text", {x: L, y: H - 8, class: "tick"}, `${num(x0, 1)} ${unit}`));
-    parts.push(svg("text", {x: W - R, y: H - 8, "text-anchor": "end", class: "tick"}, `${num(x1, 1)} ${unit}`));
+    const xd = x1 - x0 < 10 ? 2 : 1;   // short runs: more digits, or both ends read the same
+    parts.push(svg("text", {x: L, y: H - 8, class: "tick"}, `${num(x0, xd)} ${unit}`));
+    parts.push(svg("text", {x: W - R, y: H - 8, "text-anchor": "end", class: "tick"}, `${num(x1, xd)} ${unit}`));
   } else {
     parts.push(svg("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "tick"}, "no points yet"));
   }
