@@ -28,13 +28,13 @@ from ..states import ActorState, GroupState
 from ..taskgroup import TaskGroup
 from .actor_lifecycle import ActorLifecycle, call_quietly
 from .actors import ActorDirectory
+from .dashboard.service import DashboardService
 from .leases import LeaseManager
 from .logs import LogFanout, WarnLimiter
 from .nodes import NodeRecord, NodeTable
 from .packages import PackageStore
 from .placement_groups import Group, PlacementGroupManager, Reservation
 from .placer import Placer
-from .runs import RunStore
 from .scheduler import Scheduler, WorkKind
 
 __all__ = ["Head", "run_head", "main"]
@@ -47,8 +47,7 @@ _OWNER_GONE = "its owner (the driver or worker that created it) disconnected"
 class Head:
     """The head process: its server, its managers, and what connects them."""
 
-    def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0,
-                 dashboard: dict | None = None):
+    def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0, dashboard=None):
         self.loop = loop
         self.token = token
         self.host = host
@@ -61,19 +60,16 @@ class Head:
         self.placer = Placer(loop, self.nodes, self.groups, self.scheduler)
         self.packages = PackageStore()
         self.logs = LogFanout()
-        self.runs = RunStore()         # training runs their drivers publish (the dashboard's)
-        # The web dashboard: {"host", "port", "fallback"} to serve one (dashboard/app.py).
-        self.dashboard_spec = dashboard
-        self.dashboard = None
         self.cores: set = set()        # every driver's and worker's connection
         self.background = TaskGroup(loop, "head")
         self.lifecycle = ActorLifecycle(self.actors, self.placer, self.cores, self.background)
         self.server = None
         self.stopping = False
         self.stopped = loop.create_future()
+        self._warn = WarnLimiter(log)
+        self.dashboard = DashboardService(self, dashboard, self._warn)   # runs; the web page
         self.handler = _HeadRpcHandler(self, self.rpc_handlers())
         self._pushes = self.push_handlers()
-        self._warn = WarnLimiter(log)
 
     def rpc_handlers(self) -> dict:
         """Every request a driver, worker or node may send the head."""
@@ -105,9 +101,7 @@ class Head:
             "nodes": self.rpc_nodes,
             "cluster_resources": self.rpc_cluster_resources,
             "available_resources": self.rpc_available_resources,
-            # the dashboard
-            "publish_run": self.rpc_publish_run,
-            "dashboard_url": self.rpc_dashboard_url,
+            **self.dashboard.rpc_handlers(),
             "shutdown": self.rpc_shutdown,
         }
 
@@ -120,18 +114,14 @@ class Head:
             "task_blocked": self._on_task_blocked,  # a leased task waits in get
             "task_unblocked": self._on_task_unblocked,
             "release_name": self._on_release_name,  # a named actor was never created
-            "publish_run": self._on_publish_run,    # a training run's rows (dashboard)
+            **self.dashboard.push_handlers(),
         }
 
     async def start(self):
         self.server = await serve(self.host, self.port, self.token, self.handler)
         self.port = self.server.sockets[0].getsockname()[1]
         self.background.spawn(self._watch_nodes())
-        if self.dashboard_spec:
-            from .dashboard.app import Dashboard  # imports aiohttp: only when one is asked for
-
-            self.dashboard = Dashboard(self, self.token, **self.dashboard_spec)
-            await self.dashboard.start()
+        await self.dashboard.start()
 
     @property
     def address(self) -> str:
@@ -228,7 +218,7 @@ class Head:
         if owner_id is not None:
             self.cores.discard(conn)
             self._owner_gone(owner_id)
-            self.runs.owner_gone(owner_id)
+            self.dashboard.owner_gone(owner_id)
 
     def _owner_gone(self, owner_id: str):
         # Actors, leases and groups die with the connection that owns them (unless detached).
@@ -430,22 +420,6 @@ class Head:
     def rpc_available_resources(self, conn):
         return self.nodes.available_resources()
 
-    # -- the dashboard ------------------------------------------------------------------------
-    def rpc_publish_run(self, conn, data: dict) -> None:
-        """Record a training run's description, rows, events or end (``RunStore.publish``:
-        ``MessageError`` for a malformed one)."""
-        self.runs.publish(data, conn.info.get("owner_id"))
-
-    def _on_publish_run(self, conn, data):
-        # A push has no reply to carry an error: the driver checked it before sending.
-        try:
-            self.runs.publish(data, conn.info.get("owner_id"))
-        except MessageError as e:
-            self._warn("publish_run", "ignored a publish_run push from %s: %s", conn.peer, e)
-
-    def rpc_dashboard_url(self, conn) -> str | None:
-        return self.dashboard.url if self.dashboard is not None else None
-
     # -- pushing and stopping -----------------------------------------------------------------
     @staticmethod
     def _push_all(conns, event, data):
@@ -517,10 +491,9 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     if ready_out is not None:
         process.announce_ready(ready_out, {
             "address": head.address, "token_file": token_file, "pid": os.getpid(),
-            "dashboard_url": head.dashboard.url if head.dashboard is not None else None})
+            "dashboard_url": head.dashboard.url})
     loop.run_until_complete(head.stopped)
-    if head.dashboard is not None:
-        loop.run_until_complete(head.dashboard.stop())
+    loop.run_until_complete(head.dashboard.stop())
     try:
         os.unlink(token_file)
         os.rmdir(session)

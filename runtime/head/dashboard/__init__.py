@@ -7,6 +7,7 @@ read-only and binds loopback by default; see ``app.py`` for its rules.
 ===========  =====================================================================
 module       holds
 ===========  =====================================================================
+service.py   ``DashboardService``: the head's part: published runs, the server's life
 views.py     what each page part and JSON endpoint shows, read from the managers
 app.py       the aiohttp application: routes, the token rule, ``Dashboard``
 static/      the page: ``index.html``, ``app.js`` (polls ``/api/snapshot``), CSS

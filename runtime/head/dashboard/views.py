@@ -75,11 +75,11 @@ def placement_groups(head) -> list[dict]:
 
 
 def runs(head) -> list[dict]:
-    return head.runs.summaries()
+    return head.dashboard.runs.summaries()
 
 
 def run(head, run_id: str, since: int = 0) -> dict | None:
-    r = head.runs.get(run_id)
+    r = head.dashboard.runs.get(run_id)
     return r.detail(since) if r is not None else None
 
 
