@@ -1,5 +1,5 @@
-"""``ddlf-node start --head`` and the dashboard: where it serves, what status says, and a
-port that cannot be had."""
+"""Starting the dashboard other ways: ``ddlf-node start --head`` (where it serves, what
+status says, a port that cannot be had) and Ray's ``ray.init(include_dashboard=True)``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,22 @@ def test_a_taken_dashboard_port_fails_the_start_and_names_it(session_dir):
     assert f"cannot listen on 127.0.0.1:{port}" in started.stderr
     assert "--dashboard-port" in started.stderr
     assert stopped.returncode == 0, stopped.stderr
+
+
+def test_ray_init_include_dashboard_starts_it_and_says_where_as_ray_does():
+    from helpers_modules.clusters import no_leaked_processes
+
+    from ddlf_actors.compat import ray
+
+    port = _free_port()
+    with no_leaked_processes():
+        ctx = ray.init(num_cpus=1, include_dashboard=True, dashboard_port=port)
+        try:
+            assert ctx.dashboard_url == f"127.0.0.1:{port}"   # Ray's form: no scheme
+            with urllib.request.urlopen(f"http://{ctx.dashboard_url}/api/nodes", timeout=10) as r:
+                assert len(json.loads(r.read())) == 1
+        finally:
+            ray.shutdown()
 
 
 def test_a_dashboard_port_without_head_is_refused(session_dir):
