@@ -203,3 +203,28 @@ def test_the_head_refuses_a_dashboard_port_without_aiohttp():
                           timeout=60)
     assert proc.returncode == 2
     assert "pip install 'ddlf-actors[dashboard]'" in proc.stderr
+
+
+def test_off_loopback_wrong_tokens_are_throttled_per_address():
+    from ddlf_actors.runtime.head.dashboard.app import FAILURES_ALLOWED
+
+    async def check(client):
+        ok = {"Authorization": f"Bearer {TOKEN}"}
+        for i in range(FAILURES_ALLOWED):
+            r = await client.get("/api/nodes", headers={"Authorization": f"Bearer guess{i}"})
+            assert r.status == 401
+        r = await client.post("/login", data={"token": "one more"}, allow_redirects=False)
+        assert r.status == 429
+        r = await client.get("/api/nodes", headers=ok)   # the address waits out its minute
+        assert r.status == 429
+    _off_loopback(check)
+
+
+def test_off_loopback_the_login_page_is_styled_without_the_token_and_runs_no_script():
+    async def check(client):
+        r = await client.get("/login")
+        assert r.status == 200
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "script-src" not in csp
+        assert "<script" not in await r.text()
+    _off_loopback(check)

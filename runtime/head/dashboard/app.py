@@ -14,6 +14,8 @@ Ray's dashboard let anyone who reached it submit jobs, that is run code
   ``Authorization: Bearer <token>``, or the cookie ``POST /login`` sets (HttpOnly,
   SameSite=Strict). The cookie holds an HMAC of the token, not the token, and every
   comparison is constant-time.
+* Failed tokens are throttled per client address (``FAILURES_ALLOWED`` a minute, then
+  429), so a weak ``DDLF_AUTH_TOKEN`` cannot be guessed through the dashboard quickly.
 * The page sets a Content-Security-Policy that allows only its own scripts, and renders
   every string from the cluster as text (class names and event details are the user's).
 """
@@ -27,6 +29,7 @@ import ipaddress
 import json
 import logging
 import os
+import time
 
 from aiohttp import web
 
@@ -48,6 +51,11 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+# The login page carries its few styles inline: /style.css is behind the token too.
+_LOGIN_HEADERS = {**_HEADERS, "Content-Security-Policy":
+                  "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+                  "frame-ancestors 'none'"}
+FAILURES_ALLOWED = 10   # failed tokens per client address per minute
 _FILES = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
           "/style.css": ("style.css", "text/css")}
 
@@ -85,6 +93,11 @@ def make_app(head, token: str, bind_host: str) -> web.Application:
     need_token = not is_loopback(bind_host)
     cookie_value = session_value(token)
     login_page = _read("login.html")
+    throttle = _Throttle(FAILURES_ALLOWED, 60.0)
+
+    def login_form_response(message: str = "", status: int = 200) -> web.Response:
+        return web.Response(text=login_page.replace("{message}", message), status=status,
+                            content_type="text/html", headers=_LOGIN_HEADERS)
 
     def authorized(request) -> bool:
         auth = request.headers.get("Authorization", "")
@@ -104,15 +117,19 @@ def make_app(head, token: str, bind_host: str) -> web.Application:
             if not is_loopback(host):
                 return _refuse(403, f"Host {host!r} is not a loopback name; this dashboard "
                                     "only answers http://127.0.0.1 or http://localhost")
+        elif throttle.blocked(request.remote):
+            return _refuse(429, "too many wrong tokens from this address: wait a minute")
         elif not login and not authorized(request):
+            if "Authorization" in request.headers or COOKIE in request.cookies:
+                throttle.failed(request.remote)   # a wrong token, not just none
             if request.path.startswith("/api/"):
                 return _refuse(401, "this dashboard needs the cluster token: send "
                                     "'Authorization: Bearer <token>' or log in at /login",
                                {"WWW-Authenticate": 'Bearer realm="ddlf"'})
-            return web.Response(text=login_page.replace("{message}", ""), status=401,
-                                content_type="text/html", headers=_HEADERS)
+            return login_form_response(status=401)
         resp = await handler(request)
-        resp.headers.update(_HEADERS)
+        for k, v in _HEADERS.items():
+            resp.headers.setdefault(k, v)
         return resp
 
     async def static(request):
@@ -122,7 +139,7 @@ def make_app(head, token: str, bind_host: str) -> web.Application:
     async def login_form(request):
         if not need_token or authorized(request):
             raise web.HTTPSeeOther("/")
-        return web.Response(text=login_page.replace("{message}", ""), content_type="text/html")
+        return login_form_response()
 
     async def login(request):
         form = await request.post()
@@ -130,9 +147,8 @@ def make_app(head, token: str, bind_host: str) -> web.Application:
         if not need_token:
             raise web.HTTPSeeOther("/")
         if not isinstance(given, str) or not _same(given.strip(), token):
-            msg = "<p class=bad>That is not this cluster's token.</p>"
-            return web.Response(text=login_page.replace("{message}", msg), status=401,
-                                content_type="text/html", headers=_HEADERS)
+            throttle.failed(request.remote)
+            return login_form_response("<p class=bad>That is not this cluster's token.</p>", 401)
         resp = web.Response(status=303, headers={"Location": "/"})
         resp.set_cookie(COOKIE, cookie_value, httponly=True, samesite="Strict", path="/")
         return resp
@@ -187,6 +203,34 @@ def _refuse(status: int, message: str, headers: dict | None = None) -> web.Respo
     resp = _json({"error": message}, status)
     resp.headers.update({**_HEADERS, **(headers or {})})
     return resp
+
+
+class _Throttle:
+    """Counts failed tokens per client address in a sliding window (bounded: addresses
+    whose failures have all expired are forgotten)."""
+
+    def __init__(self, allowed: int, window_s: float):
+        self.allowed = allowed
+        self.window_s = window_s
+        self.failures: dict[str, list[float]] = {}
+
+    def _recent(self, who: str | None) -> list[float]:
+        now = time.monotonic()
+        got = [t for t in self.failures.get(who or "?", ()) if now - t < self.window_s]
+        if got:
+            self.failures[who or "?"] = got
+        else:
+            self.failures.pop(who or "?", None)
+        return got
+
+    def blocked(self, who: str | None) -> bool:
+        return len(self._recent(who)) >= self.allowed
+
+    def failed(self, who: str | None) -> None:
+        if len(self.failures) > 10_000:   # a flood from many addresses: start over
+            self.failures.clear()
+        self._recent(who)
+        self.failures.setdefault(who or "?", []).append(time.monotonic())
 
 
 _cache: dict = {}
