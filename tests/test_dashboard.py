@@ -92,6 +92,22 @@ def test_the_api_shows_nodes_actors_and_published_runs(cluster):
         ddlf.kill(a)
 
 
+def test_publish_run_checks_its_input_here_and_takes_numpy_numbers(cluster):
+    import numpy as np
+
+    with pytest.raises(ValueError, match="status must be one of"):
+        dashboard.publish_run("r2", status="exploded")
+    with pytest.raises(ValueError, match=r"a row\['x'\] must be a number"):
+        dashboard.publish_run("r2", rows=[{"x": object()}])
+    dashboard.publish_run("r2", rows=[{"acc": np.float32(0.5), "n": np.int64(3)}])
+    for _ in range(100):
+        status, body = _get(cluster.dashboard_url + "/api/runs/r2")
+        if status == 200:
+            break
+    assert [{k: r[k] for k in ("acc", "n")} for r in json.loads(body)["rows"]] == [
+        {"acc": 0.5, "n": 3}]
+
+
 def _state(url: str) -> str:
     """What a request could change, as text: nodes (not their heartbeat age), actors,
     placement groups and runs."""
