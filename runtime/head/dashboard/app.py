@@ -262,8 +262,9 @@ class Dashboard:
     async def start(self) -> str:
         """Serve; return the URL. ``OSError`` naming the port when it is taken (unless
         ``fallback``: then any free port)."""
+        # Answers take milliseconds: a head that stops waits at most 2 s for open ones.
         self.runner = web.AppRunner(make_app(self.head, self.token, self.host),
-                                    access_log=None, handle_signals=False)
+                                    access_log=None, handle_signals=False, shutdown_timeout=2.0)
         await self.runner.setup()
         try:
             site = web.TCPSite(self.runner, self.host, self.port)
