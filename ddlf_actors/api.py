@@ -36,22 +36,27 @@ _AUTO_INIT_ENV = "DDLF_AUTO_INIT"
 
 
 class ClusterInfo:
-    """What ``ddlf.init`` returns: where the head is, and the token to join it."""
+    """What ``ddlf.init`` returns: where the head is, the token to join it, and the URL of
+    its web dashboard (None when it serves none)."""
 
-    def __init__(self, address: str, token: str, embedded: bool):
+    def __init__(self, address: str, token: str, embedded: bool,
+                 dashboard_url: str | None = None):
         self.address = address
         self.token = token
         self.embedded = embedded
+        self.dashboard_url = dashboard_url
 
     def __repr__(self):
         kind = "embedded" if self.embedded else "connected"
-        return f"ClusterInfo(address={self.address!r}, {kind})"
+        dash = f", dashboard_url={self.dashboard_url!r}" if self.dashboard_url else ""
+        return f"ClusterInfo(address={self.address!r}, {kind}{dash})"
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, token: str | None = None,
          resources: dict | None = None, ignore_reinit_error: bool = False,
          num_gpus: int | None = None, memory: float | None = None,
-         runtime_env: dict | None = None) -> ClusterInfo:
+         runtime_env: dict | None = None, dashboard: bool = False,
+         dashboard_port: int = 8265) -> ClusterInfo:
     """Start an embedded local cluster (no ``address``) or connect to ``"host:port"``.
 
     The embedded cluster is a head and one node as child processes with ``num_cpus`` CPUs
@@ -60,6 +65,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
     stops at :func:`shutdown` or at interpreter exit. Calling ``init`` is optional: the
     first ``.remote()``, ``get``, ``put`` or ``wait`` starts an embedded cluster with the
     defaults.
+
+    ``dashboard=True`` makes the embedded cluster's head serve the web dashboard on
+    127.0.0.1 at ``dashboard_port`` (any free port if that one is taken) and prints its
+    URL; it needs aiohttp (``pip install 'ddlf-actors[dashboard]'``), else ``ImportError``
+    naming that command. ``ClusterInfo.dashboard_url`` says where it is (for a cluster
+    joined by address, where its head serves one: ``ddlf-node start --head`` does).
 
     ``runtime_env`` (``env_vars``, ``working_dir``, ``py_modules``, ``excludes``) is the
     job's: every task and actor runs in it, merged under its own as in Ray. It is checked
@@ -94,9 +105,22 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         # A driver holds a connection per actor it calls: do not stop at a soft limit of 1024.
         config.raise_open_file_limit()
         cluster = None
+        if dashboard:
+            if address is not None:
+                raise ValueError("dashboard=True starts a dashboard with the embedded cluster; a "
+                                 "head joined by address serves its own (`ddlf-node start "
+                                 "--head --dashboard-port 8265`)")
+            from ddlf_actors.runtime.head.dashboard import MISSING_MESSAGE, available
+
+            if not available():
+                raise ImportError(f"ddlf.init(dashboard=True): {MISSING_MESSAGE}")
+            if not isinstance(dashboard_port, int) or not 0 < dashboard_port < 65536:
+                raise ValueError(f"dashboard_port must be a port number (1-65535), got "
+                                 f"{dashboard_port!r}")
         if address is None:
             cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources,
-                                   num_gpus=num_gpus, memory=memory)
+                                   num_gpus=num_gpus, memory=memory,
+                                   dashboard_port=dashboard_port if dashboard else 0)
             address, token = cluster.address, cluster.token
         else:
             address, token = _resolve_address(address, token)
@@ -114,7 +138,15 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
                 cluster.stop()
             raise
         set_core(core)
-        _info = ClusterInfo(address, token, cluster is not None)
+        if cluster is not None:
+            url = cluster.dashboard_url
+        else:
+            url = core.head_call("dashboard_url")
+        _info = ClusterInfo(address, token, cluster is not None, url)
+        if dashboard and url:
+            import sys
+
+            print(f"DDLF dashboard at {url}", file=sys.stderr, flush=True)
         return _info
 
 

@@ -25,7 +25,7 @@ import ddlf_actors as ddlf
 from ddlf_actors.errors import DDLFError
 
 from .. import checkpoint, datasets
-from ..callbacks import EarlyStopping, EventLog, History, ProgressBar
+from ..callbacks import DashboardPublisher, EarlyStopping, EventLog, History, ProgressBar
 from ..config import TrainConfig
 from ..records import EventKind, HistoryRow, RunEvent, TrainStats
 from ..result import TrainResult
@@ -74,6 +74,8 @@ class Run:
         self.rows_done = rows_done
         self.events: list[RunEvent] = []
         self.stop = False
+        self.model: str | None = None     # what model_fn and dataset are, for the dashboard
+        self.dataset: str | None = None
 
 
 class Scheme:
@@ -96,6 +98,7 @@ class Scheme:
         self.early = EarlyStopping(config.target_accuracy, config.patience)
         callbacks = [self.history, self.early, *config.callbacks]
         callbacks.append(ProgressBar() if config.progress else EventLog())
+        callbacks.append(DashboardPublisher())
         self.callbacks = callbacks
         self.run_state: Run | None = None
         self.t0 = time.perf_counter()
@@ -136,6 +139,8 @@ class Scheme:
             self.run_state = Run(self.name, self.config, self.total_rows(),
                                  rows_done=len(self.history.rows))
             self.run_state.events = self.events
+            self.run_state.model = describe_callable(self.model_fn)
+            self.run_state.dataset = describe_callable(self.dataset)
             for cb in self.callbacks:
                 cb.on_train_begin(self.run_state)
             if ckpt is not None:
