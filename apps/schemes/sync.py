@@ -23,7 +23,7 @@ from ..trainer import nbytes
 from .averaging import apply_delta, weighted_mean
 from .balance import RateBalancer
 from .base import Scheme
-from .stragglers import LateDeltas
+from .stragglers import LateDeltas, within_window
 
 __all__ = ["SyncScheme", "train_sync"]
 
@@ -124,7 +124,10 @@ class SyncScheme(Scheme):
         deltas = [results[j][0] for j in slots]
         stats = [results[j][1] for j in slots]
         weights = [s["samples"] for s in stats]
-        row_stats = list(stats)
+        # Work is attributed by interval: only what falls inside this round counts (a
+        # trainer's first call can report evaluations of an earlier run, see stragglers.py).
+        now = time.perf_counter()
+        row_stats = [within_window(s, t_round, now) for s in stats]
         late = self.late.fold(self.round_no + 1, t_round)
         for j, d, s, s_row, staleness in late:
             slots.append(j)

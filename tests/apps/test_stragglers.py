@@ -15,6 +15,7 @@ import pytest
 from helpers_modules.numpy_trainer import (
     GatedTrainer,
     NumpyTrainer,
+    SlowEvalTrainer,
     SlowOneTrainer,
     VirtualSpeedTrainer,
     hard_blobs_dataset,
@@ -28,6 +29,7 @@ from ddlf_actors.apps.callbacks import Callback
 from ddlf_actors.apps.config import TrainConfig
 from ddlf_actors.apps.schemes.balance import RateBalancer
 from ddlf_actors.apps.schemes.plan import Plan
+from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
 
 MODEL = softmax_model_fn(64, 4)
 N_TRAIN = 600   # hard_blobs_dataset
@@ -200,3 +202,19 @@ def test_rate_shares_and_plan_are_a_function_of_the_rates():
             == plan.round_pieces(1, 0, [0, 1, 2], b.shares([0, 1, 2]))[0].tolist())
     b.observe(2, 100, 100.0)   # very slow, but keeps a minimum share to be measured on
     assert min(b.shares([0, 2])) > 0
+
+
+def test_no_row_counts_work_from_before_it(train_cluster):
+    # Trainers kept between runs (as App does) report the previous run's last evaluation
+    # with their first train call of the next run: it must not count in that run's rows.
+    config = TrainConfig(workers=2, trainer_cls=SlowEvalTrainer, progress=False)
+    trainers = start_trainers(MODEL, hard_blobs_dataset, config)
+    try:
+        for _ in range(2):
+            result = train_sync(MODEL, hard_blobs_dataset, trainers=trainers, workers=2,
+                                trainer_cls=SlowEvalTrainer, master_epochs=2, progress=False)
+            for row in result.history:
+                assert row["overhead_s"] >= 0, row
+                assert row["compute_s"] <= row["wall_s"] and row["eval_s"] <= row["wall_s"], row
+    finally:
+        stop_trainers(trainers)
