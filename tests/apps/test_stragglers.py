@@ -80,9 +80,9 @@ def test_backup_worker_closes_rounds_and_folds_the_late_delta_in(train_cluster, 
     ups = result.updates
     first0 = [u for u in ups if u["trainer"] == 0][0]
     assert first0["start_version"] == 0 and first0["staleness"] >= 1
-    late_row = h[first0["applied_version"] - 1]
-    assert late_row["late"] == 1
-    assert sum(r["late"] for r in h) == 1
+    assert h[first0["applied_version"] - 1]["late"] >= 1
+    # A round that closes without one of two trainers leaves it late (when not the last).
+    assert sum(r["late"] for r in h) == sum(1 for u in ups if u["staleness"] > 0)
     for r in h[1:first0["applied_version"]]:
         assert r["trainer_samples"][0] == 0 and r["trainer_samples"][1] == 300
     # Nothing thrown away: every sample of both epochs is in some applied delta.
@@ -121,7 +121,7 @@ def test_trainer_lost_while_late_is_replaced_and_the_run_goes_on(train_cluster, 
     assert [e["trainer"] for e in lost] == [0] and [e["trainer"] for e in joined] == [0]
     # The late delta died with its trainer: its 150 samples are the only ones missing ...
     assert sum(r["samples"] for r in h) == 3 * N_TRAIN - 150
-    assert sum(r["late"] for r in h) == 0
+    assert not [u for u in result.updates if u["trainer"] == 0 and u["start_version"] == 0]
     # ... and the replacement trained again before the end.
     assert any(u["trainer"] == 0 for u in result.updates)
     assert h[-1]["trainer_samples"][0] > 0
