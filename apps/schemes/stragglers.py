@@ -9,7 +9,10 @@ started from (1 when it lands in the next round):
 
     w ← w − Σ_j (m_j / Σm) delta_j,   m_j = n_j / (1 + s_j),   s_j = 0 for on-time deltas
 
-At most ``b`` calls are late at any time (a round that starts with ``l`` late calls
+With ``balance=True`` too, the trainers are sized to finish together, so the last
+one is usually last by a little: a round whose quota is in waits a further
+``BALANCED_GRACE`` (15 %) of its time so far for it before leaving it late (a late
+trainer sits out the next round, which would cost more). At most ``b`` calls are late at any time (a round that starts with ``l`` late calls
 may leave only ``b − l`` of its own behind), so every trainer's work is applied at most
 a few rounds after it started, and every sample of an epoch is still trained once. The
 last round of a run waits for every call, late or not.
@@ -30,7 +33,11 @@ from typing import Any
 
 from .pool import Slot
 
-__all__ = ["LateDeltas", "LateCall", "within_window", "refuse_sync_only"]
+__all__ = ["LateDeltas", "LateCall", "within_window", "refuse_sync_only", "BALANCED_GRACE"]
+
+# With balance=True, a round whose quota is in waits this fraction of its time so far
+# for the calls it could leave late.
+BALANCED_GRACE = 0.15
 
 
 def refuse_sync_only(config) -> None:
@@ -82,8 +89,12 @@ def within_window(stats: dict, t_start: float, t_arrive: float) -> dict:
 class LateDeltas:
     """The late calls of a run and the late deltas waiting to be folded in."""
 
-    def __init__(self, backup_workers: int):
+    def __init__(self, backup_workers: int, balanced: bool = False):
         self.backup_workers = int(backup_workers)
+        # With balance=True every trainer is sized to finish together, so one that is
+        # last is usually last by a little: a round waits a little for it rather than
+        # leave it late (a late trainer sits out the next round).
+        self.grace = BALANCED_GRACE if balanced else 0.0
         self.inflight: dict[Any, LateCall] = {}
         self.arrived: list[_Arrival] = []
 
@@ -102,6 +113,11 @@ class LateDeltas:
         if final or not self.backup_workers:
             return 0
         return max(0, min(self.backup_workers - len(self.inflight), calls - 1))
+
+    def grace_until(self, t_start: float, now: float) -> float:
+        """When a round begun at ``t_start``, whose quota of deltas is in at ``now``,
+        stops waiting for the calls it may leave late."""
+        return now + self.grace * (now - t_start)
 
     # -- calls -------------------------------------------------------------------------------
     def refs(self) -> list:

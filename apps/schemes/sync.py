@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 
+import ddlf_actors as ddlf
+
 from ..config import ASYNC_ONLY, TrainConfig
 from ..trainer import nbytes
 from .averaging import apply_delta, weighted_mean
@@ -40,7 +42,7 @@ class SyncScheme(Scheme):
         super().__init__(model_fn, dataset, config, trainers)
         self.pending_row = None     # the last row, whose weights the next round evaluates
         # Slow nodes (stragglers.py, balance.py): late calls, and each slot's samples/s.
-        self.late = LateDeltas(config.backup_workers)
+        self.late = LateDeltas(config.backup_workers, balanced=config.balance)
         self.balancer = RateBalancer() if config.balance else None
         if config.backup_workers:
             self.updates: list = []  # every applied delta, with its staleness
@@ -112,7 +114,7 @@ class SyncScheme(Scheme):
         results: dict = {}
         final = self.round_no + 1 == self.total_rows()
         stopped = self._gather(calls, evaluation, results, self.late.allowed(len(calls), final),
-                               drain=final)
+                               drain=final, t_start=t_round)
         for ref, slot in calls.items():   # still running: folded into a later round
             self.late.defer(ref, slot, self.round_no + 1, len(pieces[slot.index]))
         if stopped or not results:
@@ -166,19 +168,34 @@ class SyncScheme(Scheme):
             self.lose(call.slot, lost)
 
     def _gather(self, calls: dict, evaluation, results: dict, allowed: int = 0,
-                drain: bool = False) -> bool:
+                drain: bool = False, t_start: float = 0.0) -> bool:
         """Collect a round's train calls and the previous row's evaluation, replacing
         what a lost trainer held, until at most ``allowed`` calls (and with ``drain`` no
-        late call) are still running; late calls that return meanwhile are kept for
+        late call) are still running, then for the rest until the grace period ends
+        (``LateDeltas.grace_until``); late calls that return meanwhile are kept for
         this round. Returns True if a callback stopped the run."""
         stopped = False
-        while (len(calls) > allowed or (calls and not results) or (drain and self.late.inflight)
-               or (evaluation is not None and not evaluation.done)):
+        grace = None   # the time the round waits until for calls it could leave late
+        while True:
+            must = (len(calls) > allowed or (calls and not results)
+                    or (drain and self.late.inflight)
+                    or (evaluation is not None and not evaluation.done))
+            if not must:
+                if calls and grace is None:
+                    grace = self.late.grace_until(t_start, time.perf_counter())
+                if not calls or time.perf_counter() >= grace:
+                    break
             refs = (list(calls) + (evaluation.pending() if evaluation is not None else [])
                     + self.late.refs())
             if not refs:   # shards orphaned by a loss, and no trainer was live to take them
                 evaluation.requeue_orphans(self.members())
                 continue
+            if not must:
+                ready, _ = ddlf.wait(refs, num_returns=1,
+                                     timeout=max(0.0, grace - time.perf_counter()))
+                if not ready:
+                    continue
+                refs = ready[:1]
             ref, value, lost = self.next_done(refs)
             if self.late.owns(ref):
                 self._late_done(ref, value, lost)

@@ -124,7 +124,7 @@ def test_trainer_lost_while_late_is_replaced_and_the_run_goes_on(train_cluster, 
     assert not [u for u in result.updates if u["trainer"] == 0 and u["start_version"] == 0]
     # ... and the replacement trained again before the end.
     assert any(u["trainer"] == 0 for u in result.updates)
-    assert h[-1]["trainer_samples"][0] > 0
+    assert any(r["trainer_samples"][0] > 0 for r in h if r["round"] > lost[0]["round"])
 
 
 def test_balance_gives_the_slow_trainer_fewer_samples(train_cluster):
@@ -218,3 +218,14 @@ def test_no_row_counts_work_from_before_it(train_cluster):
                 assert row["compute_s"] <= row["wall_s"] and row["eval_s"] <= row["wall_s"], row
     finally:
         stop_trainers(trainers)
+
+
+def test_backup_workers_and_balance_together_train_every_sample(train_cluster):
+    result = train_sync(MODEL, hard_blobs_dataset, workers=2, backup_workers=1, balance=True,
+                        master_epochs=2, rounds_per_epoch=3, trainer_cls=SlowOneTrainer,
+                        progress=False, trainer_options=_env(DDLF_TEST_SLOW_FACTOR=8))
+    h = result.history
+    assert sum(r["samples"] for r in h) == 2 * N_TRAIN == sum(u["samples"] for u in result.updates)
+    both = [r["trainer_samples"] for r in h[1:] if min(r["trainer_samples"]) > 0]
+    assert all(s[0] < s[1] for s in both)
+    assert all(r["overhead_s"] >= 0 for r in h)
