@@ -229,3 +229,24 @@ def test_backup_workers_and_balance_together_train_every_sample(train_cluster):
     both = [r["trainer_samples"] for r in h[1:] if min(r["trainer_samples"]) > 0]
     assert all(s[0] < s[1] for s in both)
     assert all(r["overhead_s"] >= 0 for r in h)
+
+
+def test_checkpoint_lists_late_calls_and_resume_goes_on_without_them(train_cluster, tmp_path):
+    gate, ckpt_dir = tmp_path / "gate", tmp_path / "ckpt"
+    gate.mkdir()
+    common = dict(workers=2, backup_workers=1, master_epochs=2, rounds_per_epoch=2,
+                  trainer_cls=GatedTrainer, progress=False,
+                  trainer_options=_env(DDLF_TEST_GATE_DIR=gate))
+    with pytest.raises(KeyboardInterrupt):   # trainer 0 is still at its gate: late
+        train_sync(MODEL, hard_blobs_dataset, checkpoint_dir=str(ckpt_dir),
+                   callbacks=[_Abort(1)], **common)
+    ckpt = checkpoint.load(str(ckpt_dir))
+    assert ckpt.round == 1
+    assert ckpt.meta["position"]["late"] == [{"trainer": 0, "round": 1, "samples": 150}]
+    resumed = train_sync(MODEL, hard_blobs_dataset, resume=str(ckpt_dir),
+                         callbacks=[_OpenGate(gate)], **common)
+    h = resumed.history
+    assert [r["round"] for r in h] == [1, 2, 3, 4]
+    # The late call's 150 samples were not in the checkpoint; everything after was trained.
+    assert sum(r["samples"] for r in h) == 2 * N_TRAIN - 150
+    assert all(r["overhead_s"] >= 0 for r in h)
