@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
     run.add_argument("--staleness-bound", type=int, help="async: SSP bound")
     run.add_argument("--staleness-scaling", action="store_true", help="async: scale by staleness")
+    run.add_argument("--backup-workers", type=int, default=0,
+                     help="sync: close a round once all but B deltas are in; late ones are "
+                          "folded into a later round, scaled by staleness")
+    run.add_argument("--balance", action="store_true",
+                     help="sync: size each trainer's partition by its measured samples/s")
     run.add_argument("--target-accuracy", type=float)
     run.add_argument("--patience", type=int)
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
@@ -131,6 +136,10 @@ def _check_args(args) -> None:
             _check_output_dir(flag, path)
     if args.scheme == "sync" and (args.staleness_bound is not None or args.staleness_scaling):
         raise _UsageError("--staleness-bound and --staleness-scaling apply to --scheme async")
+    if args.scheme == "async" and (args.backup_workers or args.balance):
+        raise _UsageError("--backup-workers and --balance apply to --scheme sync: async has no "
+                          "round barrier, and its shared queue already gives a faster trainer "
+                          "more work")
     if args.limit is not None and args.limit < 1:
         raise _UsageError(f"--limit must be >= 1, got {args.limit}")
     try:   # the same checks train_sync/train_async make, named by their flags
@@ -139,6 +148,7 @@ def _check_args(args) -> None:
                     rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
                     target_accuracy=args.target_accuracy, patience=args.patience,
                     staleness_bound=args.staleness_bound, min_workers=args.min_workers,
+                    backup_workers=args.backup_workers, balance=args.balance,
                     rejoin_timeout_s=args.rejoin_timeout,
                     checkpoint_dir=args.out if args.checkpoint_every else None,
                     checkpoint_every=args.checkpoint_every)
@@ -227,7 +237,8 @@ def _run(args) -> int:
         if args.checkpoint_every:
             common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
         if args.scheme == "sync":
-            result = train_sync(model_fn, dataset, **common)
+            result = train_sync(model_fn, dataset, backup_workers=args.backup_workers,
+                                balance=args.balance, **common)
         else:
             result = train_async(model_fn, dataset, staleness_bound=args.staleness_bound,
                                  staleness_scaling=args.staleness_scaling, **common)

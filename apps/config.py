@@ -11,10 +11,13 @@ import difflib
 import os
 from typing import Any
 
-__all__ = ["TrainConfig", "ASYNC_ONLY"]
+__all__ = ["TrainConfig", "ASYNC_ONLY", "SYNC_ONLY"]
 
 # Options that only the asynchronous scheme reads (a sync run refuses them).
 ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
+# Options that only the synchronous scheme reads (an async run refuses them): both are
+# about the round barrier, which async does not have.
+SYNC_ONLY = ("backup_workers", "balance")
 
 
 def _int_at_least(name: str, v, low: int = 1) -> None:
@@ -67,6 +70,11 @@ class TrainConfig:
     # Asynchronous scheme only.
     staleness_bound: int | None = None
     staleness_scaling: bool = False
+    # Synchronous scheme only: close a round once all but this many trainers' deltas are
+    # in (the late ones are folded into a later round, scaled by staleness) ...
+    backup_workers: int = 0
+    # ... and size each round's partitions by each trainer's measured samples/s.
+    balance: bool = False
     seed: int | None = 0
     progress: bool = True
     trainer_cls: Any = None
@@ -104,6 +112,12 @@ class TrainConfig:
             _int_at_least("patience", self.patience)
         if self.staleness_bound is not None:
             _int_at_least("staleness_bound", self.staleness_bound, 0)
+        _int_at_least("backup_workers", self.backup_workers, 0)
+        if self.backup_workers >= self.workers:
+            raise ValueError(f"backup_workers must be less than workers ({self.workers}): a "
+                             f"round needs at least one delta, got {self.backup_workers}")
+        if not isinstance(self.balance, bool):
+            raise ValueError(f"balance must be True or False, got {self.balance!r}")
         if self.checkpoint_dir is not None:
             self.checkpoint_dir = os.path.abspath(os.path.expanduser(os.fspath(self.checkpoint_dir)))
             if self.checkpoint_every is None:

@@ -29,6 +29,7 @@ from ..trainer import nbytes
 from .averaging import apply_delta
 from .base import Scheme, TooFewTrainersError
 from .pool import Slot
+from .stragglers import refuse_sync_only
 
 __all__ = ["AsyncScheme", "train_async"]
 
@@ -49,6 +50,7 @@ class AsyncScheme(Scheme):
     name = "async"
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
+        refuse_sync_only(config)
         super().__init__(model_fn, dataset, config, trainers)
         self.updates: list[UpdateRecord] = []
         self.counts: dict[int, int] = {}            # updates completed per slot
