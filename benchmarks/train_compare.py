@@ -457,13 +457,16 @@ def run_ddlf(args, scheme: str, backend: str = "ddlf") -> dict:
     # round): take it out of training time, as the other columns' evaluations are.
     evals = [row.get("eval_s", 0.0) for row in rows]
     eval_s = sum(evals)
-    train_s = rows[-1]["time_s"] - eval_s
+    # A row's time_s counts from the run's start, the trainers' start-up (r.startup_s)
+    # included: take that out too, as the other columns' training starts once they are
+    # ready (start-up is its own column).
+    train_s = rows[-1]["time_s"] - r.startup_s - eval_s
     startup = t_call - t0 + r.startup_s
     epochs, done_eval = [], 0.0
     for row, ev in zip(rows, evals):
         done_eval += ev
         epochs.append({"epoch": int(row["epoch"]) if float(row["epoch"]).is_integer()
-                       else row["epoch"], "time_s": row["time_s"] - done_eval,
+                       else row["epoch"], "time_s": row["time_s"] - r.startup_s - done_eval,
                        "test_accuracy": row["test_accuracy"], "test_loss": row["test_loss"]})
     for e in epochs:
         log(f"[{column}] epoch {e['epoch']}: {e['time_s']:.1f} s of training, "
@@ -472,7 +475,7 @@ def run_ddlf(args, scheme: str, backend: str = "ddlf") -> dict:
     overhead = sum(row["overhead_s"] for row in rows)
     log(f"[{column}] framework overhead {overhead:.3f} s of {wall:.1f} s of rounds "
         f"({100 * overhead / wall:.2f} %); evaluation on the trainers {eval_s:.1f} s; "
-        f"final evaluation and teardown {t_return - t_call - r.startup_s - rows[-1]['time_s']:.1f} s")
+        f"final evaluation and teardown {t_return - t_call - rows[-1]['time_s']:.1f} s")
     return {"column": column, "status": "ok", "startup_s": startup, "epochs": epochs,
             "train_s": train_s, "eval_s": eval_s, "total_s": startup + train_s + eval_s,
             "compute_s": sum(row.get("compute_s", 0.0) for row in rows),

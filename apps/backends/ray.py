@@ -9,7 +9,13 @@ DDLF's training apps call Ray's runtime. Every call is Ray's own; what this adds
   actor's ``__init__`` raised, ``cause`` is Ray's error (a failed start, not a loss);
 - the session: a run that finds no Ray session starts a local one
   (``ddlf_actors.ray_session``) and stops it at the end;
-- ``nodes()`` in DDLF's shape (``node_id``, ``address``, ``alive``, ``resources``).
+- ``nodes()`` in DDLF's shape (``node_id``, ``address``, ``alive``, ``resources``);
+- call order: DDLF runs an actor's plain methods one at a time in arrival order. Ray
+  makes a class with any ``async def`` method (``TrainerActor`` has the Cluster API's)
+  an async actor, whose calls may start out of order (a call whose argument is still
+  being fetched lets a later one pass: ``set_optimizer_state`` then ``train(w_ref)``
+  could swap). So ``remote`` gives Ray a subclass whose ``async def`` methods are plain
+  methods that run the coroutine to its end: a normal Ray actor, in order.
 
 The dataset never passes through the driver: a trainer gets the dataset's *name* (or the
 callable, or the partition directory) and ``datasets.load_shared`` maps it from its
@@ -18,6 +24,10 @@ cache once, from its own copy (``$DDLF_DATA_DIR``, ``~/.cache/ddlf``) or a downl
 """
 
 from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
 
 from ddlf_actors import ray_session
 from ddlf_actors.errors import ActorDiedError
@@ -51,6 +61,7 @@ class RayBackend(Backend):
 
     # -- actors and objects -------------------------------------------------------------------
     def remote(self, cls, **options):
+        cls = _in_order(cls)
         return self.ray.remote(**options)(cls) if options else self.ray.remote(cls)
 
     def get(self, refs, *, timeout=None):
@@ -111,3 +122,26 @@ class RayBackend(Backend):
             return self.ray.get_runtime_context().get_node_id()
         except Exception:
             return None
+
+
+def _in_order(cls: type) -> type:
+    """``cls``, or a subclass of it whose ``async def`` methods are plain methods (each
+    runs its coroutine to the end), so that Ray makes a normal, in-order actor of it."""
+    coros = [name for name, fn in inspect.getmembers(cls, inspect.iscoroutinefunction)
+             if not name.startswith("__")]
+    if not coros:
+        return cls
+
+    def plain(fn):
+        @functools.wraps(fn)
+        def method(self, *args, **kwargs):
+            coro = fn(self, *args, **kwargs)
+            if asyncio._get_running_loop() is not None:
+                return coro   # awaited by another of these methods (run_method's _ddlf_call)
+            return asyncio.run(coro)
+        return method
+
+    namespace = {name: plain(getattr(cls, name)) for name in coros}
+    namespace["__module__"] = cls.__module__
+    namespace["__qualname__"] = f"{cls.__qualname__}.InOrder"   # not found by name:
+    return type(cls.__name__, (cls,), namespace)                 # pickled by value

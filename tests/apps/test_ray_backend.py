@@ -10,6 +10,7 @@ checks that ``ray.shutdown()`` leaves none of Ray's processes behind. Skipped wi
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import psutil
@@ -203,6 +204,62 @@ def test_ray_errors_become_ddlf_errors(ray_cluster):
     ready, rest = backend.wait([backend.put(1), backend.put(2)], num_returns=2, timeout=5)
     assert len(ready) == 2 and not rest
     assert {n["node_id"] for n in backend.nodes()} == {n["NodeID"] for n in ray.nodes()}
+
+
+def test_ray_actors_of_classes_with_async_methods_run_calls_in_order(ray_cluster):
+    """TrainerActor has async methods (the Cluster API's), which would make it an async
+    actor on Ray, where a call waiting for its argument lets later calls pass. The
+    backend keeps DDLF's order: each call runs after the one submitted before it."""
+    backend = backends.select("ray")
+
+    class Log:
+        def __init__(self):
+            self.seen = []
+
+        async def note_async(self, x):
+            self.seen.append(x)
+            return list(self.seen)
+
+        def note(self, x):
+            self.seen.append(x)
+            return list(self.seen)
+
+    @ray.remote(num_cpus=0)
+    def late(x):
+        time.sleep(0.5)
+        return x
+
+    log = backend.remote(Log, num_cpus=0).remote()
+    backend.get(log.note.remote(0))                  # started
+    first = log.note.remote(late.remote(1))          # its argument arrives in 0.5 s
+    second = log.note.remote(2)
+    third = log.note_async.remote(3)
+    assert backend.get([first, second, third]) == [[0, 1], [0, 1, 2], [0, 1, 2, 3]]
+    trainer = backend.remote(NumpyTrainer, num_cpus=0).remote(MODEL, blobs_dataset)
+    # The Cluster API on a Ray trainer (a lambda: pickled by value, Ray's workers do not
+    # import this test module).
+    assert backend.get(trainer.run_method.remote(lambda self, a: self.index + a,
+                                                 {"a": 5})) == 5
+    backend.kill(trainer)
+    backend.kill(log)
+
+
+def test_cli_backend_and_address_are_checked_first():
+    from ddlf_actors.apps import cli
+
+    def check(*argv):
+        args = cli._parser().parse_args(["run", *argv])
+        cli._check_args(args)
+        return args
+
+    with pytest.raises(cli._UsageError, match="Ray Client address: add --backend ray"):
+        check("--address", "ray://head:10001")
+    with pytest.raises(cli._UsageError, match="takes none"):
+        check("--backend", "ray", "--token-file", "/dev/null")
+    with pytest.raises(cli._UsageError, match="with --backend ray use auto"):
+        check("--backend", "ray", "--address", "head")
+    for ok in ("auto", "ray://head:10001", "10.0.0.5:6379"):
+        assert check("--backend", "ray", "--address", ok).backend == "ray"
 
 
 def test_bad_backend_names_are_refused():
