@@ -61,7 +61,9 @@ class Backend:
         raise NotImplementedError
 
     def kill(self, handle) -> None:
-        """End the actor now, without restart; its pending calls raise ``ActorDiedError``."""
+        """End the actor, without restart; its pending calls, and calls after it is gone,
+        raise ``ActorDiedError``. Ray ends it asynchronously: a call sent at once may
+        still run."""
         raise NotImplementedError
 
     # -- placement ----------------------------------------------------------------------------
