@@ -80,6 +80,8 @@ def start(address: str | None = None, *, num_cpus: float | None = None,
         if address is not None and num_cpus is not None:
             raise ValueError("num_cpus describes a local Ray instance; a running Ray cluster "
                              "has its nodes' CPUs (give them to `ray start` on each host)")
+        if address not in (None, "auto", "local"):
+            _probe(address)
         kw = dict(ray_kwargs)
         kw.setdefault("include_dashboard", False)
         kw.setdefault("logging_level", logging.WARNING)   # Ray's start-up banner, not errors
@@ -98,6 +100,26 @@ def start(address: str | None = None, *, num_cpus: float | None = None,
         _chosen = _chosen or owner == "init"
         _owner = owner
         return dict(getattr(ctx, "address_info", None) or {})
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds when nothing listens at ``address``: Ray itself retries an
+    unreachable GCS for minutes, printing a warning every few seconds."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"Ray address {address!r}: use 'auto', 'ray://host:10001' (Ray Client) "
+                         "or 'host:port' (a Ray head's GCS, port 6379 by default)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as e:
+        raise RayUnreachableError(
+            f"could not reach a Ray cluster at {address!r}: {host}:{port} does not answer "
+            f"({e.strerror or e}). Start one there with `ray start --head` (Ray Client "
+            "listens on ray://<host>:10001), or run without an address for a local Ray "
+            "instance") from None
 
 
 def ensure() -> bool:

@@ -10,6 +10,7 @@ checks that ``ray.shutdown()`` leaves none of Ray's processes behind. Skipped wi
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import numpy as np
@@ -264,6 +265,18 @@ def test_cli_backend_and_address_are_checked_first():
         check("--backend", "ray", "--address", "head")
     for ok in ("auto", "ray://head:10001", "10.0.0.5:6379"):
         assert check("--backend", "ray", "--address", ok).backend == "ray"
+
+
+def test_an_unreachable_ray_address_fails_in_seconds_naming_it():
+    """Ray retries a GCS that does not answer for minutes; the probe fails at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]            # closed once the block ends
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ray_session.RayUnreachableError, match=f"127.0.0.1:{port}.*ray start"):
+            ray_session._probe(address)
+    with pytest.raises(ValueError, match="use 'auto'"):
+        ray_session._probe("head-without-port")
 
 
 def test_bad_backend_names_are_refused():
