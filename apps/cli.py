@@ -4,7 +4,8 @@
         --out runs/fmnist
     ddlf-train fetch fashion-mnist
 
-``run`` starts an embedded cluster unless ``--address`` is given, trains with a progress
+``run`` starts an embedded cluster unless ``--address`` is given (``--backend ray``: a
+local Ray instance, or the Ray cluster at ``--address ray://host:10001`` or ``auto``), trains with a progress
 bar, prints a table of epoch, time and accuracy, and writes ``model.keras``,
 ``history.csv``, ``history.json`` and ``training.png`` to ``--out`` (and TensorBoard logs
 to ``--tensorboard DIR``). With ``--checkpoint-every N`` it also keeps checkpoints in
@@ -88,7 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--target-accuracy", type=float)
     run.add_argument("--patience", type=int)
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
-    run.add_argument("--address", help="join a running cluster (default: start an embedded one)")
+    run.add_argument("--address", help="join a running cluster (default: start an embedded one); "
+                                       "with --backend ray: auto, ray://host:10001 or host:port")
+    run.add_argument("--backend", choices=("ddlf", "ray"), default="ddlf",
+                     help="run the trainers on DDLF's actors (default) or on Ray's "
+                          "(pip install 'ddlf-actors[ray]')")
     run.add_argument("--token-file", help="file holding the cluster token (or set DDLF_AUTH_TOKEN)")
     run.add_argument("--token", help=argparse.SUPPRESS)
     run.add_argument("--out", help="output directory (default: ddlf-run, or the --resume DIR)")
@@ -169,12 +174,35 @@ def _check_args(args) -> None:
             checkpoint.load(args.resume)
         except (FileNotFoundError, ValueError) as e:
             raise _UsageError(f"--resume {args.resume}: {e}") from None
+    _check_backend(args)
     if args.token_file:
         try:
             with open(args.token_file) as f:
                 args.token = f.read().strip()
         except OSError as e:
             raise _UsageError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def _check_backend(args) -> None:
+    """--backend and --address agree, and Ray is importable when asked for."""
+    address = args.address or ""
+    if args.backend == "ddlf":
+        if address.startswith("ray://"):
+            raise _UsageError(f"--address {address} is a Ray Client address: add --backend ray")
+        return
+    if args.token_file or args.token:
+        raise _UsageError("--token-file is DDLF's cluster token; a Ray cluster (--backend ray) "
+                          "takes none")
+    if address and address != "auto" and not address.startswith("ray://") \
+            and ":" not in address:
+        raise _UsageError(f"--address {address}: with --backend ray use auto, "
+                          "ray://host:10001 (Ray Client) or host:port (a Ray head's GCS)")
+    try:
+        from ddlf_actors import ray_session
+
+        ray_session.import_ray()
+    except ImportError as e:
+        raise _UsageError(f"--backend ray: {e}") from None
 
 
 def _check_output_dir(flag: str, path: str) -> None:
@@ -219,7 +247,9 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     # Connect before fetching the dataset: a wrong --address fails in seconds, not
     # after a download.
-    if args.address:
+    if args.backend == "ray":   # the schemes then run their trainers on Ray (apps/backends)
+        ddlf.init(args.address, backend="ray", runtime_env=runtime_env)
+    elif args.address:
         ddlf.init(args.address, token=args.token, runtime_env=runtime_env)
     else:
         ddlf.init(runtime_env=runtime_env)
@@ -277,6 +307,7 @@ class _ModelFn:
 
 def main(argv=None) -> int:
     import ddlf_actors as ddlf
+    from ddlf_actors import ray_session
 
     from . import datasets
     from .schemes import TooFewTrainersError, TrainerStartError
@@ -293,7 +324,7 @@ def main(argv=None) -> int:
     except (_UsageError, datasets.DatasetNotFoundError, datasets.DatasetFormatError,
             TrainerStartError, TooFewTrainersError, ddlf.errors.UnschedulableError,
             ddlf.errors.AuthenticationError, ddlf.errors.HeadUnreachableError,
-            FileNotFoundError, ValueError) as e:
+            ray_session.RayUnreachableError, FileNotFoundError, ValueError) as e:
         # A user's mistake, not a bug: the message says what to do; no traceback.
         print(f"ddlf-train: error: {e}", file=sys.stderr)
         return 2

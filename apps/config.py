@@ -84,6 +84,8 @@ class TrainConfig:
     placement_strategy: str = "SPREAD"
     placement_timeout_s: float = 60.0
     callbacks: list = dataclasses.field(default_factory=list)
+    # Where the trainers run: "ddlf" or "ray" (apps/backends); None: what ddlf.init chose.
+    backend: str | None = None
 
     def __post_init__(self):
         if isinstance(self.workers, (tuple, list)):
@@ -128,6 +130,8 @@ class TrainConfig:
                 raise ValueError("checkpoint_every needs checkpoint_dir= (where to write them)")
         if self.seed is not None:
             _int_at_least("seed", self.seed, 0)
+        if self.backend not in (None, "ddlf", "ray"):
+            raise ValueError(f"backend must be 'ddlf' or 'ray', got {self.backend!r}")
 
     def _take_range(self, pair) -> None:
         if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)

@@ -22,10 +22,9 @@ import time
 
 import numpy as np
 
-import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
 
-from . import datasets, tf_startup
+from . import backends, datasets, tf_startup
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
 
@@ -51,10 +50,8 @@ def nbytes(arrays) -> int:
 
 
 def _node_id() -> str | None:
-    try:
-        return ddlf.get_runtime_context().get_node_id()
-    except Exception:   # outside a worker (a trainer built directly in a test)
-        return None
+    """This trainer's node, as its runtime (DDLF or Ray) names it; None outside a worker."""
+    return backends.here().node_id()
 
 
 class TrainerActor(ClusterWorker):

@@ -16,6 +16,7 @@ from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
 from ddlf_actors.runtime.session import find_token, head_record, read_config
 
+from . import ray_session
 from .actor import ActorClass, ActorHandle
 from .errors import AlreadyInitializedError
 from .options import check_gpus, check_memory
@@ -56,8 +57,15 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
          resources: dict | None = None, ignore_reinit_error: bool = False,
          num_gpus: int | None = None, memory: float | None = None,
          runtime_env: dict | None = None, dashboard: bool = False,
-         dashboard_port: int = 8265) -> ClusterInfo:
+         dashboard_port: int = 8265, backend: str = "ddlf") -> ClusterInfo:
     """Start an embedded local cluster (no ``address``) or connect to ``"host:port"``.
+
+    ``backend="ray"`` starts or joins Ray instead (``address`` ``None`` for a local Ray
+    instance, ``"auto"``, ``"ray://host:10001"``; see ``ddlf_actors.ray_session``): the
+    training apps (``train_sync``, ``train_async``) then run their trainers on Ray actors
+    until :func:`shutdown`. DDLF's own calls (``ddlf.remote``, ``get`` ...) are not
+    redirected to Ray: they raise ``DDLFError`` meanwhile rather than start a second
+    cluster. ``RayNotInstalledError`` (an ``ImportError``) without Ray.
 
     The embedded cluster is a head and one node as child processes with ``num_cpus`` CPUs
     (default ``os.cpu_count()``), ``num_gpus`` GPUs (default: found from
@@ -84,7 +92,17 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
     ``address`` (or ``"auto"`` finds none on this host), naming how to start one.
     """
     global _info
+    if backend not in ("ddlf", "ray"):
+        raise ValueError(f"backend must be 'ddlf' or 'ray', got {backend!r}")
+    if backend == "ray":
+        return _init_ray(address, num_cpus=num_cpus, token=token, resources=resources,
+                         num_gpus=num_gpus, memory=memory, runtime_env=runtime_env,
+                         ignore_reinit_error=ignore_reinit_error)
     with _lock:
+        if ray_session.chosen():
+            raise AlreadyInitializedError(
+                "ddlf.init(backend='ray') was called in this process: call ddlf.shutdown() "
+                "before ddlf.init() of a DDLF cluster")
         if get_core(auto=False) is not None:
             if ignore_reinit_error:
                 return _info
@@ -150,6 +168,26 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         return _info
 
 
+def _init_ray(address, *, num_cpus, token, resources, num_gpus, memory, runtime_env,
+              ignore_reinit_error) -> ClusterInfo:
+    """``init(backend="ray")``: Ray for the training apps; see ``ray_session``."""
+    global _info
+    with _lock:
+        if get_core(auto=False) is not None:
+            raise AlreadyInitializedError(
+                "this process is connected to a DDLF cluster: call ddlf.shutdown() before "
+                "ddlf.init(backend='ray')")
+        if token is not None:
+            raise ValueError("token= is DDLF's cluster token; a Ray cluster has none to give")
+        extra = {k: v for k, v in (("resources", resources), ("num_gpus", num_gpus),
+                                   ("_memory", memory)) if v is not None}
+        info = ray_session.start(address, num_cpus=num_cpus, runtime_env=runtime_env,
+                                 ignore_reinit_error=ignore_reinit_error, **extra)
+        where = info.get("address") or info.get("gcs_address") or address or "local"
+        _info = ClusterInfo(f"ray:{where}", "", address is None)
+        return _info
+
+
 def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
     """Turn ``"auto"``, a cluster TOML file, or ``"host:port"`` into a head address + token."""
     if address == "auto":
@@ -186,6 +224,9 @@ def shutdown() -> None:
     """Disconnect; stop the embedded cluster (and every actor it runs) if we started one."""
     global _info
     with _lock:
+        if ray_session.chosen():
+            _info = None
+            ray_session.stop()
         core = get_core(auto=False)
         if core is None:
             return
@@ -203,7 +244,9 @@ atexit.register(shutdown)
 
 
 def is_initialized() -> bool:
-    return get_core(auto=False) is not None
+    """True after ``init`` (or a first call that started a cluster), until ``shutdown``;
+    also while ``init(backend="ray")`` holds this process on Ray."""
+    return get_core(auto=False) is not None or ray_session.chosen()
 
 
 def _core(auto_init: bool = True) -> Core:
@@ -216,6 +259,10 @@ def _core(auto_init: bool = True) -> Core:
     core = get_core()
     if core is not None:
         return core
+    if ray_session.chosen():
+        raise DDLFError("ddlf.init(backend='ray') put this process on Ray: DDLF's own calls "
+                        "have no cluster (use ray.remote, ray.get ... there, or "
+                        "ddlf.shutdown() and ddlf.init() for a DDLF cluster)")
     if not auto_init:
         raise DDLFError("DDLF is not initialized: call ddlf.init() first")
     if os.environ.get(_AUTO_INIT_ENV, "") == "0":

@@ -21,10 +21,9 @@ import time
 
 import numpy as np
 
-import ddlf_actors as ddlf
 from ddlf_actors.errors import DDLFError
 
-from .. import checkpoint, datasets
+from .. import backends, checkpoint, datasets
 from ..callbacks import DashboardPublisher, EarlyStopping, EventLog, History, ProgressBar
 from ..config import TrainConfig
 from ..records import EventKind, HistoryRow, RunEvent, TrainStats
@@ -39,14 +38,6 @@ __all__ = ["Scheme", "Run", "TooFewTrainersError"]
 
 class TooFewTrainersError(DDLFError):
     """Fewer than ``min_workers`` trainers were left and none came back in time."""
-
-
-def _ensure_session() -> bool:
-    """``ddlf.init()`` an embedded cluster if none is connected; True if we started it."""
-    if ddlf.is_initialized():
-        return False
-    ddlf.init()
-    return True
 
 
 def describe_callable(obj) -> str:
@@ -98,7 +89,6 @@ class Scheme:
         self.early = EarlyStopping(config.target_accuracy, config.patience)
         callbacks = [self.history, self.early, *config.callbacks]
         callbacks.append(ProgressBar() if config.progress else EventLog())
-        callbacks.append(DashboardPublisher())
         self.callbacks = callbacks
         self.run_state: Run | None = None
         self.t0 = time.perf_counter()
@@ -106,16 +96,22 @@ class Scheme:
         self.writer: checkpoint.CheckpointWriter | None = None
         self.last_checkpoint: str | None = None
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
+        # DDLF's actors or Ray's (config.backend, or what ddlf.init chose): backends/.
+        self.backend = backends.select(config.backend)
+        # The run is published to the cluster's dashboard where the runtime has one.
+        if self.backend.publishes_runs:
+            callbacks.append(DashboardPublisher())
 
     # -- the run -----------------------------------------------------------------------------
     def run(self, initial_weights=None, resume: str | None = None) -> TrainResult:
         """Train; continue from the newest checkpoint in ``resume`` if given."""
         ckpt = checkpoint.load(resume) if resume is not None else None
-        started_session = _ensure_session()
+        # A local cluster of the backend if none is connected; stopped at the end if so.
+        started_session = self.backend.ensure_session()
         t_start = time.perf_counter()
         try:
             self.pool = TrainerPool(self.model_fn, self.dataset, self.config, self.emit,
-                                    adopted=self._adopted)
+                                    adopted=self._adopted, backend=self.backend)
             self.pool.start()
             infos = [s.info for s in self.pool.live()]
             self.num_test = infos[0]["num_test"]
@@ -125,7 +121,7 @@ class Scheme:
             else:
                 weights = initial_weights
                 if weights is None:
-                    weights = ddlf.get(self.pool.live()[0].handle.get_weights.remote())
+                    weights = self.backend.get(self.pool.live()[0].handle.get_weights.remote())
                     self.bytes_received += nbytes(weights)
                 weights = [np.array(w, copy=True) for w in weights]
             self.fingerprint = self._fingerprint()
@@ -169,7 +165,7 @@ class Scheme:
             if self.pool is not None:
                 self.pool.stop()
             if started_session:
-                ddlf.shutdown()
+                self.backend.shutdown()
 
     def loop(self, weights: list) -> list:
         raise NotImplementedError
@@ -250,7 +246,7 @@ class Scheme:
 
     def put_weights(self, weights: list):
         """One ``put`` per version: each trainer's connection carries it once."""
-        return ddlf.put(weights)
+        return self.backend.put(weights)
 
     def finish_row(self, row: HistoryRow) -> None:
         for cb in self.callbacks:
@@ -292,10 +288,10 @@ class Scheme:
     def next_done(self, refs: list):
         """Wait for one of ``refs``: ``(ref, value, None)``, or ``(ref, None, error)`` when
         its trainer was lost."""
-        ready, _ = ddlf.wait(refs, num_returns=1)
+        ready, _ = self.backend.wait(refs, num_returns=1)
         ref = ready[0]
         try:
-            return ref, ddlf.get(ref), None
+            return ref, self.backend.get(ref), None
         except LOSS_ERRORS as e:
             return ref, None, e
 
