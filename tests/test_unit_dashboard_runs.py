@@ -67,7 +67,9 @@ def test_a_driver_that_goes_marks_its_running_runs():
     ({"run_id": "x" * 65}, "run_id"),
     ({"run_id": "a", "kill": True}, "unknown keys"),
     ({"run_id": "a", "status": "exploded"}, "status"),
-    ({"run_id": "a", "rows": [{"loss": [1, 2]}]}, "a row['loss']"),
+    ({"run_id": "a", "rows": [{"loss": [1, "2"]}]}, "a row['loss']"),
+    ({"run_id": "a", "rows": [{"loss": [[1]]}]}, "a row['loss']"),
+    ({"run_id": "a", "rows": [{"loss": [1] * 257}]}, "a row['loss']"),
     ({"run_id": "a", "rows": [_row(1)] * 300}, "at most 256"),
     ({"run_id": "a", "info": {f"k{i}": 1 for i in range(60)}}, "keys"),
     ({"run_id": "a", "events": "lost"}, "events must be a list"),
@@ -84,3 +86,9 @@ def test_values_are_made_json_safe():
                  "events": [{"detail": "x" * 2000}]})
     assert got["rows"] == [{"loss": None, "acc": None, "n": 3}]
     assert len(got["events"][0]["detail"]) == 500
+
+
+def test_a_row_may_hold_a_short_list_of_numbers():
+    """Sync rows carry ``trainer_samples``, one count per trainer (balance, backup workers)."""
+    got = check({"run_id": "a", "rows": [{"trainer_samples": [60, 240], "w": (0.5, math.nan)}]})
+    assert got["rows"] == [{"trainer_samples": [60, 240], "w": [0.5, None]}]

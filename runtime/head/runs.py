@@ -31,6 +31,7 @@ _MAX_KEYS = 48        # keys in an info dict, a row or an event
 _MAX_KEY = 64         # characters in a key
 _MAX_STR = 500        # characters in a string value (longer ones are cut)
 _MAX_BATCH = 256      # rows or events in one publish
+_MAX_LIST = 256       # numbers in a list value (a row's per-trainer samples: one per trainer)
 
 
 class RunRecord:
@@ -184,7 +185,12 @@ def _clean_dict(d, what: str) -> dict:
             out[k] = float(v) if math.isfinite(v) else None   # JSON has no NaN or inf
         elif isinstance(v, str):
             out[k] = v[:_MAX_STR]
+        elif isinstance(v, (list, tuple)) and len(v) <= _MAX_LIST and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            out[k] = [int(x) if isinstance(x, int) else float(x) if math.isfinite(x) else None
+                      for x in v]
         else:
-            raise MessageError(f"publish_run: {what}[{k!r}] must be a number, str, bool or "
+            raise MessageError(f"publish_run: {what}[{k!r}] must be a number, str, bool, a "
+                               f"list of at most {_MAX_LIST} numbers, or "
                                f"None, got {type(v).__name__}")
     return out

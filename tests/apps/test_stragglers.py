@@ -30,6 +30,7 @@ from ddlf_actors.apps.config import TrainConfig
 from ddlf_actors.apps.schemes.balance import RateBalancer
 from ddlf_actors.apps.schemes.plan import Plan
 from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
+from ddlf_actors.runtime.head import runs
 
 MODEL = softmax_model_fn(64, 4)
 N_TRAIN = 600   # hard_blobs_dataset
@@ -137,6 +138,11 @@ def test_balance_gives_the_slow_trainer_fewer_samples(train_cluster):
         assert s == [round(300 / 5), 300 - round(300 / 5)]
     assert all(r["samples"] == 300 for r in result.history)
     assert result.history[-1]["test_accuracy"] > 0.5
+    # Every row, its per-trainer list included, is one the head's dashboard accepts (the
+    # DashboardPublisher sends them as they come; a refused row stops its publishing).
+    for row in result.history:
+        assert runs.check({"run_id": "r", "rows": [row]})["rows"][0]["trainer_samples"] == \
+            row["trainer_samples"]
 
 
 def test_balance_follows_real_speeds(train_cluster):
