@@ -63,7 +63,8 @@ def epoch_rows(history: list) -> list:
 
 def format_table(history: list, events: list = ()) -> str:
     """A text table: epoch, time, trainers, test accuracy and loss, train loss, and what
-    happened to the trainers during the epoch (losses and joins)."""
+    happened to the trainers during the epoch (losses and joins; the column is there only
+    when something happened)."""
     lines = [f"{'epoch':>5}  {'time (s)':>9}  {'K':>3}  {'test acc':>8}  {'test loss':>9}  "
              f"{'train loss':>10}  trainers"]
     prev_time = float("-inf")
@@ -78,4 +79,6 @@ def format_table(history: list, events: list = ()) -> str:
                      f"{'-' if acc is None else f'{acc:.4f}':>8}  "
                      f"{'-' if tl is None else f'{tl:.4f}':>9}  {row['train_loss']:>10.4f}  "
                      f"{note}".rstrip())
+    if not any(len(line) > len(lines[0]) - len("  trainers") for line in lines[1:]):
+        lines[0] = lines[0][:-len("  trainers")]
     return "\n".join(lines)
