@@ -25,6 +25,7 @@ from ddlf_actors.runtime.errors import (
     UnschedulableError,
 )
 from ddlf_actors.runtime.head import Head
+from ddlf_actors.runtime.head.dashboard.service import DashboardService
 from ddlf_actors.runtime.messages import (
     ActorCreation,
     ActorDeath,
@@ -202,22 +203,32 @@ def test_a_death_becomes_the_error_a_caller_gets():
 
 
 # -- handler tables --------------------------------------------------------------------------
+def _unstarted_head() -> Head:
+    """A Head never started, with the parts its tables take handlers from."""
+    head = object.__new__(Head)
+    head.dashboard = object.__new__(DashboardService)
+    return head
+
+
 def _tables() -> dict:
     """Each role's table, from objects that were never started (tables are only read)."""
-    head, node, worker = object.__new__(Head), object.__new__(NodeDaemon), object.__new__(Worker)
+    head, node, worker = _unstarted_head(), object.__new__(NodeDaemon), object.__new__(Worker)
     return {"head": Head.rpc_handlers(head), "node": NodeDaemon.rpc_handlers(node),
             "head->node": NodeDaemon.head_requests(node), "worker": Worker.rpc_handlers(worker)}
 
 
-@pytest.mark.parametrize("cls,roles", [(Head, ("head",)), (NodeDaemon, ("node", "head->node")),
-                                       (Worker, ("worker",))])
-def test_every_rpc_method_of_a_role_is_in_its_table(cls, roles):
+@pytest.mark.parametrize("classes,roles", [((Head, DashboardService), ("head",)),
+                                           ((NodeDaemon,), ("node", "head->node")),
+                                           ((Worker,), ("worker",))])
+def test_every_rpc_method_of_a_role_is_in_its_table(classes, roles):
+    """The head's table also routes to its dashboard service's rpc_ methods."""
     table = {name: fn for role in roles for name, fn in _tables()[role].items()}
-    methods = {n for n in dir(cls) if n.startswith("rpc_") and n != "rpc_handlers"}
-    assert methods, f"{cls.__name__} has no rpc_ methods: update this test"
-    assert {f"rpc_{name}" for name in table} == methods
+    owner = {n: cls for cls in classes for n in dir(cls)
+             if n.startswith("rpc_") and n != "rpc_handlers"}
+    assert owner, f"{classes[0].__name__} has no rpc_ methods: update this test"
+    assert {f"rpc_{name}" for name in table} == set(owner)
     for name, fn in table.items():
-        assert fn.__func__ is getattr(cls, f"rpc_{name}")
+        assert fn.__func__ is getattr(owner[f"rpc_{name}"], f"rpc_{name}")
 
 
 # Which role answers a request, by the connection it is sent on.
@@ -246,17 +257,17 @@ def test_every_request_sent_somewhere_is_in_the_receivers_table():
                                                 f"the {_RECEIVER[conn]} table"
 
 
-_PUSH = re.compile(r'(?:rpc\.push\(\s*([\w.]+)|(_push_head)),\s*"(\w+)"')
-_TO_HEAD = {"self.head", "self.core.head", "self.head_conn", "_push_head"}
+_PUSH = re.compile(r'(?:rpc\.push\(\s*([\w.]+),|(_push_head),|(?<=\.)(push_head)\()\s*"(\w+)"')
+_TO_HEAD = {"self.head", "self.core.head", "self.head_conn", "_push_head", "push_head"}
 
 
 def test_every_event_pushed_to_the_head_is_in_its_push_table():
-    table = Head.push_handlers(object.__new__(Head))
+    table = Head.push_handlers(_unstarted_head())
     pushed = []
     for folder in ("runtime", "ddlf_actors"):
         for path in (ROOT / folder).rglob("*.py"):
-            for conn, via, event in _PUSH.findall(path.read_text()):
-                if (conn or via) in _TO_HEAD:
+            for conn, via, public, event in _PUSH.findall(path.read_text()):
+                if (conn or via or public) in _TO_HEAD:
                     pushed.append((path.name, event))
     assert len(pushed) >= 6, f"found too few pushes to the head ({pushed}): update this test"
     for where, event in pushed:
