@@ -26,6 +26,7 @@ import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
 
 from . import datasets, tf_startup
+from .wire import WireMethods
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
 
@@ -57,7 +58,7 @@ def _node_id() -> str | None:
         return None
 
 
-class TrainerActor(ClusterWorker):
+class TrainerActor(ClusterWorker, WireMethods):
     """Holds a model built by ``model_fn()`` and a dataset loaded once.
 
     ``dataset`` is a registered name (``"fashion-mnist"``), a callable returning
