@@ -8,6 +8,10 @@ Reports, as a table:
 * how long the N nodes take to come up and register;
 * actor creations per second (from the first ``.remote()`` to every actor's first
   reply), overall and per batch, so a slowdown as the cluster fills shows up;
+* the CPU time each kind of process spent per actor created (driver, head, node daemons,
+  their forkservers, workers), and the creation rate that much CPU allows on this
+  machine's cores if nothing else ran (a figure that other load on the machine does not
+  change, unlike creations/s);
 * the head's RSS, a node daemon's RSS (with its forkserver and idle workers), and the
   memory per actor (USS: the pages that process alone holds, and RSS);
 * how long ``ddlf-node status`` and ``ddlf.nodes()`` take with everything up.
@@ -70,6 +74,37 @@ def _uss(procs) -> list[int]:
     return out
 
 
+def _cpu_s(p: psutil.Process) -> float:
+    """CPU seconds ``p`` has used: exact (scheduler nanoseconds of each thread) on Linux,
+    clock ticks elsewhere."""
+    try:
+        return sum(int(open(f"/proc/{p.pid}/task/{t}/schedstat").read().split()[0])
+                   for t in os.listdir(f"/proc/{p.pid}/task")) / 1e9
+    except (OSError, ValueError, IndexError):
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            return t.user + t.system
+    return 0.0
+
+
+def _cpu_by_role(head_pid: int, node_pids: set) -> dict:
+    """pid -> (role, CPU seconds) for the driver, the head, and every node's tree."""
+    out = {os.getpid(): ("driver", _cpu_s(psutil.Process()))}
+    with contextlib.suppress(psutil.Error):
+        out[head_pid] = ("head", _cpu_s(psutil.Process(head_pid)))
+    for pid in node_pids:
+        for p in _tree(pid):
+            with contextlib.suppress(psutil.Error):
+                if p.pid == pid:
+                    role = "node"
+                elif p.ppid() == pid:
+                    role = "forkserver" if "forkserver" in " ".join(p.cmdline()) else "node"
+                else:
+                    role = "worker"
+                out[p.pid] = (role, _cpu_s(p))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=50)
@@ -108,6 +143,7 @@ def main() -> int:
         rows.append(("node daemon + forkserver + idle workers, RSS", _mb(node_rss)))
 
         actors, pids, batch_rates = [], [], []
+        cpu0 = _cpu_by_role(head.pid, {p.pid for p in procs[1:]})
         t1 = time.monotonic()
         while len(actors) < a.actors:
             n = min(a.batch, a.actors - len(actors))
@@ -120,10 +156,23 @@ def main() -> int:
             if time.monotonic() - t_start > a.timeout:
                 raise TimeoutError(f"only {len(actors)} actors after {a.timeout} s")
         create_s = time.monotonic() - t1
+        cpu1 = _cpu_by_role(head.pid, {p.pid for p in procs[1:]})
         rows.append((f"{a.actors} actors created and answering", f"{create_s:.1f} s"))
         rows.append(("creations/s overall", f"{a.actors / create_s:.1f}"))
         rows.append(("creations/s per batch (first, slowest, last)",
                      f"{batch_rates[0]:.1f}, {min(batch_rates):.1f}, {batch_rates[-1]:.1f}"))
+        spent: dict = {}
+        for pid, (role, after) in cpu1.items():
+            spent[role] = spent.get(role, 0.0) + after - cpu0.get(pid, (role, 0.0))[1]
+        ms = {role: 1e3 * spent.get(role, 0.0) / a.actors
+              for role in ("driver", "head", "node", "forkserver", "worker")}
+        rows.append(("CPU per actor: driver, head (ms)", f"{ms['driver']:.1f}, {ms['head']:.1f}"))
+        rows.append(("CPU per actor: node daemons, forkservers, workers (ms)",
+                     f"{ms['node']:.1f}, {ms['forkserver']:.1f}, {ms['worker']:.1f}"))
+        total_ms = sum(ms.values())
+        rows.append(("CPU per actor, all processes (ms)", f"{total_ms:.1f}"))
+        rows.append((f"creations/s that CPU allows on {os.cpu_count()} free cores",
+                     f"{1e3 * (os.cpu_count() or 1) / total_ms:.0f}"))
         per_node = [n["num_actors"] for n in ddlf.nodes() if n["alive"]]
         rows.append(("actors per node (min, max)", f"{min(per_node)}, {max(per_node)}"))
         rows.append(("head RSS with every actor", _mb(_rss([psutil.Process(head.pid)]))))

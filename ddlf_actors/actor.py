@@ -9,6 +9,7 @@ from ddlf_actors.runtime import context
 from ddlf_actors.runtime.core import ActorSpec, get_core
 from ddlf_actors.runtime.errors import ActorExit
 from ddlf_actors.runtime.serialization import dumps
+from ddlf_actors.runtime.states import ActorState
 
 from .errors import ActorNameTakenError
 from .options import ACTOR_OPTIONS, BACKPRESSURE, METHOD_OPTIONS, validate
@@ -157,7 +158,7 @@ class ActorClass:
         for _ in range(_GET_IF_EXISTS_TRIES):
             view = core.head_call("get_actor", name)
             # A dead actor's name is free again (the head lets a new actor claim it).
-            if view is not None and view.get("state") != "DEAD":
+            if view is not None and view.get("state") != ActorState.DEAD:
                 return ActorHandle(view["actor_id"], view["class_name"], view["methods"] or {})
             try:
                 return self._create_new(core, spec, options, args, kwargs)

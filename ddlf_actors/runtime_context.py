@@ -13,6 +13,7 @@ import warnings
 
 from ddlf_actors.runtime import context
 from ddlf_actors.runtime.core import get_core
+from ddlf_actors.runtime.states import ActorState
 
 from .actor import ActorHandle
 from .ids import ActorID, JobID, NodeID, PlacementGroupID, TaskID
@@ -96,7 +97,7 @@ class RuntimeContext:
             if view["actor_id"] == ctx.actor_id:
                 # The head counts successful starts (epoch); while a restart's __init__
                 # runs, the actor is not ALIVE yet and that count is still the old one.
-                return view["epoch"] >= 2 or (view["state"] != "ALIVE" and view["epoch"] >= 1)
+                return view["epoch"] >= 2 or (view["state"] != ActorState.ALIVE and view["epoch"] >= 1)
         return False
 
     @property

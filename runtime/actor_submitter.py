@@ -7,9 +7,14 @@ holds the ones behind it. Calls in flight are failed, or retried (``max_task_ret
 when the connection is lost. Results settle the caller's entries in the object store;
 a generator method's items go to the core's ``Streams``.
 
+Creations go out in batches (``ActorCreations``): every actor created in one pass of the
+I/O loop leaves in one ``create_actors`` request, with no round trip per actor, and each
+actor's view comes back as an ``actor_started`` push once its first start ends.
+
 Everything runs on the core's I/O thread. A client is handed the owning core, of which
 it uses only public attributes: ``store`` and ``streams``; ``head``, ``token`` and
-``hello`` (connections); ``loop`` and ``background`` (tasks); ``msg_ids`` and ``closed``.
+``hello`` (connections); ``loop`` and ``background`` (tasks); ``msg_ids`` and ``closed``;
+``creations`` (its ``ActorCreations``).
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ from . import config, protocol, rpc, shm_store
 from .address import split_address
 from .connection import connect
 from .dependencies import await_deps, deps_objects, deps_state, ship_deps
-from .errors import ActorDiedError, DDLFError, TaskCancelledError
+from .errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
+from .frames import TableFrameHandler
 from .messages import ActorCreation, ActorDeath, ActorView, MessageError
 from .object_store import Entry
 from .serialization import dumps, loads
-from .states import ActorState
+from .states import ActorClientState, ActorState
 
-__all__ = ["ActorCall", "ActorClient"]
+__all__ = ["ActorCall", "ActorClient", "ActorCreations"]
 
 log = logging.getLogger("ddlf.core")
 
 _STATES = frozenset(s.value for s in ActorState)
+RESOLVING, READY, DEAD = ActorClientState.RESOLVING, ActorClientState.READY, ActorClientState.DEAD
 
 
 class ActorCall:
@@ -45,7 +52,7 @@ class ActorCall:
         self.retries = None   # set from the actor's max_task_retries when first sent
 
 
-class ActorClient:
+class ActorClient(TableFrameHandler):
     """The caller's side of one actor: resolution, connection, ordered queue, in-flight calls."""
 
     def __init__(self, core, actor_id: str, class_name: str):
@@ -53,7 +60,7 @@ class ActorClient:
         self.store = core.store
         self.actor_id = actor_id
         self.class_name = class_name
-        self.state = "resolving"   # resolving | ready | dead
+        self.state = RESOLVING
         self.conn = None
         self.queue: collections.deque = collections.deque()
         # msg id -> object id, or the ActorCall itself when the actor retries calls
@@ -67,35 +74,48 @@ class ActorClient:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, creation: ActorCreation, refs) -> None:
-        self.core.background.spawn(self._create(creation, refs))
+        """Have the head create the actor, once the objects its arguments refer to exist."""
+        if refs:
+            self.core.background.spawn(self._create_after(creation, refs))
+        else:
+            self.core.creations.add(self, creation)
 
-    async def _create(self, creation: ActorCreation, refs):
+    async def _create_after(self, creation: ActorCreation, refs):
         try:
-            if refs:
-                await await_deps(self.store, self.core.loop, refs)
-                _, failed = deps_state(self.store, refs)
-                if failed is not None:
-                    self._die_with(self._dep_error(failed))
-                    self._release_name(creation)
-                    return
-                creation.objects = deps_objects(self.store, refs, {})
-            reply = await rpc.call(self.core.head, "create_actor", creation.to_wire())
+            await await_deps(self.store, self.core.loop, refs)
+            _, failed = deps_state(self.store, refs)
+            if failed is not None:
+                self.creation_failed(self._dep_error(failed), creation)
+                return
+            creation.objects = deps_objects(self.store, refs, {})
         except Exception as e:
-            self._die_with(e if isinstance(e, DDLFError) else DDLFError(f"creating {self.class_name} failed: {e}"))
-            self._release_name(creation)
+            self.creation_failed(e, creation)
             return
-        view = self._read_view(reply, "create_actor")
+        self.core.creations.add(self, creation)
+
+    def creation_failed(self, e: BaseException, creation: ActorCreation) -> None:
+        """The actor was never created (refused, its arguments failed, the head is gone)."""
+        self.die_with(e if isinstance(e, DDLFError) else
+                       DDLFError(f"creating {self.class_name} failed: {e}"))
+        self._release_name(creation)
+
+    def started(self, data) -> None:
+        """The head's ``actor_started`` push: the view of the actor after its first start."""
+        view = self._read_view(data, "create_actors")
         if view is None:
             return
-        if self.state == "dead" and view.state != ActorState.DEAD:
-            # ddlf.kill() ran while the arguments were pending: the head did not know
-            # the actor yet, so the kill must follow the creation.
-            try:
-                await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
-            except Exception as e:
-                log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
+        if self.state is DEAD and view.state != ActorState.DEAD:
+            # ddlf.kill() ran before the head knew the actor (its arguments were pending,
+            # or its creation was still on its way): the kill must follow the creation.
+            self.core.background.spawn(self._kill_late())
             return
-        await self._apply(view)
+        self.core.background.spawn(self._apply(view))
+
+    async def _kill_late(self):
+        try:
+            await rpc.call(self.core.head, "kill_actor", self.actor_id, True)
+        except Exception as e:
+            log.debug("could not kill actor %s created after its kill: %s", self.actor_id, e)
 
     def _release_name(self, creation: ActorCreation) -> None:
         """Give back a name reserved at .remote() for an actor that was never created."""
@@ -106,7 +126,7 @@ class ActorClient:
         return self.store.error_of(e)
 
     def resolve(self, after_epoch: int) -> None:
-        self.state = "resolving"
+        self.state = RESOLVING
         self.core.background.spawn(self._resolve(after_epoch))
 
     async def _resolve(self, after_epoch):
@@ -114,7 +134,7 @@ class ActorClient:
             try:
                 view = await rpc.call(self.core.head, "wait_actor", self.actor_id, after_epoch)
             except Exception as e:
-                self._die_with(ActorDiedError(
+                self.die_with(ActorDiedError(
                     f"actor {self.class_name} ({self.actor_id}) is unreachable: the head did not "
                     f"answer ({e})"))
                 return
@@ -139,7 +159,7 @@ class ActorClient:
         except (MessageError, ValueError) as e:
             log.warning("the head answered %s for actor %s with a malformed view: %s",
                         request, self.actor_id, e)
-            self._die_with(MessageError(
+            self.die_with(MessageError(
                 f"actor {self.class_name} ({self.actor_id}) cannot be reached: the head's "
                 f"answer to {request} is malformed ({e}). Check that the head runs the same "
                 f"DDLF release as this process."))
@@ -148,7 +168,7 @@ class ActorClient:
 
     async def _apply(self, view: ActorView) -> None:
         if view.state == ActorState.DEAD:
-            self._die_with((view.death or ActorDeath("")).to_error(self.class_name,
+            self.die_with((view.death or ActorDeath("")).to_error(self.class_name,
                                                                    self.actor_id))
             return
         if view.state != ActorState.ALIVE:
@@ -170,18 +190,18 @@ class ActorClient:
             return
         conn.send_msg(protocol.PUSH, 0, dumps(("hello", self.core.hello)))
         await shm_store.wait_hello(conn)
-        if self.state == "dead":   # ddlf.kill() ran while we connected: stay dead
+        if self.state is DEAD:   # ddlf.kill() ran while we connected: stay dead
             conn.close()
             return
         if conn.closed:   # it went away while answering our hello
             self.resolve(self.epoch)
             return
         self.conn = conn
-        self.state = "ready"
+        self.state = READY
         self.pump()
 
-    def _die_with(self, exc: BaseException) -> None:
-        self.state = "dead"
+    def die_with(self, exc: BaseException) -> None:
+        self.state = DEAD
         self.dead_error = exc
         while self.queue:
             self.store.fail(self.queue.popleft().obj_id, exc)
@@ -190,7 +210,7 @@ class ActorClient:
         """ddlf.kill() from this process: fail queued, in-flight and later calls now."""
         err = ActorDiedError(f"actor {self.class_name} ({self.actor_id}) is dead: "
                              "it was killed with ddlf.kill()")
-        self._die_with(err)
+        self.die_with(err)
         if self.conn is not None:
             self.conn.abort(err)
 
@@ -200,11 +220,11 @@ class ActorClient:
 
     # -- calls -------------------------------------------------------------------------------
     def enqueue(self, call: ActorCall) -> None:
-        if self.state == "dead":
+        if self.state is DEAD:
             self.store.fail(call.obj_id, self.dead_error)
             return
         self.queue.append(call)
-        if self.state == "ready" and not self.blocked:
+        if self.state is READY and not self.blocked:
             self.pump()
 
     def pump(self) -> None:
@@ -212,7 +232,7 @@ class ActorClient:
         conn = self.conn
         queue = self.queue
         inflight = self.inflight
-        while queue and self.state == "ready":
+        while queue and self.state is READY:
             call = queue[0]
             if call.refs:
                 pending, failed = deps_state(store, call.refs)
@@ -251,7 +271,7 @@ class ActorClient:
                 if i == 0 and self.blocked:
                     # It held the queue waiting for its arguments: let the next one go.
                     self.blocked = False
-                    if self.state == "ready":
+                    if self.state is READY:
                         self.pump()
                 return
         for msg_id, call in self.inflight.items():
@@ -264,37 +284,34 @@ class ActorClient:
                     self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
                 return
 
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.PUSH:
-            event, data = loads(segs[1:])
-            if event != "exiting":
-                shm_store.client_frame(conn, kind, segs)   # the worker's hello
-                return
-            if conn is self.conn:
-                # The actor called sys.exit/exit_actor: its replies so far still arrive
-                # here, but later calls wait for the head's next view of the actor
-                # (restarted or dead), resolved when this connection closes.
-                self.state = "resolving"
-                if data.get("status") and data.get("msg_id") in self.inflight:
-                    # A crash (non-zero exit) in a call the actor may retry: retry it
-                    # on the restarted actor instead of taking the exit's error reply.
-                    call = self.inflight[data["msg_id"]]
-                    if isinstance(call, ActorCall) and call.retries != 0:
-                        del self.inflight[data["msg_id"]]
-                        self._retry([call])
+    # -- frames from the actor (dispatched through FRAMES, runtime/frames.py) -----------------
+    def _on_push(self, conn, kind, msg_id, segs):
+        event, data = loads(segs[1:])
+        if event == "hello":
+            shm_store.client_hello(conn, data)
             return
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
-                msg_id, None)
-            if entry is not None:
-                self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
-                    entry, ActorCall) else entry, segs)
+        if event != "exiting" or conn is not self.conn:
             return
-        if kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
+        # The actor called sys.exit/exit_actor: its replies so far still arrive here, but
+        # later calls wait for the head's next view of the actor (restarted or dead),
+        # resolved when this connection closes.
+        self.state = RESOLVING
+        if data.get("status") and data.get("msg_id") in self.inflight:
+            # A crash (non-zero exit) in a call the actor may retry: retry it on the
+            # restarted actor instead of taking the exit's error reply.
+            call = self.inflight[data["msg_id"]]
+            if isinstance(call, ActorCall) and call.retries != 0:
+                del self.inflight[data["msg_id"]]
+                self._retry([call])
+
+    def _on_stream(self, conn, kind, msg_id, segs):
+        entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
+            msg_id, None)
+        if entry is not None:
+            self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
+                entry, ActorCall) else entry, segs)
+
+    def _on_result(self, conn, kind, msg_id, segs):
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
@@ -302,6 +319,19 @@ class ActorClient:
         if self.cancelled:
             self.cancelled.discard(obj_id)
         self.store.complete_result(obj_id, kind, segs)
+
+    def _on_shm_result(self, conn, kind, msg_id, segs):
+        kind, segs = shm_store.client_result(conn, segs)
+        self._on_result(conn, kind, msg_id, segs)
+
+    def _on_shm_ack(self, conn, kind, msg_id, segs):
+        shm_store.on_ack(conn, segs)
+
+    FRAMES = {protocol.PUSH: _on_push, protocol.STREAM_ITEM: _on_stream,
+              protocol.STREAM_END: _on_stream, protocol.RESULT_OK: _on_result,
+              protocol.RESULT_ERR: _on_result, protocol.RESULT_REFS: _on_result,
+              protocol.RESULT_MULTI: _on_result, protocol.RESULT_SHM: _on_shm_result,
+              protocol.SHM_ACK: _on_shm_ack}
 
     def _retry(self, calls) -> None:
         """Queue calls lost with the actor's process again, ahead of newer ones."""
@@ -336,5 +366,71 @@ class ActorClient:
                         f"with ddlf.cancel(), and the actor's process then went away: {why}"))
                 else:
                     self.store.fail(obj_id, err)
-        if self.state != "dead":
+        if self.state is not DEAD:
             self.resolve(self.epoch)
+
+
+class ActorCreations:
+    """Actor creations on their way to the head, sent in batches.
+
+    Every creation added in one pass of the I/O loop leaves in one ``create_actors``
+    request at the end of that pass. The head answers at once, per creation, with None
+    (accepted) or the error that refused it; each accepted actor's view follows as an
+    ``actor_started`` push when its first start ends (:meth:`started`). If the head's
+    connection is lost first, every creation still waiting fails (:meth:`head_lost`).
+    """
+
+    def __init__(self, core):
+        self.core = core
+        self._batch: list[tuple[ActorClient, ActorCreation]] = []
+        self.waiting: dict[str, ActorClient] = {}   # sent; the actor's view not back yet
+
+    def add(self, client: ActorClient, creation: ActorCreation) -> None:
+        self._batch.append((client, creation))
+        self.waiting[client.actor_id] = client
+        if len(self._batch) == 1:
+            self.core.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        if batch:
+            self.core.background.spawn(self._send(batch))
+
+    async def _send(self, batch: list) -> None:
+        try:
+            answers = await rpc.call(self.core.head, "create_actors",
+                                     [creation.to_wire() for _, creation in batch])
+            if not isinstance(answers, list) or len(answers) != len(batch):
+                raise MessageError(f"the head answered create_actors for {len(batch)} actors "
+                                   f"with {answers!r:.80}, not one answer per actor. Check that "
+                                   "the head runs the same DDLF release as this process.")
+        except Exception as e:
+            answers = [e] * len(batch)
+        for (client, creation), answer in zip(batch, answers):
+            if answer is not None and self.waiting.pop(client.actor_id, None) is client:
+                client.creation_failed(answer, creation)
+
+    def started(self, data) -> None:
+        """The head's ``actor_started`` push (an ``ActorView``): hand it to its client."""
+        actor_id = data.get("actor_id") if isinstance(data, dict) else None
+        if isinstance(actor_id, str) and actor_id:
+            client = self.waiting.pop(actor_id, None)
+            if client is None:
+                raise MessageError(f"an actor_started push for actor {actor_id!r:.40}, which "
+                                   "is not being created here")
+            client.started(data)
+            return
+        # Addressed to no actor: a head that speaks another protocol. Every creation still
+        # waiting fails with what is wrong (ActorClient.started reads it), rather than wait
+        # for a view that cannot come.
+        waiting, self.waiting = self.waiting, {}
+        for client in waiting.values():
+            client.started(data)
+
+    def head_lost(self) -> None:
+        """The head's connection closed: creations whose view never came fail."""
+        waiting, self.waiting = self.waiting, {}
+        err = ConnectionLostError(f"lost the connection to the DDLF head at "
+                                  f"{self.core.head_address} before the actor started")
+        for client in waiting.values():
+            client.die_with(err)

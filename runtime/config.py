@@ -13,9 +13,9 @@ __all__ = ["MAX_FRAME_BYTES", "MAX_SEGMENTS", "HEARTBEAT_INTERVAL_S", "NODE_DEAD
            "NODE_DEAD_AFTER_MISSED", "NODE_REJOIN_TIMEOUT_S", "HANDSHAKE_TIMEOUT_S",
            "REJECT_LOG_INTERVAL_S", "MAX_LENT_TASKS_PER_NODE", "TASK_PIPELINE_DEPTH",
            "LEASE_IDLE_S", "ACTOR_CONNECT_TRIES", "WAIT_ACTOR_MAX_S", "WAIT_GROUP_MAX_S",
-           "REMOVED_GROUPS_KEPT", "IDLE_TASK_MIN_CAP", "GPU_WAIT_S", "PRESTART_WORKERS",
-           "LOG_POLL_S", "LOG_POLL_MAX_S", "REJOIN_REFUSED_TRIES", "START_TIMEOUT_S",
-           "session_root", "raise_open_file_limit"]
+           "REMOVED_GROUPS_KEPT", "DEAD_ACTORS_KEPT", "IDLE_TASK_MIN_CAP", "GPU_WAIT_S",
+           "PRESTART_WORKERS", "LOG_BATCH_S", "LOG_POLL_S", "LOG_POLL_MAX_S",
+           "REJOIN_REFUSED_TRIES", "START_TIMEOUT_S", "session_root", "raise_open_file_limit"]
 
 log = logging.getLogger("ddlf.config")
 
@@ -69,23 +69,31 @@ LEASE_IDLE_S = _env_float("DDLF_LEASE_IDLE_S", 0.5)
 # Attempts to connect to an actor's address the head gave, before asking the head again.
 ACTOR_CONNECT_TRIES = max(1, _env_int("DDLF_ACTOR_CONNECT_TRIES", 5))
 
-# -- the head (head.py) --
+# -- the head (head/) --
 # The longest one wait_actor request waits for an actor to change; callers then ask again.
 WAIT_ACTOR_MAX_S = _env_float("DDLF_WAIT_ACTOR_MAX_S", 30.0)
 # Likewise for a wait_placement_group request.
 WAIT_GROUP_MAX_S = _env_float("DDLF_WAIT_GROUP_MAX_S", 30.0)
 # Removed placement groups placement_group_table() still lists (oldest dropped first).
 REMOVED_GROUPS_KEPT = _env_int("DDLF_REMOVED_GROUPS_KEPT", 1000)
+# Dead actors the head still answers for with why they died (wait_actor, list_actors);
+# older ones are forgotten, as Ray's maximum_gcs_destroyed_actor_cached_count does. A dead
+# record keeps no pickled class or arguments: about 1 KB each.
+DEAD_ACTORS_KEPT = max(0, _env_int("DDLF_DEAD_ACTORS_KEPT", 10_000))
 
-# -- node daemons (node.py) --
+# -- node daemons (node/) --
 # Idle task workers a node keeps across all runtime envs: at least this many (or 2 per CPU).
 IDLE_TASK_MIN_CAP = _env_int("DDLF_IDLE_TASK_MIN_CAP", 4)
 # How long a GPU demand waits for a GPU to be given back before it shares one.
 GPU_WAIT_S = _env_float("DDLF_GPU_WAIT_S", 5.0)
 # Idle fresh workers a node keeps started, so creating an actor does not start Python.
 PRESTART_WORKERS = max(0, _env_int("DDLF_PRESTART_WORKERS", 2))
-# Worker output is polled this often while workers print, backing off to LOG_POLL_MAX_S
-# while they are quiet (the worst added delay for the first line after a quiet spell).
+# Worker output a node reads as workers write it (inotify) is gathered this long after
+# the first new line, so a burst of prints goes to the driver as one batch.
+LOG_BATCH_S = _env_float("DDLF_LOG_BATCH_S", 0.05)
+# Where inotify is not available, worker output is polled this often while workers print,
+# backing off to LOG_POLL_MAX_S while they are quiet (the worst added delay for the first
+# line after a quiet spell).
 LOG_POLL_S = _env_float("DDLF_LOG_POLL_S", 0.05)
 LOG_POLL_MAX_S = _env_float("DDLF_LOG_POLL_MAX_S", 0.4)
 # A node that lost its head and is refused this many times in a row takes it to be gone.

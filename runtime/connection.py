@@ -16,6 +16,7 @@ frame boundary left, so the connection is never reused.
 from __future__ import annotations
 
 import asyncio
+import encodings.idna  # noqa: F401  (see below)
 import logging
 import socket
 import ssl
@@ -24,8 +25,14 @@ import time
 from . import auth, config, protocol, tls
 from .errors import AuthenticationError, ConnectionLostError, FrameError
 from .framing import FrameDecoder, encode_frame
+from .states import ConnectionState
 
 __all__ = ["Connection", "connect", "serve", "RejectionLog"]
+
+# uvloop encodes the host name of every serve() and connect() with the idna codec, which
+# Python imports on first use (with stringprep, unicodedata and a regex: 5 ms of CPU, most
+# of it searching sys.path). Imported here, it is in the node's forkserver, which preloads
+# the worker module and so this one, instead of being imported by every new worker.
 
 log = logging.getLogger("ddlf.connection")
 
@@ -100,11 +107,12 @@ class RejectionLog:
 
 _rejections = RejectionLog(log)
 
-_AUTH_CLIENT_CHALLENGE = 1
-_AUTH_CLIENT_REPLY = 2
-_AUTH_SERVER_RESPONSE = 3
-_OPEN = 4
-_CLOSED = 5
+# Module-level names for the hot path (get_buffer/buffer_updated run on every read).
+_AUTH_CLIENT_CHALLENGE = ConnectionState.AWAIT_CHALLENGE
+_AUTH_CLIENT_REPLY = ConnectionState.AWAIT_REPLY
+_AUTH_SERVER_RESPONSE = ConnectionState.AWAIT_RESPONSE
+_OPEN = ConnectionState.OPEN
+_CLOSED = ConnectionState.CLOSED
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -171,12 +179,12 @@ class Connection(asyncio.BufferedProtocol):
                 f"handshake not completed within {config.HANDSHAKE_TIMEOUT_S:.0f} s"))
 
     def get_buffer(self, sizehint):
-        if self.state == _OPEN:
+        if self.state is _OPEN:
             return self.decoder.get_buffer()
         return self._auth_mem
 
     def buffer_updated(self, nbytes):
-        if self.state == _OPEN:
+        if self.state is _OPEN:
             try:
                 frames = self.decoder.buffer_updated(nbytes)
             except FrameError as e:
@@ -184,7 +192,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.abort(e)
                 return
             self._deliver(frames)
-        elif self.state != _CLOSED:
+        elif self.state is not _CLOSED:
             self._auth_buf += self._auth_mem[:nbytes]
             self._advance_auth()
 
@@ -203,7 +211,7 @@ class Connection(asyncio.BufferedProtocol):
     def _advance_auth(self):
         buf = self._auth_buf
         try:
-            if self.state == _AUTH_CLIENT_CHALLENGE:
+            if self.state is _AUTH_CLIENT_CHALLENGE:
                 if len(buf) < auth.CHALLENGE_SIZE:
                     return
                 challenge = bytes(buf[: auth.CHALLENGE_SIZE])
@@ -212,14 +220,14 @@ class Connection(asyncio.BufferedProtocol):
                 self._server_nonce = challenge[-32:]
                 self.transport.write(response)
                 self.state = _AUTH_CLIENT_REPLY
-            if self.state == _AUTH_CLIENT_REPLY:
+            if self.state is _AUTH_CLIENT_REPLY:
                 if len(buf) < auth.REPLY_SIZE:
                     return
                 reply = bytes(buf[: auth.REPLY_SIZE])
                 del buf[: auth.REPLY_SIZE]
                 auth.check_reply(self.token, self._server_nonce, self._client_nonce, reply)
                 self._open(bytes(buf))
-            elif self.state == _AUTH_SERVER_RESPONSE:
+            elif self.state is _AUTH_SERVER_RESPONSE:
                 if len(buf) < auth.RESPONSE_SIZE:
                     return
                 response = bytes(buf[: auth.RESPONSE_SIZE])
@@ -261,8 +269,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc):
         self._cancel_auth_timer()
-        was_open = self.state == _OPEN
-        nothing_yet = self.state == _AUTH_CLIENT_CHALLENGE and not self._auth_buf
+        was_open = self.state is _OPEN
+        nothing_yet = self.state is _AUTH_CLIENT_CHALLENGE and not self._auth_buf
         self.state = _CLOSED
         self.closed = True
         if exc is None and self.close_exc is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextvars
 import threading
 
+from .states import CallState
+
 __all__ = ["WorkerContext", "CallContext", "current", "running_task", "set_running_task",
            "current_call", "set_current_call"]
 
@@ -48,9 +50,6 @@ def set_running_task(flag: bool) -> None:
     _thread.task = flag
 
 
-QUEUED, RUNNING, DONE = 0, 1, 2
-
-
 class CallContext:
     """One task or actor call on this worker, from its arrival to its reply.
 
@@ -69,7 +68,7 @@ class CallContext:
         self.fn = fn
         self.conn = conn
         self.is_async = is_async
-        self.state = QUEUED
+        self.state = CallState.QUEUED
         self.cancelled = False
         self.interrupted = False      # a KeyboardInterrupt was sent to its thread
         self.thread = 0

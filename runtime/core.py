@@ -35,8 +35,9 @@ import sys
 import threading
 
 from . import context, oob, placement, process, rpc, runtime_env, shm_store
-from .actor_submitter import ActorCall, ActorClient
+from .actor_submitter import ActorCall, ActorClient, ActorCreations
 from .address import split_address
+from .callspec import CallSpec, TaskSpec
 from .connection import connect
 from .dependencies import split_refs, with_nested
 from .errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
@@ -54,6 +55,7 @@ from .object_store import (
     dumps_with_refs,
     unbundle_refs,
 )
+from .scheduling import Scheduling
 from .serialization import dumps
 from .streams import Streams
 from .task_submitter import Task, TaskPool
@@ -100,6 +102,22 @@ def _unreachable(address: str, error: OSError, timeout: float) -> HeadUnreachabl
         "DDLF starts a local cluster instead).", address)
 
 
+def _print_log_batch(core: Core, batch: LogBatch) -> None:
+    """Print worker output the head forwarded, each line prefixed with whose it is."""
+    # Like Ray: name the node only when there is more than one to tell apart.
+    where = ""
+    if len(core.node_totals) > 1:
+        host = batch.host or ""
+        where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
+        where += f", node={(batch.node_id or '')[:6]}"
+    for _job, name, pid, stream, line in batch.records:
+        out = sys.stderr if stream == "err" else sys.stdout
+        try:
+            print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
+        except Exception:
+            pass
+
+
 class Core:
     """One process's client of a DDLF cluster: ``connect``, then submit and get."""
 
@@ -122,6 +140,7 @@ class Core:
         self.streams = Streams(self.store, self.submit_io)   # generator calls still running
         self.msg_ids = itertools.count(1)   # CALL frame ids, unique over all connections
         self.actors: dict[str, ActorClient] = {}
+        self.creations = ActorCreations(self)   # actors on their way to the head
         self.pools: dict[tuple, TaskPool] = {}
         self.head = None
         self.job_id = job_id
@@ -159,6 +178,8 @@ class Core:
         if event == "logs":
             if self.is_driver:
                 self._print_logs(LogBatch.from_wire(data))
+        elif event == "actor_started":
+            self.creations.started(data)
         elif event == "nodes_changed":
             self.node_totals = data
         elif event == "actor_lost":
@@ -177,20 +198,9 @@ class Core:
         # error connect() raises, not also as a lost connection.
         if conn is self.head and not (self.closed or self.closing):
             log.warning("lost the connection to the DDLF head at %s", self.head_address)
+        self.creations.head_lost()
 
-    def _print_logs(self, batch: LogBatch):
-        # Like Ray: name the node only when there is more than one to tell apart.
-        where = ""
-        if len(self.node_totals) > 1:
-            host = batch.host or ""
-            where = f", ip={host}" if host not in ("127.0.0.1", "localhost") else ""
-            where += f", node={(batch.node_id or '')[:6]}"
-        for _job, name, pid, stream, line in batch.records:
-            out = sys.stderr if stream == "err" else sys.stdout
-            try:
-                print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
-            except Exception:
-                pass
+    _print_logs = _print_log_batch   # a method (a tool may replace it on an instance)
 
     def _check_open(self):
         if self.closed:
@@ -272,10 +282,10 @@ class Core:
     def create_actor(self, actor_id: str, spec: ActorSpec, args, kwargs, options: dict) -> None:
         self._check_open()
         demand = _demand(options, default_cpus=0.0)
-        sched = options.get("scheduling")
-        if sched and sched.get("group_id"):
+        sched: Scheduling | None = options.get("scheduling")
+        if sched is not None and sched.in_group:
             # Its demand comes out of a bundle, which must be able to hold it.
-            placement.check_bundle_fit(demand, sched["bundles"], sched.get("bundle_index", -1),
+            placement.check_bundle_fit(demand, list(sched.bundles), sched.bundle_index,
                                        f"actor {spec.class_name}")
         elif self.node_totals and not any(_fits(demand, t) for t in self.node_totals):
             raise UnschedulableError(
@@ -316,8 +326,8 @@ class Core:
         nret = _check_num_returns(num_returns, what)
         backpressure = check_backpressure(backpressure, what) if nret == STREAMING else -1
         args, kwargs, refs = split_refs(args, kwargs)
-        body = (method, args, kwargs) if nret == 1 else (method, args, kwargs, nret, backpressure)
-        payload, nested = dumps_with_refs(body)
+        payload, nested = dumps_with_refs(
+            CallSpec(method, args, kwargs, nret, backpressure).to_wire())
         refs = with_nested(refs, nested)
         ref = self.store.new_ref(actor_id)
         out = self._returns(ref, nret, backpressure)
@@ -412,14 +422,13 @@ class Core:
                     options: dict) -> ObjectRef:
         self._check_open()
         demand = _demand(options, default_cpus=1.0)
-        sched = options.get("scheduling")
+        sched: Scheduling | None = options.get("scheduling")
         group = None
-        if sched and sched.get("group_id"):
-            placement.check_bundle_fit(demand, sched["bundles"], sched.get("bundle_index", -1),
+        if sched is not None and sched.in_group:
+            placement.check_bundle_fit(demand, list(sched.bundles), sched.bundle_index,
                                        f"task {fn_name}")
             # What the worker needs for get_current_placement_group() and for capturing.
-            group = {"group_id": sched["group_id"], "bundles": sched["bundles"],
-                     "capture": bool(sched.get("capture"))}
+            group = sched.group_context()
         # A demand no node can meet is not refused here: as in Ray, .remote() returns a
         # ref; the head's UnschedulableError reaches the caller at get (at once).
         nret = _check_num_returns(options.get("num_returns", 1), fn_name)
@@ -429,15 +438,13 @@ class Core:
             options.get("_generator_backpressure_num_objects", -1), fn_name
         ) if nret == STREAMING else -1
         args, kwargs, refs = split_refs(args, kwargs)
-        body = (fn_id, fn_name, self.job_id, args, kwargs)
-        if group is not None:
-            body = (*body, nret, backpressure, group)
-        elif nret != 1:
-            body = (*body, nret, backpressure)
-        payload, nested = dumps_with_refs(body)
+        payload, nested = dumps_with_refs(
+            TaskSpec(fn_id, fn_name, self.job_id, args, kwargs, nret, backpressure,
+                     group).to_wire())
         refs = with_nested(refs, nested)
         # Tasks of one shape, placement and runtime env share leased workers; no others do.
-        key = (tuple(sorted(demand.items())), _sched_key(sched), env["key"] if env else "")
+        key = (tuple(sorted(demand.items())), sched.pool_key() if sched is not None else (),
+               env["key"] if env else "")
         ref = self.store.new_ref(key)
         out = self._returns(ref, nret, backpressure)
         task = Task(ref.id, fn_id, fn_segments, fn_name, payload, refs,
@@ -548,13 +555,6 @@ def _demand(options: dict, default_cpus: float) -> dict:
     for k, v in (options.get("resources") or {}).items():
         demand[k] = float(v)
     return {k: v for k, v in demand.items() if v > 0}
-
-
-def _sched_key(sched: dict | None) -> tuple:
-    """What separates task pools besides the demand: where their leases may come from."""
-    if not sched:
-        return ()
-    return tuple(sorted((k, v) for k, v in sched.items() if k not in ("bundles", "capture")))
 
 
 def _fits(demand: dict, total: dict) -> bool:

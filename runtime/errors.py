@@ -23,6 +23,7 @@ __all__ = [
     "ActorPlacementGroupRemovedError",
     "TaskPlacementGroupRemovedError",
     "TaskCancelledError",
+    "MessageError",
 ]
 
 
@@ -226,3 +227,8 @@ class ActorPlacementGroupRemovedError(PlacementGroupRemovedError, ActorDiedError
 
 class TaskPlacementGroupRemovedError(PlacementGroupRemovedError):
     """The task's placement group was removed before the task could run."""
+
+
+class MessageError(DDLFError):
+    """A peer sent a control message that is malformed (a field missing or of the wrong
+    type). The request it came with fails with this error; the server carries on."""

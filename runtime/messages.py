@@ -36,21 +36,17 @@ from typing import Any, Callable, ClassVar
 from .errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
-    DDLFError,
+    MessageError,
     PlacementGroupRemovedError,
     UnschedulableError,
 )
+from .scheduling import Scheduling
 
 __all__ = ["MessageError", "ActorCreation", "ActorStarted", "LeaseGrant", "ActorDeath",
            "ActorView", "WorkerDied", "ActorLost", "LogBatch", "Heartbeat"]
 
 # slots=True needs Python 3.10; on 3.9 the messages are ordinary dataclasses.
 _SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
-
-
-class MessageError(DDLFError):
-    """A peer sent a control message that is malformed (a field missing or of the wrong
-    type). The request it came with fails with this error; the server carries on."""
 
 
 # -- field checks: each returns the value unchanged or raises MessageError ------------------
@@ -116,6 +112,10 @@ _SEGMENTS = _list_of(_BYTES, "bytes")
 _STRS = _list_of(_STR, "str")
 
 
+def _scheduling(value, where):
+    return Scheduling.from_wire(value, where)
+
+
 def _log_record(value, where):
     # (job id, worker name, pid, "out" | "err", line): what the node reads from a worker.
     if not isinstance(value, (list, tuple)) or len(value) != 5:
@@ -168,7 +168,7 @@ class _Message:
             value = getattr(self, f.name)
             if value is None and f.name in self.OMIT_IF_NONE:
                 continue
-            out[f.name] = value
+            out[f.name] = value.to_wire() if isinstance(value, Scheduling) else value
         out.update(self.extra)
         return out
 
@@ -194,7 +194,7 @@ class ActorCreation(_Message):
     max_task_retries: int | None = 0
     detached: bool = False
     node_id: str | None = None       # the older spelling of a hard node affinity
-    scheduling: dict | None = None   # node affinity, SPREAD, or a placement group bundle
+    scheduling: Scheduling | None = None   # node affinity, SPREAD, or a placement group bundle
     methods: dict | None = None      # method name -> is_async, or a dict of its options
     sys_path: list = field(default_factory=list)   # the creator's, so its modules import
     cwd: str | None = None
@@ -211,7 +211,7 @@ class ActorCreation(_Message):
         "args_segments": _SEGMENTS, "resources": _optional(_resources),
         "max_restarts": _optional(_INT), "max_concurrency": _optional(_INT),
         "name": _optional(_STR), "max_task_retries": _optional(_INT), "detached": _BOOL,
-        "node_id": _optional(_STR), "scheduling": _optional(_DICT),
+        "node_id": _optional(_STR), "scheduling": _scheduling,
         "methods": _optional(_DICT), "sys_path": _STRS, "cwd": _optional(_STR),
         "job_id": _optional(_STR), "runtime_env": _optional(_DICT),
         "objects": _optional(_DICT), "env_setup": _optional(_DICT),
@@ -224,9 +224,9 @@ class ActorCreation(_Message):
         return self.resources or {}
 
     @property
-    def placement(self) -> dict | None:
+    def placement(self) -> Scheduling | None:
         """Where it may run; a bare ``node_id`` is a hard node affinity."""
-        return self.scheduling or ({"node_id": self.node_id} if self.node_id else None)
+        return self.scheduling or (Scheduling(node_id=self.node_id) if self.node_id else None)
 
 
 @dataclass(**_SLOTS)

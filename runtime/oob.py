@@ -24,6 +24,7 @@ import threading
 
 from . import protocol
 from .errors import DDLFError
+from .frames import TableFrameHandler
 
 __all__ = ["ObjectFetchError", "fetch", "serve_fetch", "owner_address",
            "close_driver_server"]
@@ -82,16 +83,14 @@ def close_driver_server(core) -> None:
         entry[0].close()
 
 
-class _DriverServer:
+class _DriverServer(TableFrameHandler):
     def __init__(self, core):
         self.core = core
 
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind != protocol.FETCH:
-            conn.abort()
-            return
+    def _on_fetch(self, conn, kind, msg_id, segs):
         serve_fetch(conn, msg_id, segs, self.core.loop)
+
+    FRAMES = {protocol.FETCH: _on_fetch}
 
     def connection_closed(self, conn, exc):
         pass
@@ -135,7 +134,7 @@ async def _fetch(core, obj_id: bytes, owner: str) -> None:
     conn.send_msg(protocol.FETCH, 1, [obj_id])
 
 
-class _Requester:
+class _Requester(TableFrameHandler):
     def __init__(self, core, obj_id: bytes, owner: str):
         self.core = core
         self.obj_id = obj_id
@@ -147,12 +146,11 @@ class _Requester:
         self.core.store.fail(self.obj_id, ObjectFetchError(
             f"ObjectRef {self.obj_id.hex()} (pickled out of band) could not be fetched: {why}"))
 
-    def frame_received(self, conn, segs):
+    def _on_reply(self, conn, kind, msg_id, segs):
         from .core import ERR as ENTRY_ERR
         from .core import OK as ENTRY_OK
 
-        kind, _ = protocol.parse_header(segs[0])
-        if kind != protocol.FETCH_REPLY or self.done or len(segs) < 2 or len(segs[1]) != 1:
+        if self.done or len(segs) < 2 or len(segs[1]) != 1:
             conn.abort()
             return
         outcome = segs[1][0]
@@ -177,6 +175,8 @@ class _Requester:
             self.fail(f"its owner, the worker at {self.owner}, no longer pins it (it was "
                       "freed with free(), or pickled in another process)")
         conn.close()
+
+    FRAMES = {protocol.FETCH_REPLY: _on_reply}
 
     def connection_closed(self, conn, exc):
         if not self.done:

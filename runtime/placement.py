@@ -1,28 +1,33 @@
-"""Placement groups: bundles of resources reserved together, and what work draws on them.
+"""Placement groups, the caller's side: what a group and the work scheduled in it may
+ask for, checked before anything reaches the head.
 
-The head keeps one :class:`Group` per placement group. A group reserves all of its
-bundles at once or none of them (:func:`plan` finds nodes for every bundle against the
-nodes' free resources; the head then subtracts them in one step, with no await in
-between). A bundle placed on a node is a :class:`Reservation`: actors and tasks
-scheduled in the group take their demand out of it instead of the node's free pool,
-and give it back there. A reservation whose node dies is dropped and its bundle is
-placed again (state ``RESCHEDULING``), as Ray does.
-
-Everything here is pure bookkeeping with no I/O, so it is tested without processes.
+The head's bookkeeping of groups (which nodes hold which bundles, what work draws on
+them) is ``head/placement_groups.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
+from enum import Enum
 
-from .scheduling import add, fits, subtract
+from .scheduling import fits
 
-__all__ = ["STRATEGIES", "PENDING", "CREATED", "RESCHEDULING", "REMOVED", "Group", "Reservation",
-           "check_bundles", "check_strategy", "check_bundle_fit", "plan", "total_of",
-           "describe_bundles"]
+__all__ = ["PlacementStrategy", "STRATEGIES", "check_bundles", "check_strategy",
+           "check_bundle_fit", "total_of", "describe_bundles"]
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-PENDING, CREATED, RESCHEDULING, REMOVED = "PENDING", "CREATED", "RESCHEDULING", "REMOVED"
+
+class PlacementStrategy(str, Enum):
+    """How a group's bundles are spread over nodes (Ray's names)."""
+
+    PACK = "PACK"                     # as few nodes as possible, one if it fits
+    SPREAD = "SPREAD"                 # different nodes where possible
+    STRICT_PACK = "STRICT_PACK"       # all on one node
+    STRICT_SPREAD = "STRICT_SPREAD"   # each on a different node
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STRATEGIES = tuple(s.value for s in PlacementStrategy)
 
 
 # -- validation (the driver runs these before anything reaches the head) ---------------------
@@ -57,11 +62,12 @@ def check_bundles(bundles) -> list[dict]:
     return out
 
 
-def check_strategy(strategy) -> str:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown placement strategy {strategy!r}; use one of "
-                         f"{', '.join(repr(s) for s in STRATEGIES)}")
-    return strategy
+def check_strategy(strategy) -> PlacementStrategy:
+    """``strategy`` as a :class:`PlacementStrategy`; ``ValueError`` naming the valid ones."""
+    if isinstance(strategy, str) and strategy in STRATEGIES:
+        return PlacementStrategy(strategy)
+    raise ValueError(f"unknown placement strategy {strategy!r}; use one of "
+                     f"{', '.join(repr(s) for s in STRATEGIES)}")
 
 
 def check_bundle_fit(demand: dict, bundles: list[dict], index: int, what: str) -> None:
@@ -112,157 +118,4 @@ def total_of(bundles) -> dict:
     for b in bundles:
         for k, v in b.items():
             out[k] = out.get(k, 0.0) + v
-    return out
-
-
-# -- the head's records ----------------------------------------------------------------------
-class Reservation:
-    """One bundle placed on one node: what the group's actors and tasks draw on.
-
-    It is a fresh object each time its bundle is placed, so resources given back to an
-    old one (whose node died, or whose group was removed) never leak into the new one.
-    Like a node record, it has ``total``, ``available`` and ``alive``.
-    """
-
-    def __init__(self, group: Group, index: int, node):
-        self.group = group
-        self.index = index
-        self.node = node
-        self.total = dict(group.bundles[index])
-        self.available = dict(self.total)
-        self.active = True
-
-    @property
-    def alive(self) -> bool:
-        return self.active and self.node.alive
-
-
-class Group:
-    def __init__(self, group_id: str, bundles: list[dict], strategy: str, name: str = "",
-                 owner: str | None = None, detached: bool = False):
-        self.group_id = group_id
-        self.bundles = bundles
-        self.strategy = strategy
-        self.name = name
-        self.owner = owner
-        self.detached = detached
-        self.state = PENDING
-        self.reservations: list[Reservation | None] = [None] * len(bundles)
-        self.changed = asyncio.Event()
-
-    def touch(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def placed_nodes(self) -> list:
-        return [r.node if r is not None else None for r in self.reservations]
-
-    def commit(self, nodes: list) -> None:
-        """Take every missing bundle out of its planned node's free pool, all at once."""
-        for i, node in enumerate(nodes):
-            if self.reservations[i] is None:
-                subtract(node.available, self.bundles[i])
-                self.reservations[i] = Reservation(self, i, node)
-        self.state = CREATED
-        self.touch()
-
-    def release(self) -> None:
-        """Give every reservation back to its node (the group is being removed)."""
-        for i, r in enumerate(self.reservations):
-            if r is not None:
-                r.active = False
-                if r.node.alive:
-                    add(r.node.available, r.total, r.node.total)
-                self.reservations[i] = None
-
-    def drop_node(self, node) -> bool:
-        """Forget the bundles placed on ``node`` (it died); True if there were any."""
-        lost = False
-        for i, r in enumerate(self.reservations):
-            if r is not None and r.node is node:
-                r.active = False
-                self.reservations[i] = None
-                lost = True
-        if lost and self.state == CREATED:
-            self.state = RESCHEDULING
-            self.touch()
-        return lost
-
-    def view(self) -> dict:
-        """Ray's ``placement_group_table`` entry for this group."""
-        return {
-            "placement_group_id": self.group_id, "name": self.name,
-            "bundles": {i: dict(b) for i, b in enumerate(self.bundles)},
-            "bundles_to_node_id": {i: r.node.node_id for i, r in enumerate(self.reservations)
-                                   if r is not None},
-            "strategy": self.strategy, "state": self.state,
-            "is_detached": self.detached,
-        }
-
-
-# -- choosing nodes --------------------------------------------------------------------------
-def plan(bundles: list[dict], strategy: str, nodes: list, fixed: list | None = None,
-         use_total: bool = False) -> list | None:
-    """A node for every bundle, or None if the strategy cannot be met now.
-
-    ``nodes`` have ``.available`` and ``.total``; ``fixed[i]`` is the node bundle ``i`` is
-    already on (None: to be placed). With ``use_total`` the nodes count as empty: that
-    answers "could this group ever fit this cluster?".
-
-    * ``STRICT_PACK``: every bundle on one node.
-    * ``PACK``: one node if possible, else as few as a greedy fill finds.
-    * ``STRICT_SPREAD``: every bundle on a different node.
-    * ``SPREAD``: different nodes where possible, shared ones otherwise.
-
-    Bundles are placed largest first; the search is greedy, so a group that only an
-    exhaustive search could fit (rare mixes of bundle sizes) waits instead.
-    """
-    out = list(fixed) if fixed is not None else [None] * len(bundles)
-    todo = [i for i, n in enumerate(out) if n is None]
-    if not todo:
-        return out
-    free = {id(n): dict(n.total if use_total else n.available) for n in nodes}
-    order = sorted(nodes, key=lambda n: -free[id(n)].get("CPU", 0.0))   # stable: ties keep order
-    used = [n for n in out if n is not None]
-    todo.sort(key=lambda i: -sum(bundles[i].values()))
-
-    def room(n, i):
-        return fits(bundles[i], free[id(n)])
-
-    def take(n, i):
-        subtract(free[id(n)], bundles[i])
-        out[i] = n
-        if n not in used:
-            used.append(n)
-
-    if strategy in ("STRICT_PACK", "PACK"):
-        need = total_of(bundles[i] for i in todo)
-        anchors = [n for n in order if n in used]
-        candidates = anchors if strategy == "STRICT_PACK" and anchors else (
-            anchors + [n for n in order if n not in used])
-        for n in candidates:
-            if fits(need, free[id(n)]):
-                for i in todo:
-                    take(n, i)
-                return out
-        if strategy == "STRICT_PACK":
-            return None
-        for i in todo:
-            n = next((n for n in order if n in used and room(n, i)), None) or next(
-                (n for n in order if room(n, i)), None)
-            if n is None:
-                return None
-            take(n, i)
-        return out
-    for i in todo:
-        fresh = [n for n in order if n not in used and room(n, i)]
-        if fresh:
-            n = max(fresh, key=lambda n: free[id(n)].get("CPU", 0.0))
-        elif strategy == "SPREAD":
-            n = next((n for n in order if room(n, i)), None)
-        else:
-            n = None
-        if n is None:
-            return None
-        take(n, i)
     return out

@@ -7,10 +7,12 @@
   lifelines, wait, and kill what is left (:func:`stop_children`).
 * Where the token comes from (:func:`resolve_token`) and which versions a peer must
   match (:func:`versions`, :func:`check_versions`).
+* Memory that stays with the process (:func:`pin_malloc_mmap_threshold`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -25,7 +27,7 @@ from .errors import DDLFError, VersionMismatchError
 
 __all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
            "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
-           "check_versions"]
+           "check_versions", "pin_malloc_mmap_threshold"]
 
 READY_PREFIX = "DDLF_READY "
 TOKEN_ENV = "DDLF_AUTH_TOKEN"
@@ -166,3 +168,29 @@ def check_versions(info: dict, who: str) -> None:
             f"{who} runs DDLF {info.get('version')} on Python {info.get('python')}, but the head "
             f"runs DDLF {ours['version']} on Python {ours['python']}. Install the same DDLF and "
             "Python major.minor on every host.")
+
+
+_M_MMAP_THRESHOLD = -3   # mallopt's parameter number, from glibc's malloc.h
+
+
+def pin_malloc_mmap_threshold(nbytes: int = 128 * 1024) -> bool:
+    """Keep glibc's mmap threshold at ``nbytes`` for good; True if this malloc took it.
+
+    glibc serves an allocation of at least the threshold (128 KiB to start with) with its
+    own mmap, unmapped when freed. But when such a block of under 32 MiB is freed, glibc
+    *raises* the threshold to its size: from then on, blocks up to that size come from
+    the heap, and freed heap blocks between live ones are never given back to the system.
+    For a server that is how RSS creeps up: one large frame segment (a peer declaring a
+    20 MB segment is enough) and every later 256 KiB receive buffer of a new connection
+    comes from the heap and stays resident after the connection closes (measured: the
+    head's RSS 44 -> 70 MB over a 10-minute wire fuzz, up to 108 MB during it). Setting
+    the threshold explicitly turns that adjustment off. Processes that move large data
+    (workers, drivers) benefit from the adjustment (no page faults for each 1 MB frame),
+    so only processes that don't should call this: the head.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, int(nbytes)) == 1
+    except (OSError, AttributeError):   # no mallopt (a libc without it)
+        return False

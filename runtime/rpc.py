@@ -19,6 +19,7 @@ import traceback
 
 from . import protocol
 from .errors import ConnectionLostError, DDLFError, FrameError
+from .frames import TableFrameHandler
 from .messages import MessageError
 from .serialization import dumps, loads
 from .taskgroup import TaskGroup
@@ -64,7 +65,7 @@ def push(conn, event: str, data) -> None:
         conn.send_msg(protocol.PUSH, 0, dumps((event, data)))
 
 
-class RpcHandler:
+class RpcHandler(TableFrameHandler):
     """Answers requests from ``handlers`` ({method name: callable(conn, *args)}) and hands
     pushes and the connection's end to ``target`` (``on_push``, optional ``on_closed``).
     Without ``handlers`` (a driver's link to the head) every request is unknown."""
@@ -74,60 +75,65 @@ class RpcHandler:
         self.handlers = dict(handlers or {})
         self._requests: TaskGroup | None = None   # async requests being answered
 
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.REQUEST:
-            method, args = loads(segs[1:])
-            fn = self.handlers.get(method) if isinstance(method, str) else None
-            if fn is None:
-                self._reply_err(conn, msg_id, DDLFError(f"unknown request {method!r}"))
-                return
-            try:
-                result = fn(conn, *args)
-            except Exception as e:
-                self._reply_err(conn, msg_id, e)
-                return
-            if inspect.isawaitable(result):
-                if self._requests is None:
-                    self._requests = TaskGroup(conn.loop, "rpc")
-                # Its outcome is the reply (errors included), so the group need not log it.
-                task = self._requests.spawn(result, log_errors=False)
-                task.add_done_callback(lambda t: self._reply_task(conn, msg_id, t))
-            else:
-                self._reply_ok(conn, msg_id, result)
-        elif kind == protocol.REPLY_OK or kind == protocol.REPLY_ERR:
-            fut = _pending(conn).pop(msg_id, None)
-            if fut is None or fut.done():
-                return
-            try:
-                value = loads(segs[1:])
-            except Exception as e:
-                fut.set_exception(e)
-                return
-            if kind == protocol.REPLY_OK:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
-        elif kind == protocol.PUSH:
-            try:
-                event, data = loads(segs[1:])
-            except Exception as e:
-                log.warning("dropped an unreadable push from %s: %s", conn.peer, e)
-                return
-            try:
-                self.target.on_push(conn, event, data)
-            except MessageError as e:
-                # A push has no reply to carry the error: drop it, keep the connection.
-                log.warning("dropped a malformed %r push from %s: %s", event, conn.peer, e)
-            except Exception:
-                # A bug in one handler must not cut the link: for a driver, losing the head
-                # connection kills every actor it owns. Log it with its traceback instead.
-                log.exception("the %r push handler failed (push from %s); the push is "
-                              "dropped and the connection kept", event, conn.peer)
+    # -- frames (dispatched through FRAMES, runtime/frames.py) ---------------------------------
+    def _on_request(self, conn, kind, msg_id, segs):
+        method, args = loads(segs[1:])
+        fn = self.handlers.get(method) if isinstance(method, str) else None
+        if fn is None:
+            self._reply_err(conn, msg_id, DDLFError(f"unknown request {method!r}"))
+            return
+        try:
+            result = fn(conn, *args)
+        except Exception as e:
+            self._reply_err(conn, msg_id, e)
+            return
+        if inspect.isawaitable(result):
+            if self._requests is None:
+                self._requests = TaskGroup(conn.loop, "rpc")
+            # Its outcome is the reply (errors included), so the group need not log it.
+            task = self._requests.spawn(result, log_errors=False)
+            task.add_done_callback(lambda t: self._reply_task(conn, msg_id, t))
         else:
-            # A data-plane frame on a control port: a confused or hostile peer. Drop the
-            # connection quietly instead of logging a traceback per frame.
-            conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
+            self._reply_ok(conn, msg_id, result)
+
+    def _on_reply(self, conn, kind, msg_id, segs):
+        fut = _pending(conn).pop(msg_id, None)
+        if fut is None or fut.done():
+            return
+        try:
+            value = loads(segs[1:])
+        except Exception as e:
+            fut.set_exception(e)
+            return
+        if kind == protocol.REPLY_OK:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def _on_push(self, conn, kind, msg_id, segs):
+        try:
+            event, data = loads(segs[1:])
+        except Exception as e:
+            log.warning("dropped an unreadable push from %s: %s", conn.peer, e)
+            return
+        try:
+            self.target.on_push(conn, event, data)
+        except MessageError as e:
+            # A push has no reply to carry the error: drop it, keep the connection.
+            log.warning("dropped a malformed %r push from %s: %s", event, conn.peer, e)
+        except Exception:
+            # A bug in one handler must not cut the link: for a driver, losing the head
+            # connection kills every actor it owns. Log it with its traceback instead.
+            log.exception("the %r push handler failed (push from %s); the push is "
+                          "dropped and the connection kept", event, conn.peer)
+
+    FRAMES = {protocol.REQUEST: _on_request, protocol.REPLY_OK: _on_reply,
+              protocol.REPLY_ERR: _on_reply, protocol.PUSH: _on_push}
+
+    def unexpected_frame(self, conn, kind: int) -> None:
+        # A data-plane frame on a control port: a confused or hostile peer. Drop the
+        # connection quietly instead of logging a traceback per frame.
+        conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
 
     def _reply_task(self, conn, msg_id, task):
         if task.cancelled():

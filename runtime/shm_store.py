@@ -56,7 +56,7 @@ except ImportError:  # Windows: no flock, no /dev/shm; the path stays off
     fcntl = None
 
 __all__ = ["enabled", "local_info", "same_host", "store", "ship", "wrap_result",
-           "client_frame", "worker_object", "on_ack", "send_hello", "wait_hello",
+           "client_result", "client_hello", "worker_object", "on_ack", "send_hello", "wait_hello",
            "release_all", "sweep", "reset"]
 
 log = logging.getLogger("ddlf.shm")
@@ -494,31 +494,27 @@ def on_ack(conn, segs) -> None:
         pins.pop(bytes(segs[1]), None)
 
 
-def client_frame(conn, kind: int, segs):
-    """The caller's side of the extra frames: the worker's hello, acks, shared-memory
-    results. Returns ``(kind, segs)`` to handle as a result, or ``(None, None)``."""
-    if kind == protocol.RESULT_SHM:
-        try:
-            return protocol.RESULT_OK, [segs[0], *_receive(conn, segs[1], segs[2])]
-        except Exception as e:
-            from .errors import DDLFError
-            from .remote_error import encode_error
+def client_result(conn, segs):
+    """The caller's side of a ``RESULT_SHM`` frame (or a ``STREAM_ITEM`` holding one): its
+    value mapped from shared memory, as ``(RESULT_OK, segs)``; ``(RESULT_ERR, segs)`` saying
+    why if it cannot be mapped."""
+    try:
+        return protocol.RESULT_OK, [segs[0], *_receive(conn, segs[1], segs[2])]
+    except Exception as e:
+        from .errors import DDLFError
+        from .remote_error import encode_error
 
-            err = DDLFError(f"the result could not be mapped from shared memory: {e}")
-            return protocol.RESULT_ERR, [segs[0], *encode_error(err, f"pid {os.getpid()}")]
-    if kind == protocol.SHM_ACK:
-        on_ack(conn, segs)
-    elif kind == protocol.PUSH:
-        from .serialization import loads
+        err = DDLFError(f"the result could not be mapped from shared memory: {e}")
+        return protocol.RESULT_ERR, [segs[0], *encode_error(err, f"pid {os.getpid()}")]
 
-        event, data = loads(segs[1:])
-        if event == "hello":
-            conn.info["shm_peer"] = same_host(data.get("shm"))
-            waiter = conn.info.pop("hello_waiter", None)
-            conn.info["hello_seen"] = True
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-    return None, None
+
+def client_hello(conn, data) -> None:
+    """The caller's side of the worker's ``hello`` push: does it share our memory?"""
+    conn.info["shm_peer"] = same_host(data.get("shm"))
+    waiter = conn.info.pop("hello_waiter", None)
+    conn.info["hello_seen"] = True
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
 
 
 async def wait_hello(conn) -> None:

@@ -69,7 +69,7 @@ class Streams:
         item = [None, *segs[2:]]
         if item_kind == protocol.RESULT_SHM:
             # Mapped (and acknowledged) even when discarded, so the worker unpins it.
-            item_kind, item = shm_store.client_frame(conn, item_kind, item)
+            item_kind, item = shm_store.client_result(conn, item)
         if stream is None:
             return
         if stream.released:

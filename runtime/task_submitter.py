@@ -28,9 +28,11 @@ from .errors import (
     UnschedulableError,
     WorkerCrashedError,
 )
+from .frames import TableFrameHandler
 from .messages import LeaseGrant, MessageError
 from .remote_error import decode_error
-from .serialization import dumps
+from .scheduling import Scheduling
+from .serialization import dumps, loads
 
 __all__ = ["Task", "Lease", "TaskPool", "LeaseHandler"]
 
@@ -68,12 +70,12 @@ class Lease:
 class TaskPool:
     """Tasks of one resource shape: a queue, and the worker leases that run them."""
 
-    def __init__(self, core, demand: dict, sched: dict | None = None,
+    def __init__(self, core, demand: dict, sched: Scheduling | None = None,
                  runtime_env: dict | None = None):
         self.core = core
         self.store = core.store
         self.demand = demand
-        self.sched = sched
+        self.sched = sched.to_wire() if sched is not None else None   # as lease_worker sends it
         self.runtime_env = runtime_env
         self.queue: collections.deque = collections.deque()
         self.leases: list[Lease] = []
@@ -297,27 +299,24 @@ class TaskPool:
                 lease.conn.close()
 
 
-class LeaseHandler:
+class LeaseHandler(TableFrameHandler):
+    """The frames of one leased worker's connection (dispatched through FRAMES)."""
+
     __slots__ = ("pool", "lease")
 
     def __init__(self, pool: TaskPool, lease: Lease):
         self.pool = pool
         self.lease = lease
 
-    def frame_received(self, conn, segs):
-        kind, msg_id = protocol.parse_header(segs[0])
-        if kind == protocol.STREAM_ITEM or kind == protocol.STREAM_END:
-            inflight = self.lease.inflight
-            task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
-            if task is not None:
-                self.pool.core.streams.frame(conn, kind, msg_id, task.obj_id, segs)
-                if kind == protocol.STREAM_END:
-                    self.pool.task_done(self.lease)
-            return
-        if kind == protocol.PUSH or kind >= protocol.RESULT_SHM:
-            kind, segs = shm_store.client_frame(conn, kind, segs)
-            if kind is None:
-                return
+    def _on_stream(self, conn, kind, msg_id, segs):
+        inflight = self.lease.inflight
+        task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
+        if task is not None:
+            self.pool.core.streams.frame(conn, kind, msg_id, task.obj_id, segs)
+            if kind == protocol.STREAM_END:
+                self.pool.task_done(self.lease)
+
+    def _on_result(self, conn, kind, msg_id, segs):
         task = self.lease.inflight.pop(msg_id, None)
         if task is None:
             return
@@ -332,6 +331,24 @@ class LeaseHandler:
             return
         self.pool.store.complete_result(task.obj_id, kind, segs)
         self.pool.task_done(self.lease)
+
+    def _on_shm_result(self, conn, kind, msg_id, segs):
+        kind, segs = shm_store.client_result(conn, segs)
+        self._on_result(conn, kind, msg_id, segs)
+
+    def _on_shm_ack(self, conn, kind, msg_id, segs):
+        shm_store.on_ack(conn, segs)
+
+    def _on_push(self, conn, kind, msg_id, segs):
+        event, data = loads(segs[1:])
+        if event == "hello":
+            shm_store.client_hello(conn, data)
+
+    FRAMES = {protocol.STREAM_ITEM: _on_stream, protocol.STREAM_END: _on_stream,
+              protocol.RESULT_OK: _on_result, protocol.RESULT_ERR: _on_result,
+              protocol.RESULT_REFS: _on_result, protocol.RESULT_MULTI: _on_result,
+              protocol.RESULT_SHM: _on_shm_result, protocol.SHM_ACK: _on_shm_ack,
+              protocol.PUSH: _on_push}
 
     def connection_closed(self, conn, exc):
         self.pool.lost(self.lease)

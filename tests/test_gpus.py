@@ -19,7 +19,7 @@ import ddlf_actors as ddlf
 from ddlf_actors.errors import UnschedulableError
 from ddlf_actors.runtime import cli
 from ddlf_actors.runtime.errors import DDLFError
-from ddlf_actors.runtime.node import NodeDaemon, detect_gpus
+from ddlf_actors.runtime.node import GpuAllocator, detect_gpus
 
 
 @pytest.fixture(autouse=True)
@@ -49,46 +49,31 @@ def test_detect_gpus_from_env_nvidia_smi_or_declared(monkeypatch, tmp_path):
         detect_gpus(1.5)
 
 
-class _Node:
-    """Just what NodeDaemon's GPU bookkeeping uses."""
-
-    _gpu_share = staticmethod(NodeDaemon._gpu_share)
-
-    def __init__(self, n, loop=None):
-        self.gpu_free = {g: 1.0 for g in range(n)}
-        self._gpu_returned = asyncio.Event()
-        self.loop = loop
-
-    _take_gpus = NodeDaemon._take_gpus
-    _return_gpus = NodeDaemon._return_gpus
-    _claim_gpus = NodeDaemon._claim_gpus
-
-
 def test_fractions_pack_and_whole_gpus_take_unused_ones(caplog):
-    node = _Node(3)
-    take = NodeDaemon._take_gpus
-    assert take(node, 0) == []
-    assert take(node, 0.5) == [0] and take(node, 0.25) == [0]   # fractions share one GPU
-    assert take(node, 1) == [1]                                   # a whole one stays whole
-    assert take(node, 0.5) == [2]                                 # 0.25 left on GPU 0
-    assert take(node, 0.25) == [0]                                # the fullest that fits
-    assert take(node, 1, share=False) is None   # none unused: the node waits for one
+    gpus = GpuAllocator(range(3))
+    take = gpus.take
+    assert take(0) == []
+    assert take(0.5) == [0] and take(0.25) == [0]   # fractions share one GPU
+    assert take(1) == [1]                             # a whole one stays whole
+    assert take(0.5) == [2]                           # 0.25 left on GPU 0
+    assert take(0.25) == [0]                          # the fullest that fits
+    assert take(1, share=False) is None   # none unused: the node waits for one
     with caplog.at_level(logging.WARNING, logger="ddlf.node"):
-        assert take(node, 1) == [2]   # and after a while shares the least used
+        assert take(1) == [2]   # and after a while shares the least used
     assert "sharing" in caplog.text
-    NodeDaemon._return_gpus(node, [1], 1.0)
-    assert node.gpu_free[1] == 1.0
+    gpus.give_back([1], 1.0)
+    assert gpus.free[1] == 1.0
 
 
 def test_a_gpu_demand_waits_for_a_gpu_on_its_way_back(caplog):
     # The head frees a killed actor's GPU before its process has exited on the node.
     async def main():
-        node = _Node(1, asyncio.get_running_loop())
-        assert await node._claim_gpus(1) == [0]
-        claim = asyncio.ensure_future(node._claim_gpus(1))
+        gpus = GpuAllocator([0], asyncio.get_running_loop())
+        assert await gpus.claim(1) == [0]
+        claim = asyncio.ensure_future(gpus.claim(1))
         await asyncio.sleep(0.05)
         assert not claim.done()
-        node._return_gpus([0], 1.0)
+        gpus.give_back([0], 1.0)
         return await asyncio.wait_for(claim, 5)
 
     with caplog.at_level(logging.WARNING, logger="ddlf.node"):

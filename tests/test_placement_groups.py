@@ -18,6 +18,9 @@ from ddlf_actors.errors import (
     TaskPlacementGroupRemovedError,
 )
 from ddlf_actors.runtime import placement
+from ddlf_actors.runtime.head.placement_groups import Group, plan
+from ddlf_actors.runtime.placement import PlacementStrategy
+from ddlf_actors.runtime.states import GroupState
 from ddlf_actors.util import (
     PlacementGroupSchedulingStrategy,
     get_current_placement_group,
@@ -92,26 +95,27 @@ def _names(nodes):
 ])
 def test_plan_meets_each_strategy(strategy, cpus, bundles, expected):
     nodes = [FakeNode(n, c) for n, c in zip("ab", cpus)]
-    got = placement.plan([{"CPU": float(b)} for b in bundles], strategy, nodes)
+    got = plan([{"CPU": float(b)} for b in bundles], PlacementStrategy(strategy), nodes)
     assert _names(got) == expected
     assert [n.available for n in nodes] == [n.total for n in nodes]   # planning reserves nothing
 
 
 def test_plan_keeps_placed_bundles_and_spreads_away_from_them():
     a, b, c = FakeNode("a", 2), FakeNode("b", 2), FakeNode("c", 2)
-    got = placement.plan([{"CPU": 1.0}] * 3, "STRICT_SPREAD", [a, b, c], fixed=[a, None, c])
+    got = plan([{"CPU": 1.0}] * 3, PlacementStrategy.STRICT_SPREAD, [a, b, c],
+               fixed=[a, None, c])
     assert _names(got) == ["a", "b", "c"]
 
 
 def test_commit_is_all_or_nothing_and_release_gives_everything_back():
     a = FakeNode("a", 2)
-    g = placement.Group("g", [{"CPU": 1.0}, {"CPU": 1.0}], "PACK")
-    assert placement.plan(g.bundles, g.strategy, [a]) is not None
+    g = Group("g", [{"CPU": 1.0}, {"CPU": 1.0}], PlacementStrategy.PACK)
+    assert plan(g.bundles, g.strategy, [a]) is not None
     a.available["CPU"] = 1.0   # someone took one CPU: the group must not half-reserve
-    assert placement.plan(g.bundles, g.strategy, [a]) is None
+    assert plan(g.bundles, g.strategy, [a]) is None
     a.available["CPU"] = 2.0
-    g.commit(placement.plan(g.bundles, g.strategy, [a]))
-    assert g.state == placement.CREATED and a.available == {"CPU": 0.0}
+    g.commit(plan(g.bundles, g.strategy, [a]))
+    assert g.state is GroupState.CREATED and a.available == {"CPU": 0.0}
     g.release()
     assert a.available == {"CPU": 2.0}
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from cluster_utils import MultiNodeCluster, joined
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import UnschedulableError
-from ddlf_actors.runtime.head import Head, NodeRecord
+from ddlf_actors.runtime.head.nodes import NodeTable
+from ddlf_actors.runtime.head.placement_groups import PlacementGroupManager
+from ddlf_actors.runtime.head.scheduler import Scheduler, WorkKind
+from ddlf_actors.runtime.scheduling import Scheduling
 from ddlf_actors.util import NodeAffinitySchedulingStrategy
 
 
@@ -40,40 +41,44 @@ def _soft(node_id, spill=False):
 
 @pytest.fixture
 def head():
-    loop = asyncio.new_event_loop()
-    h = Head(loop, "token")
+    """The head's scheduler over two nodes, 'big' (8 CPUs) and 'small' (2), no processes."""
+    nodes = NodeTable(dead_after_missed=10)
     for name, cpus in (("big", 8), ("small", 2)):
-        info = {"node_id": name, "address": f"{name}:1", "resources": {"CPU": float(cpus)}}
-        h.nodes[name] = NodeRecord(info, None)
-    yield h
-    loop.close()
+        nodes.register({"node_id": name, "address": f"{name}:1",
+                        "resources": {"CPU": float(cpus)}}, None)
+    return Scheduler(nodes, PlacementGroupManager(keep_removed=10))
 
 
-def _take(head, sched, n, demand=None):
+def _take(scheduler, sched, n, demand=None):
     out = []
     for _ in range(n):
-        got = head._try_place(demand or {"CPU": 1.0}, "task", sched)
+        got = scheduler.try_place(demand or {"CPU": 1.0}, Scheduling.from_wire(sched),
+                                  WorkKind.TASK)
         out.append(got[0].node_id if got else None)
     return out
 
 
+def _node(scheduler, name):
+    return scheduler.nodes.get(name)
+
+
 def test_spread_round_robins_where_default_fills_the_emptiest(head):
     assert _take(head, {"strategy": "SPREAD"}, 4) == ["big", "small", "big", "small"]
-    for n in head.nodes.values():
+    for n in head.nodes.alive():
         n.available = dict(n.total)
     # DEFAULT picks the largest free fraction: the 8-CPU node takes most of the work.
     assert _take(head, None, 4) == ["big", "small", "big", "big"]
 
 
 def test_spread_skips_nodes_without_room(head):
-    head.nodes["small"].available["CPU"] = 0.0
+    _node(head, "small").available["CPU"] = 0.0
     assert _take(head, {"strategy": "SPREAD"}, 3) == ["big", "big", "big"]
 
 
 def test_hard_affinity_fails_for_an_unknown_dead_or_too_small_node(head):
     with pytest.raises(UnschedulableError, match="not in this cluster"):
         _take(head, {"node_id": "nope"}, 1)
-    head.nodes["small"].alive = False
+    head.nodes.mark_dead(_node(head, "small"))
     with pytest.raises(UnschedulableError, match="which is dead"):
         _take(head, {"node_id": "small"}, 1)
     with pytest.raises(UnschedulableError, match="more than any node has"):
@@ -83,12 +88,12 @@ def test_hard_affinity_fails_for_an_unknown_dead_or_too_small_node(head):
 def test_soft_affinity_falls_back_when_the_node_is_gone_or_too_small(head):
     assert _take(head, {"node_id": "nope", "soft": True}, 1) == ["big"]
     assert _take(head, {"node_id": "small", "soft": True}, 1, {"CPU": 4.0}) == ["big"]
-    head.nodes["small"].alive = False
+    head.nodes.mark_dead(_node(head, "small"))
     assert _take(head, {"node_id": "small", "soft": True}, 1) == ["big"]
 
 
 def test_affinity_to_a_busy_node_waits_unless_told_otherwise(head):
-    head.nodes["small"].available["CPU"] = 0.0
+    _node(head, "small").available["CPU"] = 0.0
     # As in Ray: a live node that can hold the demand is waited for, soft or hard.
     assert _take(head, {"node_id": "small"}, 1) == [None]
     assert _take(head, {"node_id": "small", "soft": True}, 1) == [None]

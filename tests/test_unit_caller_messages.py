@@ -15,7 +15,7 @@ import re
 import pytest
 
 from ddlf_actors.runtime import protocol, rpc
-from ddlf_actors.runtime.actor_submitter import ActorCall, ActorClient
+from ddlf_actors.runtime.actor_submitter import ActorCall, ActorClient, ActorCreations
 from ddlf_actors.runtime.core import Core
 from ddlf_actors.runtime.errors import (
     ActorDiedError,
@@ -54,6 +54,8 @@ class _Core:
         self.incref, self.decref = self.store.incref, self.store.decref
         self.background = TaskGroup(loop, "test")
         self.head = _HeadConn()
+        self.head_address = "127.0.0.1:1"
+        self.creations = ActorCreations(self)
         self.token = "token"
         self.hello: dict = {}
         self.msg_ids = itertools.count(1)
@@ -91,8 +93,15 @@ def _creation() -> ActorCreation:
     return ActorCreation("a1", "Counter", [b"cls"], [b"args"], {"CPU": 1.0})
 
 
-def _call_then(how: str):
-    """A scenario: one call queued on actor a1, then its creation or resolution."""
+async def _settle():
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def _call_then(how: str, view):
+    """A scenario: one call queued on actor a1, then its creation (the head accepts it and
+    pushes ``view`` as the actor's first view) or its resolution (``wait_actor`` answers
+    ``view``; see ``_with_head``)."""
     refs = []
 
     async def scenario(core):
@@ -102,6 +111,8 @@ def _call_then(how: str):
         client.enqueue(ActorCall(ref.id, [b"call"], None))
         if how == "create":
             client.create(_creation(), None)
+            await _settle()   # the batch goes out and is accepted
+            core.creations.started(view)   # the head's actor_started push
         else:
             client.resolve(0)
 
@@ -123,9 +134,9 @@ MALFORMED_VIEWS = [
 @pytest.mark.parametrize("view,match", MALFORMED_VIEWS)
 def test_a_malformed_actor_view_fails_the_calls_with_what_is_wrong(monkeypatch, request_,
                                                                    view, match):
-    method = "create_actor" if request_ == "create" else "wait_actor"
-    _with_head(monkeypatch, {method: view})
-    scenario, refs = _call_then(request_)
+    method = "create_actors" if request_ == "create" else "wait_actor"
+    _with_head(monkeypatch, {"create_actors": [None], "wait_actor": view})
+    scenario, refs = _call_then(request_, view)
     core = _run(scenario)
     with pytest.raises(MessageError, match=match) as info:
         core.store.get(refs, timeout=2)   # before: a GetTimeoutError, the call never failed
@@ -141,25 +152,55 @@ def test_a_malformed_actor_view_fails_the_calls_with_what_is_wrong(monkeypatch, 
 ])
 def test_a_dead_view_fails_the_calls_with_the_error_its_death_describes(monkeypatch, error,
                                                                        cls, text):
-    _with_head(monkeypatch, {"create_actor": {"actor_id": "a1", "state": "DEAD", "epoch": 0,
-                                              "address": None, "error": error}})
-    scenario, refs = _call_then("create")
+    _with_head(monkeypatch, {"create_actors": [None]})
+    scenario, refs = _call_then("create", {"actor_id": "a1", "state": "DEAD", "epoch": 0,
+                                           "address": None, "error": error})
     core = _run(scenario)
     with pytest.raises(cls, match=re.escape(text)):
         core.store.get(refs, timeout=2)
 
 
 def test_the_creation_sent_is_the_message_with_the_shipped_objects(monkeypatch):
-    calls = _with_head(monkeypatch, {"create_actor": {"actor_id": "a1", "state": "DEAD",
-                                                      "error": None}})
+    calls = _with_head(monkeypatch, {"create_actors": [None]})
     _run(lambda core: _create(core))
     ((method, (sent,)),) = calls
-    assert method == "create_actor" and sent == _creation().to_wire()
-    assert "objects" not in sent   # sent only when its arguments hold refs
+    assert method == "create_actors" and sent == [_creation().to_wire()]
+    assert "objects" not in sent[0]   # sent only when its arguments hold refs
 
 
 async def _create(core):
     ActorClient(core, "a1", "Counter").create(_creation(), None)
+
+
+def test_creations_in_one_loop_pass_leave_in_one_request_and_refusals_fail_their_calls(
+        monkeypatch):
+    from ddlf_actors.runtime.errors import ActorNameTakenError
+
+    taken = ActorNameTakenError("an actor named 'x' already exists")
+    calls = _with_head(monkeypatch, {"create_actors": [None, taken, None]})
+    refs = {}
+
+    async def scenario(core):
+        for actor_id in ("a1", "a2", "a3"):
+            client = ActorClient(core, actor_id, "Counter")
+            refs[actor_id] = core.store.new_ref(actor_id)
+            client.enqueue(ActorCall(refs[actor_id].id, [b"call"], None))
+            client.create(ActorCreation(actor_id, "Counter"), None)
+        await _settle()
+        core.creations.started({"actor_id": "a3", "state": "DEAD", "error": None})
+        return core
+
+    core = _run(scenario)
+    ((method, (sent,)),) = calls   # one request for the three actors
+    assert method == "create_actors" and [c["actor_id"] for c in sent] == ["a1", "a2", "a3"]
+    with pytest.raises(ActorNameTakenError):
+        core.store.get([refs["a2"]], timeout=2)
+    with pytest.raises(ActorDiedError, match=re.escape("actor Counter (a3) is dead")):
+        core.store.get([refs["a3"]], timeout=2)
+    assert list(core.creations.waiting) == ["a1"]   # accepted; its view is still to come
+    core.creations.head_lost()
+    with pytest.raises(DDLFError, match="lost the connection to the DDLF head"):
+        core.store.get([refs["a1"]], timeout=2)
 
 
 # -- leases ------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from ddlf_actors.runtime.messages import (
     MessageError,
     WorkerDied,
 )
-from ddlf_actors.runtime.node import NodeDaemon
+from ddlf_actors.runtime.node import NodeDaemon, WorkerPool
 from ddlf_actors.runtime.remote_error import encode_error
 from ddlf_actors.runtime.serialization import dumps, loads
 from ddlf_actors.runtime.states import ActorState
@@ -140,6 +140,12 @@ MALFORMED = [
     (ActorCreation, creation_dict(detached="yes"), "detached must be True or False"),
     (ActorCreation, creation_dict(sys_path="/x"), "sys_path must be a list"),
     (ActorCreation, creation_dict(scheduling=[]), "scheduling must be a dict"),
+    (ActorCreation, creation_dict(scheduling={"strategy": "FAST"}), "strategy must be one of"),
+    (ActorCreation, creation_dict(scheduling={"node_id": "n", "soft": 1}),
+     "soft must be True or False"),
+    (ActorCreation, creation_dict(scheduling={"group_id": "g", "bundle_index": "0"}),
+     "bundle_index must be an int"),
+    (ActorCreation, creation_dict(scheduling={"nodeid": "n"}), r"unknown key\(s\) \['nodeid'\]"),
     (ActorStarted, {"error": None}, "lacks 'ok'"),
     (ActorStarted, {"ok": 1}, "ok must be True or False"),
     (LeaseGrant, {"address": "h:1"}, "lacks 'worker_id'"),
@@ -221,7 +227,7 @@ _RECEIVER = {
     "node.conn": "head->node", "n.conn": "head->node", "lease.node.conn": "head->node",
     "w.conn": "worker", "worker.node_conn": "node",
 }
-_CALL = re.compile(r'(?:rpc\.call|_safe_call)\(\s*([\w.]+),\s*"(\w+)"')
+_CALL = re.compile(r'(?:rpc\.call|call_quietly)\(\s*([\w.]+),\s*"(\w+)"')
 _HEAD_CALL = re.compile(r'head_call\(\s*"(\w+)"')
 
 
@@ -297,20 +303,24 @@ def test_a_malformed_request_is_answered_as_a_bad_request():
         conn = FakeConn(asyncio.get_running_loop())
         head.rpc_hello_driver(conn, process.versions())
         bad = creation_dict(class_name=["not", "a", "name"])
-        head.handler.frame_received(
-            conn, [protocol.header(protocol.REQUEST, 5), *dumps(("create_actor", (bad,)))])
-        head.handler.frame_received(
-            conn, [protocol.header(protocol.REQUEST, 6), *dumps((("a", "tuple"), ()))])
+        for msg_id, request in ((5, ("create_actors", ([bad],))),
+                                (6, (("a", "tuple"), ())),
+                                (7, ("create_actors", (bad,)))):   # not a list
+            head.handler.frame_received(conn, [protocol.header(protocol.REQUEST, msg_id),
+                                               *dumps(request)])
         for _ in range(20):
             await asyncio.sleep(0)
         return conn, head
 
     conn, head = _run_head(scenario)
-    (k1, i1, e1), (k2, i2, e2) = sorted(conn.sent, key=lambda m: m[1])
-    assert (k1, i1) == (protocol.REPLY_ERR, 5) and isinstance(e1, MessageError)
-    assert "class_name must be a str" in str(e1)
+    (k1, i1, r1), (k2, i2, e2), (k3, i3, e3) = sorted(conn.sent, key=lambda m: m[1])
+    # A batch answers each creation: this one is refused, with what is wrong with it.
+    assert (k1, i1) == (protocol.REPLY_OK, 5) and len(r1) == 1
+    assert isinstance(r1[0], MessageError) and "class_name must be a str" in str(r1[0])
     assert (k2, i2) == (protocol.REPLY_ERR, 6) and "unknown request" in str(e2)
-    assert not conn.closed and head.actors == {}
+    assert (k3, i3) == (protocol.REPLY_ERR, 7) and isinstance(e3, MessageError)
+    assert "takes a list of ActorCreation dicts" in str(e3)
+    assert not conn.closed and head.actors.actors == {}
 
 
 @pytest.mark.parametrize("event,data", [("heartbeat", 3), ("heartbeat", {}),
@@ -349,14 +359,14 @@ def test_a_handler_without_a_table_answers_no_request():
 
 # -- who may send what -----------------------------------------------------------------------
 def test_worker_died_is_taken_only_from_the_node_that_runs_the_worker(caplog):
-    from test_unit_head import FakeNode, driver, run, settle, spec
+    from test_unit_head import FakeNode, create, driver, run, settle, spec
 
     async def scenario(loop, head):
         n1, n2 = FakeNode(loop, head, "n1"), FakeNode(loop, head, "n2")
         d = driver(head)
         d.peer = ("10.0.0.7", 5555)
-        await head.rpc_create_actor(d, spec("a1", max_restarts=1, node_id="n1"))
-        a = head.actors["a1"]
+        await create(head, d, spec("a1", max_restarts=1, node_id="n1"))
+        a = head.actors.get("a1")
         died = {"worker_id": a.worker_id, "actor_id": "a1", "exitcode": -9, "pid": a.pid}
         with caplog.at_level(logging.WARNING, logger="ddlf.head"):
             for _ in range(3):   # a driver (any peer with the token) is not a node
@@ -382,7 +392,7 @@ def test_worker_died_is_taken_only_from_the_node_that_runs_the_worker(caplog):
                                          ("kill_actor", ("a1",)), ("shutdown", ())])
 def test_a_nodes_own_port_does_not_answer_the_heads_requests(method, args):
     node = object.__new__(NodeDaemon)
-    node.workers = {}
+    node.pool = WorkerPool(None, None, None, "", idle_task_cap=4)   # no workers
     conn = FakeConn(None)
     rpc.RpcHandler(node, node.rpc_handlers()).frame_received(
         conn, [protocol.header(protocol.REQUEST, 3), *dumps((method, args))])
@@ -394,7 +404,7 @@ def test_a_nodes_own_port_does_not_answer_the_heads_requests(method, args):
 
 def test_a_nodes_own_port_still_answers_its_workers():
     node = object.__new__(NodeDaemon)
-    node.workers = {}
+    node.pool = WorkerPool(None, None, None, "", idle_task_cap=4)   # no workers
 
     class Conn(FakeConn):
         def close(self):
@@ -412,9 +422,7 @@ def test_heartbeats_and_logs_are_taken_only_from_nodes(caplog):
     async def scenario(loop, head):
         n1, n2 = FakeNode(loop, head, "n1"), FakeNode(loop, head, "n2")
         d = driver(head)
-        routed = []
-        head._route_logs = routed.append
-        rec = head.nodes["n1"]
+        rec = head.nodes.get("n1")
         rec.missed = 3
         with caplog.at_level(logging.WARNING, logger="ddlf.head"):
             head.on_push(d, "heartbeat", {"node_id": "n1"})    # a driver
@@ -423,7 +431,7 @@ def test_heartbeats_and_logs_are_taken_only_from_nodes(caplog):
             head.on_push(d, "logs", {"records": [(None, "W", 1, "out", "forged")]})
             head.on_push(n1, "heartbeat", {"node_id": "n1"})   # its own connection
             head.on_push(n1, "logs", {"records": [(None, "W", 1, "out", "real")]})
-        return forged, rec.missed, [b.records for b in routed]
+        return forged, rec.missed, [b["records"] for b in d.events("logs")]
 
     forged, after, routed = run(scenario)
     assert forged == 3 and after == 0

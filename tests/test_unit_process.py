@@ -92,3 +92,36 @@ def test_stop_children_kills_one_that_ignores_its_lifeline():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     process.stop_children([p], 0.5)
     assert p.returncode == -9
+
+
+_HOARD = """
+import sys, numpy as np, psutil
+from ddlf_actors.runtime import process
+pinned = sys.argv[1] == "pin" and process.pin_malloc_mmap_threshold()
+p = psutil.Process()
+before = p.memory_info().rss
+big = np.empty(20 << 20, dtype=np.uint8)   # a large frame segment (under 32 MiB), freed
+big[:4096] = 1
+del big
+buffers, kept = [], []
+for _ in range(200):   # 200 connections' 256 KiB receive buffers, and 100 KB kept between
+    buffers.append(bytearray(256 * 1024))
+    kept.append(bytearray(100_000))
+del buffers            # the connections closed: what is resident beyond the 20 MB kept?
+print(pinned, (p.memory_info().rss - before - 200 * 100_000) / 1e6)
+"""
+
+
+def _held_after_free(mode: str):
+    out = subprocess.run([sys.executable, "-c", _HOARD, mode], capture_output=True, text=True,
+                         timeout=60, env=process.child_env(), check=True).stdout.split()
+    return out[0] == "True", float(out[1])
+
+
+def test_a_pinned_mmap_threshold_gives_freed_receive_buffers_back():
+    _, hoarded = _held_after_free("default")
+    if hoarded < 25:
+        pytest.skip(f"this malloc gives freed buffers back by itself ({hoarded:.1f} MB held)")
+    pinned, held = _held_after_free("pin")
+    assert pinned, "mallopt(M_MMAP_THRESHOLD) was refused on a malloc that hoards"
+    assert held < 10, f"{held:.1f} MB of 52 MB of freed buffers still resident"

@@ -77,3 +77,31 @@ def test_choose_node_none_when_nothing_fits_now():
 def test_a_node_without_cpus_can_take_zero_cpu_actors():
     a = Node("a", {"CPU": 0.0, "GPU": 1.0})
     assert scheduling.choose_node({"GPU": 1}, [a]).name == "a"
+
+
+# -- Scheduling: where work may run, typed -------------------------------------------------------
+@pytest.mark.parametrize("sched", [
+    scheduling.Scheduling(strategy=scheduling.Strategy.SPREAD),
+    scheduling.Scheduling(node_id="n1", soft=True, spill=True),
+    scheduling.Scheduling(node_id="n1", fail=True),
+    scheduling.Scheduling(group_id="g", bundle_index=1, capture=True,
+                          bundles=({"CPU": 1.0}, {"CPU": 2.0})),
+])
+def test_a_scheduling_goes_on_the_wire_as_a_plain_dict_and_reads_back(sched):
+    wire = sched.to_wire()
+    assert type(wire) is dict and all(type(v) in (str, bool, int, list) for v in wire.values())
+    assert scheduling.Scheduling.from_wire(wire) == sched
+
+
+def test_default_is_no_scheduling_at_all():
+    assert scheduling.Scheduling().to_wire() == {}
+    assert scheduling.Scheduling.from_wire({}) is None
+    assert scheduling.Scheduling.from_wire(None) is None
+
+
+def test_task_pools_are_told_apart_by_where_they_lease_not_by_bundles_or_capture():
+    a = scheduling.Scheduling(group_id="g", capture=True, bundles=({"CPU": 1.0},))
+    b = scheduling.Scheduling(group_id="g", capture=False)
+    assert a.pool_key() == b.pool_key()
+    assert a.pool_key() != scheduling.Scheduling(group_id="g", bundle_index=0).pool_key()
+    assert a.group_context() == {"group_id": "g", "bundles": [{"CPU": 1.0}], "capture": True}

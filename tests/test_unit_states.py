@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from ddlf_actors.runtime import config
-from ddlf_actors.runtime.head import ActorRecord, Head
+from ddlf_actors.runtime.head import Head
+from ddlf_actors.runtime.head.actors import ActorRecord
 from ddlf_actors.runtime.states import ActorState, WorkerState
 
 
@@ -36,3 +37,14 @@ def test_a_reserved_name_is_not_pending(monkeypatch):
     assert view["state"] == "RESERVED" and type(view["state"]) is str
     assert state is ActorState.PENDING
     assert record_view["state"] == "PENDING" and type(record_view["state"]) is str
+
+
+def test_calls_and_connections_have_named_states():
+    from ddlf_actors.runtime.connection import Connection
+    from ddlf_actors.runtime.context import CallContext
+    from ddlf_actors.runtime.states import CallState, ConnectionState
+
+    assert CallContext(1, "f", None, None, False).state is CallState.QUEUED
+    assert Connection("t", None, server=True).state is ConnectionState.AWAIT_RESPONSE
+    assert Connection("t", None, server=False).state is ConnectionState.AWAIT_CHALLENGE
+    assert str(ConnectionState.OPEN) == "open" and str(CallState.RUNNING) == "running"

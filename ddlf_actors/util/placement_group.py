@@ -19,6 +19,7 @@ import warnings
 
 from ddlf_actors.runtime import context, placement, rpc
 from ddlf_actors.runtime.errors import PlacementGroupRemovedError
+from ddlf_actors.runtime.states import GroupState
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
            "placement_group_table", "get_current_placement_group"]
@@ -53,10 +54,10 @@ class PlacementGroup:
         async def until_placed():
             while True:
                 view = await rpc.call(core.head, "wait_placement_group", group.id, _POLL_S)
-                state = view["state"] if view else placement.REMOVED
-                if state == placement.CREATED:
+                state = GroupState(view["state"]) if view else GroupState.REMOVED
+                if state is GroupState.CREATED:
                     return group
-                if state == placement.REMOVED:
+                if state is GroupState.REMOVED:
                     raise PlacementGroupRemovedError(
                         f"placement group {group.id} was removed before all its bundles "
                         "were reserved")
@@ -72,9 +73,9 @@ class PlacementGroup:
         while True:
             chunk = min(left, _POLL_S)
             view = core.head_call("wait_placement_group", self.id, chunk, timeout=chunk + 30)
-            if view is None or view["state"] == placement.REMOVED:
+            if view is None or view["state"] == GroupState.REMOVED:
                 return False
-            if view["state"] == placement.CREATED:
+            if view["state"] == GroupState.CREATED:
                 return True
             left -= chunk
             if left <= 0:
@@ -106,7 +107,7 @@ def placement_group(bundles: list[dict], strategy: str = "PACK", name: str = "",
     keeps it after its creator disconnects. ``ValueError`` for bad bundles or strategy.
     """
     bundles = placement.check_bundles(bundles)
-    placement.check_strategy(strategy)
+    strategy = placement.check_strategy(strategy).value
     if lifetime not in (None, "detached"):
         raise ValueError(f"lifetime must be None or 'detached', got {lifetime!r}")
     if not isinstance(name, str):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ddlf_actors.ids import NodeID
 from ddlf_actors.runtime import context
+from ddlf_actors.runtime.scheduling import Scheduling, Strategy
 
 __all__ = ["PlacementGroupSchedulingStrategy", "NodeAffinitySchedulingStrategy"]
 
@@ -81,7 +82,7 @@ class NodeAffinitySchedulingStrategy:
         return f"NodeAffinitySchedulingStrategy(node_id={self.node_id!r}, soft={self.soft})"
 
 
-_NAMED = ("DEFAULT", "SPREAD")
+_NAMED = tuple(s.value for s in Strategy)
 
 
 def check(strategy) -> None:
@@ -95,29 +96,30 @@ def check(strategy) -> None:
 
 
 def resolve(options: dict) -> dict:
-    """The options the core takes: ``scheduling_strategy`` becomes a plain ``scheduling``
-    dict for the head (or none), and capture by the current group is applied."""
+    """The options the core takes: ``scheduling_strategy`` becomes a ``Scheduling`` under
+    ``"scheduling"`` (or none: DEFAULT), with capture by the current group applied."""
     options = dict(options)
     strategy = options.pop("scheduling_strategy", None)
     current = context.current.placement if context.current is not None else None
     sched = None
     if strategy is None:
         if current and current.get("capture") and not options.get("node_id"):
-            sched = {"group_id": current["group_id"], "bundle_index": -1, "capture": True,
-                     "bundles": current["bundles"]}
+            sched = Scheduling(group_id=current["group_id"], capture=True,
+                               bundles=tuple(current["bundles"]))
     elif strategy == "SPREAD":
-        sched = {"strategy": "SPREAD"}
+        sched = Scheduling(strategy=Strategy.SPREAD)
     elif isinstance(strategy, NodeAffinitySchedulingStrategy):
-        sched = {"node_id": strategy.node_id, "soft": strategy.soft,
-                 "spill": strategy._spill_on_unavailable, "fail": strategy._fail_on_unavailable}
+        sched = Scheduling(node_id=strategy.node_id, soft=strategy.soft,
+                           spill=strategy._spill_on_unavailable,
+                           fail=strategy._fail_on_unavailable)
     elif isinstance(strategy, PlacementGroupSchedulingStrategy) and \
             strategy.placement_group is not None:
         capture = strategy.placement_group_capture_child_tasks
         if capture is None:
             capture = bool(current and current.get("capture"))
         pg = strategy.placement_group
-        sched = {"group_id": pg.id, "bundle_index": strategy.placement_group_bundle_index,
-                 "capture": capture, "bundles": [dict(b) for b in pg.bundle_specs]}
+        sched = Scheduling(group_id=pg.id, bundle_index=strategy.placement_group_bundle_index,
+                           capture=capture, bundles=tuple(dict(b) for b in pg.bundle_specs))
     if sched is not None:
         options["scheduling"] = sched
     return options

@@ -7,6 +7,7 @@ why DDLF lacks them.
 
 from __future__ import annotations
 
+from ddlf_actors.runtime.states import ActorState
 from ddlf_actors.util import ActorPool
 
 from .._missing import module_getattr
@@ -31,7 +32,7 @@ def list_named_actors(all_namespaces: bool = False) -> list:
     from ddlf_actors.api import _core
 
     names = sorted({a["name"] for a in _core().head_call("list_actors")
-                    if a.get("name") and a.get("state") != "DEAD"})
+                    if a.get("name") and a.get("state") != ActorState.DEAD})
     if all_namespaces:
         return [{"name": n, "namespace": ""} for n in names]
     return names

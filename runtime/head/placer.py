@@ -1,0 +1,65 @@
+"""Placements that wait: the head's loop side of the scheduler.
+
+:class:`~.scheduler.Scheduler` answers at once whether a demand fits now. A demand that
+can fit but has no room now waits here until resources are given back or a node joins
+(:meth:`Placer.retry`), then asks again, as Ray's raylet queues a lease request. Giving
+resources back goes through :meth:`Placer.free`, which also places waiting placement
+groups and wakes every waiting placement.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..scheduling import Scheduling
+from .nodes import NodeTable
+from .placement_groups import PlacementGroupManager
+from .scheduler import Scheduler, WorkKind
+
+__all__ = ["Placer"]
+
+log = logging.getLogger("ddlf.head")
+
+
+class Placer:
+    def __init__(self, loop, nodes: NodeTable, groups: PlacementGroupManager,
+                 scheduler: Scheduler):
+        self.loop = loop
+        self.nodes = nodes
+        self.groups = groups
+        self.scheduler = scheduler
+        self.waiting: list = []   # futures of placements waiting for resources
+
+    async def place(self, demand: dict, sched: Scheduling | None, kind: WorkKind,
+                    what: str, load_key=None):
+        """Reserve ``demand``; return (node, charge). Wait while it can fit but has no room
+        now. Raises what ``Scheduler.try_place`` raises when it never can. Anything handed
+        out per placement (device ids such as GPUs) belongs with the charge returned here,
+        so that it is given back by :meth:`free` with the rest."""
+        while True:
+            got = self.scheduler.try_place(demand, sched, kind, what, load_key)
+            if got is not None:
+                return got
+            fut = self.loop.create_future()
+            self.waiting.append(fut)
+            await fut
+
+    def place_groups(self) -> None:
+        """Reserve the placement groups that wait and now fit."""
+        for g in self.groups.place_waiting(self.nodes.alive()):
+            log.info("placement group %s placed on %s", g.group_id,
+                     sorted({r.node.node_id for r in g.reservations}))
+
+    def retry(self) -> None:
+        """Resources were freed or a node joined: place the groups that now fit, then let
+        every waiting placement try again."""
+        self.place_groups()
+        waiting, self.waiting = self.waiting, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
+    def free(self, charge, demand: dict) -> None:
+        """Give ``demand`` back to what it was taken from (a node or a bundle reservation)."""
+        self.scheduler.free(charge, demand)
+        self.retry()
