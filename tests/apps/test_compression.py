@@ -6,6 +6,8 @@ here are the same on every run of the test.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from helpers_modules.metered_trainer import MeteredTrainer
@@ -233,3 +235,11 @@ def test_bad_compression_values_name_the_valid_forms():
         TrainConfig(compression=("topk:0.1:noef", "none"))
     assert TrainConfig(compression=("FP16", "topk:0.01")).to_json()["compression"] == \
         ["fp16", "topk:0.01"]
+
+
+def test_a_codec_whose_library_is_missing_is_refused_before_any_trainer_starts(monkeypatch):
+    # No cluster here: train_sync must fail on the options, before it looks for one.
+    monkeypatch.setitem(sys.modules, "zstandard", None)   # import now raises ImportError
+    with pytest.raises(codecs.CodecUnavailableError,
+                       match=r"compression=\('fp16', 'zstd'\).*pip install zstandard"):
+        train_sync(MODEL, hard_blobs_dataset, compression=("fp16", "zstd"), **RUN)
