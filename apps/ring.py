@@ -145,9 +145,12 @@ class Mailbox:
 
     Filled on the worker's event loop (by ``deliver_chunk`` and ``abort_collective``),
     read by its execution thread inside the collective. A collective is named by a *tag*,
-    ``(round, attempt)``, increasing through a run: a chunk or an abort of an older tag
+    ``(run, round, attempt)``: ``run`` is a random id per training run (trainers can
+    outlive a run and serve the next, whose rounds count from 1 again), and ``(round,
+    attempt)`` increases through a run. Within a run, a chunk or an abort of an older tag
     than the one being worked on is stale and dropped, while one of a newer tag (a
-    neighbour that started first) waits for its turn.
+    neighbour that started first) waits for its turn; starting a collective of another
+    run drops everything of the previous ones.
     """
 
     def __init__(self):
@@ -156,18 +159,26 @@ class Mailbox:
         self._aborted: dict = {}
         self._current: tuple | None = None
 
+    def _stale(self, tag: tuple) -> bool:
+        cur = self._current
+        return cur is not None and tag[0] == cur[0] and tag[1:] < cur[1:]
+
     def begin(self, tag: tuple) -> None:
-        """Work on ``tag`` from now on: forget everything older."""
+        """Work on ``tag`` from now on: forget everything older, and other runs'."""
         tag = tuple(tag)
         with self._cond:
             self._current = tag
-            self._chunks = {k: v for k, v in self._chunks.items() if k[0] >= tag}
-            self._aborted = {t: r for t, r in self._aborted.items() if t >= tag}
+
+            def keep(t):
+                return t[0] == tag[0] and t[1:] >= tag[1:]
+
+            self._chunks = {k: v for k, v in self._chunks.items() if keep(k[0])}
+            self._aborted = {t: r for t, r in self._aborted.items() if keep(t)}
 
     def deliver(self, tag: tuple, phase: str, step: int, chunk: Any) -> None:
         tag = tuple(tag)
         with self._cond:
-            if self._current is not None and tag < self._current:
+            if self._stale(tag):
                 return
             self._chunks[(tag, phase, int(step))] = chunk
             self._cond.notify_all()
@@ -175,7 +186,7 @@ class Mailbox:
     def abort(self, tag: tuple, reason: str) -> None:
         tag = tuple(tag)
         with self._cond:
-            if self._current is not None and tag < self._current:
+            if self._stale(tag):
                 return
             self._aborted[tag] = reason
             self._cond.notify_all()

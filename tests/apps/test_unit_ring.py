@@ -18,7 +18,7 @@ def run_ring(vectors_per_member, timeout_s=10.0):
     """Run ring_allreduce with one thread per member; return (results, bytes sent each)."""
     n = len(vectors_per_member)
     boxes = [ring.Mailbox() for _ in range(n)]
-    tag = (1, 1)
+    tag = (5, 1, 1)
     for b in boxes:
         b.begin(tag)
     results = [None] * n
@@ -130,10 +130,10 @@ def _take_in_thread(box, *args, **kw):
 
 def test_an_abort_wakes_a_waiting_member_at_once():
     box = ring.Mailbox()
-    box.begin((3, 1))
-    t, out = _take_in_thread(box, (3, 1), "rs", 0, 60.0)
+    box.begin((7, 3, 1))
+    t, out = _take_in_thread(box, (7, 3, 1), "rs", 0, 60.0)
     time.sleep(0.1)
-    box.abort((3, 1), "trainer 2 was lost")
+    box.abort((7, 3, 1), "trainer 2 was lost")
     t.join(5)
     assert not t.is_alive()
     assert isinstance(out["error"], ring.CollectiveAborted) and "trainer 2" in str(out["error"])
@@ -141,14 +141,14 @@ def test_an_abort_wakes_a_waiting_member_at_once():
 
 def test_no_chunk_within_the_timeout_is_an_error_not_a_hang():
     box = ring.Mailbox()
-    box.begin((1, 1))
+    box.begin((7, 1, 1))
     with pytest.raises(ring.CollectiveTimeout, match="rs/0 of collective"):
-        box.take((1, 1), "rs", 0, 0.2)
+        box.take((7, 1, 1), "rs", 0, 0.2)
 
 
 def test_check_runs_while_waiting_and_its_error_ends_the_wait():
     box = ring.Mailbox()
-    box.begin((1, 1))
+    box.begin((7, 1, 1))
     calls = []
 
     def check():
@@ -157,24 +157,36 @@ def test_check_runs_while_waiting_and_its_error_ends_the_wait():
             raise ring.PeerLost("right neighbour died")
 
     with pytest.raises(ring.PeerLost):
-        box.take((1, 1), "ag", 2, 30.0, check, poll_s=0.01)
+        box.take((7, 1, 1), "ag", 2, 30.0, check, poll_s=0.01)
     assert len(calls) == 3
 
 
 def test_stale_chunks_and_aborts_are_dropped_newer_ones_kept():
     box = ring.Mailbox()
-    box.begin((2, 1))
-    box.deliver((2, 2), "rs", 0, "from a neighbour already on attempt 2")
-    box.abort((2, 1), "attempt 1 called off")
-    box.begin((2, 2))
+    box.begin((7, 2, 1))
+    box.deliver((7, 2, 2), "rs", 0, "from a neighbour already on attempt 2")
+    box.abort((7, 2, 1), "attempt 1 called off")
+    box.begin((7, 2, 2))
     # Attempt 1's abort does not touch attempt 2, whose early chunk waited for it.
-    assert box.take((2, 2), "rs", 0, 1.0) == "from a neighbour already on attempt 2"
-    box.deliver((2, 1), "rs", 1, "late chunk of attempt 1")
-    box.abort((1, 5), "an older round")
+    assert box.take((7, 2, 2), "rs", 0, 1.0) == "from a neighbour already on attempt 2"
+    box.deliver((7, 2, 1), "rs", 1, "late chunk of attempt 1")
+    box.abort((7, 1, 5), "an older round")
     with pytest.raises(ring.CollectiveTimeout):
-        box.take((2, 2), "rs", 1, 0.1)
+        box.take((7, 2, 2), "rs", 1, 0.1)
     # An abort that arrives before its collective starts still counts.
-    box.abort((3, 1), "lost before it began")
-    box.begin((3, 1))
+    box.abort((7, 3, 1), "lost before it began")
+    box.begin((7, 3, 1))
     with pytest.raises(ring.CollectiveAborted):
-        box.take((3, 1), "rs", 0, 5.0)
+        box.take((7, 3, 1), "rs", 0, 5.0)
+
+
+def test_the_next_run_on_the_same_trainers_starts_from_round_1_again():
+    box = ring.Mailbox()
+    box.begin((7, 6, 1))                    # run 7 ended at round 6
+    # Run 3's first chunk arrives before this trainer starts run 3's first collective:
+    # (3, 1, 1) < (7, 6, 1), but run ids are random, not ordered: it is kept.
+    box.deliver((3, 1, 1), "rs", 0, "run 3, round 1")
+    box.deliver((7, 6, 1), "ag", 0, "leftover of run 7")
+    box.begin((3, 1, 1))
+    assert box.take((3, 1, 1), "rs", 0, 1.0) == "run 3, round 1"
+    assert box._chunks == {}                # run 7's leftovers are gone
