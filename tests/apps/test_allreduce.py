@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from helpers_modules.numpy_trainer import (
     DriftingTrainer,
+    HangsInCollective,
     MomentumTrainer,
     NumpyTrainer,
     SigkillEveryTrainerOnce,
@@ -158,6 +159,28 @@ def test_trainer_sigkilled_inside_the_ring_the_survivors_redo_it(train_cluster, 
     assert all(r["workers"] == 3 for r in h[2:])
     assert [c["round"] for c in scheme.collectives] == [1, 2, 2, 3, 4, 5, 6]
     assert h[-1]["test_accuracy"] > 0.5
+
+
+class _QuickTimeout(AllreduceScheme):
+    chunk_timeout_s = 0.5
+
+
+def test_a_silent_member_times_the_others_out_and_the_round_is_redone(train_cluster, tmp_path):
+    env = _kill_env(tmp_path)
+    env["runtime_env"]["env_vars"]["DDLF_TEST_HANG_S"] = "2"
+    config = TrainConfig(workers=3, num_cpus=0.5, master_epochs=2, rounds_per_epoch=2,
+                         trainer_cls=HangsInCollective, progress=False, trainer_options=env)
+    scheme = _QuickTimeout(MODEL, hard_blobs_dataset, config)
+    result = scheme.run()
+    assert (tmp_path / "hung").exists()
+    first, again = [c for c in scheme.collectives if c["round"] == 2]
+    # Trainers 2 and 0 waited for chunks that trainer 1 held up; the first to reach
+    # 0.5 s gave up, and the driver called the collective off for the others. Trainer 1,
+    # once awake, found it called off. Nobody was lost, so the same three ran it again.
+    assert "timeout" in first["status"].values() and first["status"][1] == "aborted"
+    assert again["ring"] == [0, 1, 2] and set(again["status"].values()) == {"done"}
+    assert not _kinds(result, "trainer_lost")
+    assert [r["workers"] for r in result.history] == [3, 3, 3, 3]
 
 
 def test_every_trainer_lost_at_once_is_a_clear_error(train_cluster, tmp_path):

@@ -328,3 +328,23 @@ class DriftingTrainer(NumpyTrainer):
             self.set_weights(w)
             reply["digest"] = ring.weights_digest(w)
         return reply
+
+
+class HangsInCollective(NumpyTrainer):
+    """Trainer 1 stops for ``DDLF_TEST_HANG_S`` seconds before its first send of round 2,
+    once per run (marker ``hung`` in ``DDLF_TEST_KILL_DIR``): alive, but silent, as a
+    process stuck in swap or a stalled link would be."""
+
+    def ring_send(self, right, tag, phase, step, chunk):
+        import os
+        import time
+
+        where = os.environ.get("DDLF_TEST_KILL_DIR")
+        if where and self._ddlf_index == 1 and tag[1] == 2 and phase == "rs" and step == 0:
+            try:
+                os.close(os.open(os.path.join(where, "hung"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(float(os.environ.get("DDLF_TEST_HANG_S", "2")))
+        return super().ring_send(right, tag, phase, step, chunk)
