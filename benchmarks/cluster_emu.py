@@ -5,6 +5,8 @@ network namespace, their links limited with ``tc ... tbf``.
                                                    [--rounds 6] [--rounds-per-epoch 30]
     sudo python benchmarks/cluster_emu.py accuracy [--k 2] [--rate 100mbit] [--epochs 5]
                                                    [--codecs none,fp16,topk:0.01]
+    sudo python benchmarks/cluster_emu.py allreduce [--ks 2,4,8] [--rates 1gbit,100mbit]
+                                                    [--features 4096] [--repeats 3]
 
 The hosts come from ``tests/netns_cluster.py`` (``NetnsHosts``: one namespace per host,
 each joined to one bridge by a veth pair): host 0 runs the head, hosts 1..K a 1-CPU node
@@ -21,6 +23,13 @@ after the first, which also fetches the initial weights), with their ratio to ``
 
 ``accuracy``: full Fashion-MNIST runs of ``--epochs`` epochs per codec at one rate; the
 test accuracy after each epoch, the time to 0.85 and the run's total time.
+
+``allreduce`` (needs ``train_allreduce``): for each K a cluster of K nodes, ``sync``
+against ``allreduce`` on the same numpy trainers (a softmax model of ``--features`` ×
+10), alternating, with ``benchmarks/allreduce_bench.py``'s ``measure``: the driver's
+bytes per round (payload, and on its sockets) and the median round time. The driver's
+link carries 2K model copies per sync round; a ring member's carries 2 (K − 1)/K each
+way, so allreduce overtakes sync once the link, not the hops, is what a round waits for.
 
 The trainers are started once per invocation and reused by every run (``trainers=``),
 and each run starts from the same initial weights. Skips with a reason (exit 0) when not
@@ -64,18 +73,22 @@ def run(plan: dict) -> list:
     from ddlf_actors.runtime.auth import generate_token
 
     k = plan["k"]
+    # DDLF_SHM=0: the namespaces share one /dev/shm and one boot id, so DDLF would take
+    # them for one host and pass every object of 1 MiB or more through shared memory,
+    # past the shaped links. Without it, every byte between hosts crosses a veth.
     env = {"DDLF_AUTH_TOKEN": generate_token(), "OMP_NUM_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "TF_CPP_MIN_LOG_LEVEL": "2", "DDLF_SHM": "0",
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.path.join(ROOT, "tests"), HERE,
+                                                     os.environ.get("PYTHONPATH")) if p)}
     hosts = NetnsHosts(k + 2)
     results = []
     try:
         hosts.up()
         info, _nodes = start_head_and_nodes(hosts, env, head=0, nodes=range(1, k + 1))
-        path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         driver = subprocess.Popen(
             [*hosts.prefix(k + 1), sys.executable, os.path.abspath(__file__), "_driver",
              info["address"], json.dumps(plan)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env={**os.environ, **env, "PYTHONPATH": path})
+            text=True, env={**os.environ, **env})
         hosts.procs.append(driver)
         for line in driver.stdout:
             kind, _, body = line.rstrip("\n").partition(" ")
@@ -110,6 +123,8 @@ def small_test_set():
 
 
 def driver(address: str, plan: dict) -> None:
+    if plan["mode"] == "allreduce":
+        return allreduce_driver(address, plan)
     import ddlf_actors as ddlf
     from ddlf_actors.apps import TrainConfig, models, train_sync
     from ddlf_actors.apps.callbacks import Callback
@@ -156,6 +171,40 @@ def driver(address: str, plan: dict) -> None:
         ddlf.shutdown()
 
 
+def allreduce_driver(address: str, plan: dict) -> None:
+    from allreduce_bench import SCHEMES, Workload, measure
+    from helpers_modules.numpy_trainer import NumpyTrainer
+
+    import ddlf_actors as ddlf
+    from ddlf_actors.apps import TrainConfig
+    from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
+
+    ddlf.init(address=address)
+    work = Workload(features=plan["features"], classes=10, samples=8000)
+    trainers = start_trainers(work.model_fn, work.dataset, TrainConfig(
+        workers=plan["k"], trainer_cls=NumpyTrainer, progress=False))
+    try:
+        for rate in plan["rates"]:
+            print(f"RATE {rate}", flush=True)
+            if sys.stdin.readline().strip() != "OK":
+                raise SystemExit("the parent did not shape the links")
+            t0 = time.perf_counter()
+            runs: dict = {s: [] for s in SCHEMES}
+            for _ in range(plan["repeats"]):
+                for scheme in SCHEMES:
+                    runs[scheme].append(measure(scheme, trainers, work, 2, 6))
+            for scheme, got in runs.items():
+                row = {key: statistics.median(g[key] for g in got)
+                       for key in ("wire", "payload", "round_s", "ring_s", "ring_bytes")}
+                print("RESULT " + json.dumps({
+                    "rate": rate, "codec": scheme, "k": plan["k"], **row,
+                    "model_bytes": work.model_bytes, "total_s": time.perf_counter() - t0}),
+                    flush=True)
+    finally:
+        stop_trainers(trainers)
+        ddlf.shutdown()
+
+
 def _spec(text: str):
     parts = text.split(",")
     return parts[0] if len(parts) == 1 else tuple(parts)
@@ -184,6 +233,18 @@ def codec_table(results: list) -> str:
     return "\n".join(out)
 
 
+def allreduce_table(results: list) -> str:
+    out = ["| link | K | scheme | driver payload B/round | driver wire B/round | round ms | "
+           "ring ms | allreduce/sync round |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    sync = {(r["rate"], r["k"]): r["round_s"] for r in results if r["codec"] == "sync"}
+    for r in sorted(results, key=lambda r: (r["rate"], r["k"], r["codec"] != "sync")):
+        ratio = r["round_s"] / sync[(r["rate"], r["k"])] if r["codec"] != "sync" else None
+        out.append(f"| {r['rate']} | {r['k']} | {r['codec']} | {r['payload']:,.0f} | "
+                   f"{r['wire']:,.0f} | {1e3 * r['round_s']:.1f} | "
+                   f"{1e3 * r['ring_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}'} |")
+    return "\n".join(out)
+
+
 def accuracy_table(results: list) -> str:
     epochs = max(len(r["rows"]) for r in results)
     out = ["| link | codec | " + " | ".join(f"acc row {i + 1}" for i in range(epochs))
@@ -200,9 +261,16 @@ def accuracy_table(results: list) -> str:
     return "\n".join(out)
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["codecs", "accuracy"])
+    p.add_argument("mode", choices=["codecs", "accuracy", "allreduce"])
+    p.add_argument("--ks", default="2,4,8", help="allreduce: trainer counts")
+    p.add_argument("--features", type=int, default=4096, help="allreduce: model inputs")
+    p.add_argument("--repeats", type=int, default=3, help="allreduce: runs per scheme")
     p.add_argument("--k", type=int, default=2, help="trainer nodes")
     p.add_argument("--rates", default="1gbit,100mbit", help="codecs: link rates (tc syntax)")
     p.add_argument("--rate", default="100mbit", help="accuracy: the link rate")
@@ -222,17 +290,26 @@ def main(argv=None) -> int:
     codecs = [c.replace("/", ",") for c in a.codecs.split(",")] if a.codecs else (
         CODECS if a.mode == "codecs" else ["none", "fp16", "topk:0.01"])
     plan = {"mode": a.mode, "k": a.k, "codecs": codecs,
-            "rates": a.rates.split(",") if a.mode == "codecs" else [a.rate],
+            "rates": a.rates.split(",") if a.mode != "accuracy" else [a.rate],
+            "features": a.features, "repeats": a.repeats,
             "rounds": a.rounds, "epochs": 1 if a.mode == "codecs" else a.epochs,
             "rounds_per_epoch": a.rounds_per_epoch or (30 if a.mode == "codecs" else 1)}
     # SIGTERM as Ctrl-C: unwind through run()'s finally, which removes everything.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    results = run(plan)
+    signal.signal(signal.SIGTERM, _interrupted)
+    if a.mode == "allreduce":
+        results = [r for k in map(int, a.ks.split(",")) for r in run({**plan, "k": k})]
+    else:
+        results = run(plan)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"plan": plan, "results": results}, f, indent=1)
-    print(f"\nK={a.k}, paper CNN, batch 32, {plan['rounds_per_epoch']} rounds per epoch")
-    print(codec_table(results) if a.mode == "codecs" else accuracy_table(results))
+    if a.mode == "allreduce":
+        print(f"\nnumpy softmax {a.features}x10 (model {4 * 10 * (a.features + 1):,} B), "
+              f"medians of {a.repeats} alternating runs")
+    else:
+        print(f"\nK={a.k}, paper CNN, batch 32, {plan['rounds_per_epoch']} rounds per epoch")
+    table = {"codecs": codec_table, "accuracy": accuracy_table, "allreduce": allreduce_table}
+    print(table[a.mode](results))
     return 0
 
 
