@@ -6,7 +6,7 @@ network namespace, their links limited with ``tc ... tbf``.
     sudo python benchmarks/cluster_emu.py accuracy [--k 2] [--rate 100mbit] [--epochs 5]
                                                    [--codecs none,fp16,topk:0.01]
     sudo python benchmarks/cluster_emu.py allreduce [--ks 2,4,8] [--rates 1gbit,100mbit]
-                                                    [--features 4096] [--repeats 3]
+                                                    [--features 4096] [--samples 800]
 
 The hosts come from ``tests/netns_cluster.py`` (``NetnsHosts``: one namespace per host,
 each joined to one bridge by a veth pair): host 0 runs the head, hosts 1..K a 1-CPU node
@@ -26,7 +26,8 @@ test accuracy after each epoch, the time to 0.85 and the run's total time.
 
 ``allreduce`` (needs ``train_allreduce``): for each K a cluster of K nodes, ``sync``
 against ``allreduce`` on the same numpy trainers (a softmax model of ``--features`` ×
-10), alternating, with ``benchmarks/allreduce_bench.py``'s ``measure``: the driver's
+10 on ``--samples`` rows, few, so that a round waits on the links rather than on K
+trainers sharing two cores), alternating, with ``benchmarks/allreduce_bench.py``'s ``measure``: the driver's
 bytes per round (payload, and on its sockets) and the median round time. The driver's
 link carries 2K model copies per sync round; a ring member's carries 2 (K − 1)/K each
 way, so allreduce overtakes sync once the link, not the hops, is what a round waits for.
@@ -180,7 +181,7 @@ def allreduce_driver(address: str, plan: dict) -> None:
     from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
 
     ddlf.init(address=address)
-    work = Workload(features=plan["features"], classes=10, samples=8000)
+    work = Workload(features=plan["features"], classes=10, samples=plan["samples"])
     trainers = start_trainers(work.model_fn, work.dataset, TrainConfig(
         workers=plan["k"], trainer_cls=NumpyTrainer, progress=False))
     try:
@@ -271,6 +272,9 @@ def main(argv=None) -> int:
     p.add_argument("--ks", default="2,4,8", help="allreduce: trainer counts")
     p.add_argument("--features", type=int, default=4096, help="allreduce: model inputs")
     p.add_argument("--repeats", type=int, default=3, help="allreduce: runs per scheme")
+    p.add_argument("--samples", type=int, default=800,
+                   help="allreduce: training rows (few: the rounds then wait on the links, "
+                        "not on 8 trainers sharing this machine's cores)")
     p.add_argument("--k", type=int, default=2, help="trainer nodes")
     p.add_argument("--rates", default="1gbit,100mbit", help="codecs: link rates (tc syntax)")
     p.add_argument("--rate", default="100mbit", help="accuracy: the link rate")
@@ -291,7 +295,7 @@ def main(argv=None) -> int:
         CODECS if a.mode == "codecs" else ["none", "fp16", "topk:0.01"])
     plan = {"mode": a.mode, "k": a.k, "codecs": codecs,
             "rates": a.rates.split(",") if a.mode != "accuracy" else [a.rate],
-            "features": a.features, "repeats": a.repeats,
+            "features": a.features, "repeats": a.repeats, "samples": a.samples,
             "rounds": a.rounds, "epochs": 1 if a.mode == "codecs" else a.epochs,
             "rounds_per_epoch": a.rounds_per_epoch or (30 if a.mode == "codecs" else 1)}
     # SIGTERM as Ctrl-C: unwind through run()'s finally, which removes everything.
