@@ -130,9 +130,11 @@ class Broadcast:
 class Wire:
     """The driver's codecs, the replica the trainers share, and what each trainer holds.
 
-    ``changes_ok``: the scheme sends every trainer the same version at a time, so a
-    replica of changes can be shared (sync); an asynchronous scheme, whose trainers hold
-    different versions, refuses a down codec that would need it.
+    ``modes``: how the scheme can send weights. ``CHANGES`` needs every trainer to get
+    the same version at a time (sync); an asynchronous scheme, whose trainers hold
+    different versions, leaves it out and so refuses a down codec that needs it. A
+    scheme that does not encode its traffic at all gives only ``PLAIN``. Raises
+    ValueError (naming what to use instead) for a ``spec`` outside ``modes``.
     """
 
     def __init__(self, spec, scheme: str, modes: tuple = (PLAIN, WHOLE, CHANGES)):
