@@ -10,10 +10,13 @@ from __future__ import annotations
 import csv
 import logging
 import math
+import os
+import socket
 import sys
+import uuid
 
 __all__ = ["Callback", "History", "ProgressBar", "EventLog", "EarlyStopping", "CsvLogger",
-           "TensorBoard", "describe_event"]
+           "TensorBoard", "DashboardPublisher", "describe_event"]
 
 log = logging.getLogger("ddlf_actors.train")
 
@@ -205,3 +208,55 @@ class TensorBoard(Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class DashboardPublisher(Callback):
+    """Publish the run to the head's web dashboard (``ddlf_actors.util.dashboard``): what
+    it is when it begins, each history row and event as it comes (checkpoints, which
+    reach no callback, go with the next row), and how it ended.
+
+    Every run has one (the schemes add it). Sending never waits for the head; if it
+    fails (the cluster went away) the run goes on and this stops publishing, with one
+    warning.
+    """
+
+    def __init__(self):
+        self.run_id = uuid.uuid4().hex[:10]
+        self._sent = 0      # how many of run.events went out
+        self._run = None
+        self._off = False
+
+    def on_train_begin(self, run):
+        self._run = run
+        cfg = run.config
+        info = {"scheme": run.scheme, "workers": cfg.workers, "min_workers": cfg.min_workers,
+                "total_rows": run.total_rows, "rows_done": run.rows_done,
+                "model": getattr(run, "model", None), "dataset": getattr(run, "dataset", None),
+                "driver": f"{socket.gethostname()}:{os.getpid()}"}
+        self._send(info=info, events=self._new_events())
+
+    def on_row(self, row, run):
+        self._send(rows=[row], events=self._new_events())
+
+    def on_event(self, event, run):
+        self._send(events=self._new_events())
+
+    def on_train_end(self, result):
+        self._send(events=self._new_events(), status="finished" if result is not None else "failed")
+
+    def _new_events(self) -> list:
+        events = self._run.events if self._run is not None else []
+        new = [dict(e) for e in events[self._sent:]]
+        self._sent += len(new)
+        return new
+
+    def _send(self, **parts) -> None:
+        if self._off or self._run is None:
+            return
+        from ddlf_actors.util import dashboard
+
+        try:
+            dashboard.publish_run(self.run_id, **parts)
+        except Exception as e:   # the dashboard is for watching: never fail the run for it
+            self._off = True
+            log.warning("not publishing run %s to the dashboard any more: %s", self.run_id, e)

@@ -201,7 +201,9 @@ class CheckpointWriter:
 
     ``submit`` returns at once (after waiting for the previous write, which has had a
     whole round to finish); ``blocked_s`` is the time the training loop spent here, which
-    is what checkpointing costs the run. ``on_done(ckpt, path, perf_counter_when_done)``
+    is what checkpointing costs the run. ``write_s`` is the writer's own wall time and
+    ``write_cpu_s`` its CPU time (the rest is waiting on the disk: ``fsync``); that CPU
+    is what the writer takes from training. ``on_done(ckpt, path, perf_counter_when_done)``
     and ``on_error(exc)`` run on the caller's thread, at the next ``submit`` or at
     ``close``. A failed write does not stop the run: the previous checkpoint is whole.
     """
@@ -213,6 +215,7 @@ class CheckpointWriter:
         self.on_error = on_error
         self.blocked_s = 0.0
         self.write_s = 0.0
+        self.write_cpu_s = 0.0
         self.written = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ddlf-ckpt")
         self._pending: concurrent.futures.Future | None = None
@@ -224,10 +227,11 @@ class CheckpointWriter:
         self.blocked_s += time.perf_counter() - t0
 
     def _write(self, ckpt: Checkpoint):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         path = save(self.directory, ckpt, self.keep)
         done = time.perf_counter()
         self.write_s += done - t0
+        self.write_cpu_s += time.thread_time() - cpu0
         self.written += 1
         return ckpt, path, done
 

@@ -4,7 +4,8 @@
         --out runs/fmnist
     ddlf-train fetch fashion-mnist
 
-``run`` starts an embedded cluster unless ``--address`` is given, trains with a progress
+``run`` starts an embedded cluster unless ``--address`` is given (``--backend ray``: a
+local Ray instance, or the Ray cluster at ``--address ray://host:10001`` or ``auto``), trains with a progress
 bar, prints a table of epoch, time and accuracy, and writes ``model.keras``,
 ``history.csv``, ``history.json`` and ``training.png`` to ``--out`` (and TensorBoard logs
 to ``--tensorboard DIR``). With ``--checkpoint-every N`` it also keeps checkpoints in
@@ -85,10 +86,19 @@ def _parser() -> argparse.ArgumentParser:
                           "deltas (none, lz4, zstd[:level], fp16, int8, topk:FRACTION, a lossy "
                           "one with :ef or :noef), or DOWN,UP for the weights the driver sends "
                           "and the deltas the trainers return, e.g. fp16,topk:0.01")
+    run.add_argument("--backup-workers", type=int, default=0,
+                     help="sync: close a round once all but B deltas are in; late ones are "
+                          "folded into a later round, scaled by staleness")
+    run.add_argument("--balance", action="store_true",
+                     help="sync: size each trainer's partition by its measured samples/s")
     run.add_argument("--target-accuracy", type=float)
     run.add_argument("--patience", type=int)
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
-    run.add_argument("--address", help="join a running cluster (default: start an embedded one)")
+    run.add_argument("--address", help="join a running cluster (default: start an embedded one); "
+                                       "with --backend ray: auto, ray://host:10001 or host:port")
+    run.add_argument("--backend", choices=("ddlf", "ray"), default="ddlf",
+                     help="run the trainers on DDLF's actors (default) or on Ray's "
+                          "(pip install 'ddlf-actors[ray]')")
     run.add_argument("--token-file", help="file holding the cluster token (or set DDLF_AUTH_TOKEN)")
     run.add_argument("--token", help=argparse.SUPPRESS)
     run.add_argument("--out", help="output directory (default: ddlf-run, or the --resume DIR)")
@@ -152,6 +162,10 @@ def _check_args(args) -> None:
             _check_output_dir(flag, path)
     if args.scheme == "sync" and (args.staleness_bound is not None or args.staleness_scaling):
         raise _UsageError("--staleness-bound and --staleness-scaling apply to --scheme async")
+    if args.scheme == "async" and (args.backup_workers or args.balance):
+        raise _UsageError("--backup-workers and --balance apply to --scheme sync: async has no "
+                          "round barrier, and its shared queue already gives a faster trainer "
+                          "more work")
     if args.limit is not None and args.limit < 1:
         raise _UsageError(f"--limit must be >= 1, got {args.limit}")
     if args.compression is not None:
@@ -162,6 +176,7 @@ def _check_args(args) -> None:
                     rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
                     target_accuracy=args.target_accuracy, patience=args.patience,
                     staleness_bound=args.staleness_bound, min_workers=args.min_workers,
+                    backup_workers=args.backup_workers, balance=args.balance,
                     rejoin_timeout_s=args.rejoin_timeout,
                     checkpoint_dir=args.out if args.checkpoint_every else None,
                     checkpoint_every=args.checkpoint_every)
@@ -182,12 +197,35 @@ def _check_args(args) -> None:
             checkpoint.load(args.resume)
         except (FileNotFoundError, ValueError) as e:
             raise _UsageError(f"--resume {args.resume}: {e}") from None
+    _check_backend(args)
     if args.token_file:
         try:
             with open(args.token_file) as f:
                 args.token = f.read().strip()
         except OSError as e:
             raise _UsageError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def _check_backend(args) -> None:
+    """--backend and --address agree, and Ray is importable when asked for."""
+    address = args.address or ""
+    if args.backend == "ddlf":
+        if address.startswith("ray://"):
+            raise _UsageError(f"--address {address} is a Ray Client address: add --backend ray")
+        return
+    if args.token_file or args.token:
+        raise _UsageError("--token-file is DDLF's cluster token; a Ray cluster (--backend ray) "
+                          "takes none")
+    if address and address != "auto" and not address.startswith("ray://") \
+            and ":" not in address:
+        raise _UsageError(f"--address {address}: with --backend ray use auto, "
+                          "ray://host:10001 (Ray Client) or host:port (a Ray head's GCS)")
+    try:
+        from ddlf_actors import ray_session
+
+        ray_session.import_ray()
+    except ImportError as e:
+        raise _UsageError(f"--backend ray: {e}") from None
 
 
 def _check_output_dir(flag: str, path: str) -> None:
@@ -232,7 +270,9 @@ def _run(args) -> int:
     t0 = time.perf_counter()
     # Connect before fetching the dataset: a wrong --address fails in seconds, not
     # after a download.
-    if args.address:
+    if args.backend == "ray":   # the schemes then run their trainers on Ray (apps/backends)
+        ddlf.init(args.address, backend="ray", runtime_env=runtime_env)
+    elif args.address:
         ddlf.init(args.address, token=args.token, runtime_env=runtime_env)
     else:
         ddlf.init(runtime_env=runtime_env)
@@ -251,7 +291,8 @@ def _run(args) -> int:
         if args.checkpoint_every:
             common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
         if args.scheme == "sync":
-            result = train_sync(model_fn, dataset, **common)
+            result = train_sync(model_fn, dataset, backup_workers=args.backup_workers,
+                                balance=args.balance, **common)
         else:
             result = train_async(model_fn, dataset, staleness_bound=args.staleness_bound,
                                  staleness_scaling=args.staleness_scaling, **common)
@@ -290,6 +331,7 @@ class _ModelFn:
 
 def main(argv=None) -> int:
     import ddlf_actors as ddlf
+    from ddlf_actors import ray_session
 
     from . import datasets
     from .schemes import TooFewTrainersError, TrainerStartError
@@ -306,7 +348,7 @@ def main(argv=None) -> int:
     except (_UsageError, datasets.DatasetNotFoundError, datasets.DatasetFormatError,
             TrainerStartError, TooFewTrainersError, ddlf.errors.UnschedulableError,
             ddlf.errors.AuthenticationError, ddlf.errors.HeadUnreachableError,
-            FileNotFoundError, ValueError) as e:
+            ray_session.RayUnreachableError, FileNotFoundError, ValueError) as e:
         # A user's mistake, not a bug: the message says what to do; no traceback.
         print(f"ddlf-train: error: {e}", file=sys.stderr)
         return 2

@@ -11,10 +11,13 @@ import difflib
 import os
 from typing import Any
 
-__all__ = ["TrainConfig", "ASYNC_ONLY"]
+__all__ = ["TrainConfig", "ASYNC_ONLY", "SYNC_ONLY"]
 
 # Options that only the asynchronous scheme reads (a sync run refuses them).
 ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
+# Options that only the synchronous scheme reads (an async run refuses them): both are
+# about the round barrier, which async does not have.
+SYNC_ONLY = ("backup_workers", "balance")
 
 
 def _int_at_least(name: str, v, low: int = 1) -> None:
@@ -74,6 +77,11 @@ class TrainConfig:
     staleness_scaling: bool = False
     # What crosses the wire: a codec spec, or a pair (down, up); see apps/codecs.
     compression: Any = None
+    # Synchronous scheme only: close a round once all but this many trainers' deltas are
+    # in (the late ones are folded into a later round, scaled by staleness) ...
+    backup_workers: int = 0
+    # ... and size each round's partitions by each trainer's measured samples/s.
+    balance: bool = False
     seed: int | None = 0
     progress: bool = True
     trainer_cls: Any = None
@@ -83,6 +91,8 @@ class TrainConfig:
     placement_strategy: str = "SPREAD"
     placement_timeout_s: float = 60.0
     callbacks: list = dataclasses.field(default_factory=list)
+    # Where the trainers run: "ddlf" or "ray" (apps/backends); None: what ddlf.init chose.
+    backend: str | None = None
 
     def __post_init__(self):
         if isinstance(self.workers, (tuple, list)):
@@ -111,6 +121,12 @@ class TrainConfig:
             _int_at_least("patience", self.patience)
         if self.staleness_bound is not None:
             _int_at_least("staleness_bound", self.staleness_bound, 0)
+        _int_at_least("backup_workers", self.backup_workers, 0)
+        if self.backup_workers >= self.workers:
+            raise ValueError(f"backup_workers must be less than workers ({self.workers}): a "
+                             f"round needs at least one delta, got {self.backup_workers}")
+        if not isinstance(self.balance, bool):
+            raise ValueError(f"balance must be True or False, got {self.balance!r}")
         if self.checkpoint_dir is not None:
             self.checkpoint_dir = os.path.abspath(os.path.expanduser(os.fspath(self.checkpoint_dir)))
             if self.checkpoint_every is None:
@@ -128,6 +144,8 @@ class TrainConfig:
                 resolve(self.compression)
             except ValueError as e:   # CodecUnavailableError too: it keeps its type
                 raise type(e)(f"compression={self.compression!r}: {e}") from None
+        if self.backend not in (None, "ddlf", "ray"):
+            raise ValueError(f"backend must be 'ddlf' or 'ray', got {self.backend!r}")
 
     def _take_range(self, pair) -> None:
         if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)

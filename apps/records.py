@@ -7,7 +7,7 @@ go to JSON, CSV and checkpoints as they are); the TypedDicts say which keys each
 from __future__ import annotations
 
 import enum
-from typing import Any, List, TypedDict
+from typing import Any, List, NotRequired, TypedDict
 
 __all__ = ["TrainStats", "HistoryRow", "RunEvent", "EventKind", "UpdateRecord"]
 
@@ -47,6 +47,10 @@ class HistoryRow(TypedDict, total=False):
     # allreduce only: the collective's time, and the bytes the trainers sent each other
     collective_s: float
     ring_bytes: int
+    # Sync only: late deltas folded into this row (backup_workers), and the samples each
+    # slot was handed this round, indexed by slot (0: none; balance=True sizes them).
+    late: int
+    trainer_samples: List[int]
 
 
 class EventKind(str, enum.Enum):
@@ -80,3 +84,7 @@ class UpdateRecord(TypedDict):
     staleness: int
     lead: int
     loss: float
+    # Sync with backup_workers: the delta's samples and its weight in the round's mean
+    # (samples / (1 + staleness)).
+    samples: NotRequired[int]
+    weight: NotRequired[float]

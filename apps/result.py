@@ -16,7 +16,10 @@ class TrainResult:
     ``local_model`` (for Keras, ``model_fn()`` in this process); ``events``: what happened
     to the run (trainers lost and joined, resumes, checkpoints), see ``records.RunEvent``;
     ``checkpoint``: the path of the last checkpoint written, if any; ``checkpoint_s``: the
-    time the training loop spent on checkpoints (the rest is written in the background)."""
+    time the training loop spent on checkpoints (the rest is written in the background);
+    ``checkpoint_write_s``: the background writer's own wall time (serialising, writing,
+    ``fsync``), which overlaps training; ``checkpoint_cpu_s``: the CPU time of that, what
+    the writer takes from the driver (the rest of its time waits on the disk)."""
 
     scheme: str
     history: list
@@ -31,6 +34,8 @@ class TrainResult:
     events: list = dataclasses.field(default_factory=list)
     checkpoint: str | None = None
     checkpoint_s: float = 0.0
+    checkpoint_write_s: float = 0.0
+    checkpoint_cpu_s: float = 0.0
     _model: Any = dataclasses.field(default=None, repr=False)
 
     @property

@@ -22,11 +22,13 @@ import time
 
 import numpy as np
 
+# The ring's actor-to-actor calls (allreduce) are DDLF calls; main's backends route the
+# driver's, not these.
 import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
 from ddlf_actors.errors import ActorDiedError
 
-from . import datasets, ring, tf_startup
+from . import backends, datasets, ring, tf_startup
 from .wire import WireMethods
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
@@ -53,10 +55,8 @@ def nbytes(arrays) -> int:
 
 
 def _node_id() -> str | None:
-    try:
-        return ddlf.get_runtime_context().get_node_id()
-    except Exception:   # outside a worker (a trainer built directly in a test)
-        return None
+    """This trainer's node, as its runtime (DDLF or Ray) names it; None outside a worker."""
+    return backends.here().node_id()
 
 
 class TrainerActor(ClusterWorker, WireMethods):

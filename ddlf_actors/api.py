@@ -16,6 +16,7 @@ from ddlf_actors.runtime.local_cluster import LocalCluster
 from ddlf_actors.runtime.object_ref import ObjectRef
 from ddlf_actors.runtime.session import find_token, head_record, read_config
 
+from . import ray_session
 from .actor import ActorClass, ActorHandle
 from .errors import AlreadyInitializedError
 from .options import check_gpus, check_memory
@@ -36,23 +37,35 @@ _AUTO_INIT_ENV = "DDLF_AUTO_INIT"
 
 
 class ClusterInfo:
-    """What ``ddlf.init`` returns: where the head is, and the token to join it."""
+    """What ``ddlf.init`` returns: where the head is, the token to join it, and the URL of
+    its web dashboard (None when it serves none)."""
 
-    def __init__(self, address: str, token: str, embedded: bool):
+    def __init__(self, address: str, token: str, embedded: bool,
+                 dashboard_url: str | None = None):
         self.address = address
         self.token = token
         self.embedded = embedded
+        self.dashboard_url = dashboard_url
 
     def __repr__(self):
         kind = "embedded" if self.embedded else "connected"
-        return f"ClusterInfo(address={self.address!r}, {kind})"
+        dash = f", dashboard_url={self.dashboard_url!r}" if self.dashboard_url else ""
+        return f"ClusterInfo(address={self.address!r}, {kind}{dash})"
 
 
 def init(address: str | None = None, *, num_cpus: float | None = None, token: str | None = None,
          resources: dict | None = None, ignore_reinit_error: bool = False,
          num_gpus: int | None = None, memory: float | None = None,
-         runtime_env: dict | None = None) -> ClusterInfo:
+         runtime_env: dict | None = None, dashboard: bool = False,
+         dashboard_port: int = 8265, backend: str = "ddlf") -> ClusterInfo:
     """Start an embedded local cluster (no ``address``) or connect to ``"host:port"``.
+
+    ``backend="ray"`` starts or joins Ray instead (``address`` ``None`` for a local Ray
+    instance, ``"auto"``, ``"ray://host:10001"``; see ``ddlf_actors.ray_session``): the
+    training apps (``train_sync``, ``train_async``) then run their trainers on Ray actors
+    until :func:`shutdown`. DDLF's own calls (``ddlf.remote``, ``get`` ...) are not
+    redirected to Ray: they raise ``DDLFError`` meanwhile rather than start a second
+    cluster. ``RayNotInstalledError`` (an ``ImportError``) without Ray.
 
     The embedded cluster is a head and one node as child processes with ``num_cpus`` CPUs
     (default ``os.cpu_count()``), ``num_gpus`` GPUs (default: found from
@@ -60,6 +73,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
     stops at :func:`shutdown` or at interpreter exit. Calling ``init`` is optional: the
     first ``.remote()``, ``get``, ``put`` or ``wait`` starts an embedded cluster with the
     defaults.
+
+    ``dashboard=True`` makes the embedded cluster's head serve the web dashboard on
+    127.0.0.1 at ``dashboard_port`` (any free port if that one is taken) and prints its
+    URL; it needs aiohttp (``pip install 'ddlf-actors[dashboard]'``), else ``ImportError``
+    naming that command. ``ClusterInfo.dashboard_url`` says where it is (for a cluster
+    joined by address, where its head serves one: ``ddlf-node start --head`` does).
 
     ``runtime_env`` (``env_vars``, ``working_dir``, ``py_modules``, ``excludes``) is the
     job's: every task and actor runs in it, merged under its own as in Ray. It is checked
@@ -73,7 +92,17 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
     ``address`` (or ``"auto"`` finds none on this host), naming how to start one.
     """
     global _info
+    if backend not in ("ddlf", "ray"):
+        raise ValueError(f"backend must be 'ddlf' or 'ray', got {backend!r}")
+    if backend == "ray":
+        return _init_ray(address, num_cpus=num_cpus, token=token, resources=resources,
+                         num_gpus=num_gpus, memory=memory, runtime_env=runtime_env,
+                         ignore_reinit_error=ignore_reinit_error)
     with _lock:
+        if ray_session.chosen():
+            raise AlreadyInitializedError(
+                "ddlf.init(backend='ray') was called in this process: call ddlf.shutdown() "
+                "before ddlf.init() of a DDLF cluster")
         if get_core(auto=False) is not None:
             if ignore_reinit_error:
                 return _info
@@ -94,9 +123,22 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         # A driver holds a connection per actor it calls: do not stop at a soft limit of 1024.
         config.raise_open_file_limit()
         cluster = None
+        if dashboard:
+            if address is not None:
+                raise ValueError("dashboard=True starts a dashboard with the embedded cluster; a "
+                                 "head joined by address serves its own (`ddlf-node start "
+                                 "--head --dashboard-port 8265`)")
+            from ddlf_actors.runtime.head.dashboard import MISSING_MESSAGE, available
+
+            if not available():
+                raise ImportError(f"ddlf.init(dashboard=True): {MISSING_MESSAGE}")
+            if not isinstance(dashboard_port, int) or not 0 < dashboard_port < 65536:
+                raise ValueError(f"dashboard_port must be a port number (1-65535), got "
+                                 f"{dashboard_port!r}")
         if address is None:
             cluster = LocalCluster(num_cpus=num_cpus, token=token, resources=resources,
-                                   num_gpus=num_gpus, memory=memory)
+                                   num_gpus=num_gpus, memory=memory,
+                                   dashboard_port=dashboard_port if dashboard else 0)
             address, token = cluster.address, cluster.token
         else:
             address, token = _resolve_address(address, token)
@@ -114,7 +156,35 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
                 cluster.stop()
             raise
         set_core(core)
-        _info = ClusterInfo(address, token, cluster is not None)
+        if cluster is not None:
+            url = cluster.dashboard_url
+        else:
+            url = core.head_call("dashboard_url")
+        _info = ClusterInfo(address, token, cluster is not None, url)
+        if dashboard and url:
+            import sys
+
+            print(f"DDLF dashboard at {url}", file=sys.stderr, flush=True)
+        return _info
+
+
+def _init_ray(address, *, num_cpus, token, resources, num_gpus, memory, runtime_env,
+              ignore_reinit_error) -> ClusterInfo:
+    """``init(backend="ray")``: Ray for the training apps; see ``ray_session``."""
+    global _info
+    with _lock:
+        if get_core(auto=False) is not None:
+            raise AlreadyInitializedError(
+                "this process is connected to a DDLF cluster: call ddlf.shutdown() before "
+                "ddlf.init(backend='ray')")
+        if token is not None:
+            raise ValueError("token= is DDLF's cluster token; a Ray cluster has none to give")
+        extra = {k: v for k, v in (("resources", resources), ("num_gpus", num_gpus),
+                                   ("_memory", memory)) if v is not None}
+        info = ray_session.start(address, num_cpus=num_cpus, runtime_env=runtime_env,
+                                 ignore_reinit_error=ignore_reinit_error, **extra)
+        where = info.get("address") or info.get("gcs_address") or address or "local"
+        _info = ClusterInfo(f"ray:{where}", "", address is None)
         return _info
 
 
@@ -154,6 +224,9 @@ def shutdown() -> None:
     """Disconnect; stop the embedded cluster (and every actor it runs) if we started one."""
     global _info
     with _lock:
+        if ray_session.chosen():
+            _info = None
+            ray_session.stop()
         core = get_core(auto=False)
         if core is None:
             return
@@ -171,7 +244,9 @@ atexit.register(shutdown)
 
 
 def is_initialized() -> bool:
-    return get_core(auto=False) is not None
+    """True after ``init`` (or a first call that started a cluster), until ``shutdown``;
+    also while ``init(backend="ray")`` holds this process on Ray."""
+    return get_core(auto=False) is not None or ray_session.chosen()
 
 
 def _core(auto_init: bool = True) -> Core:
@@ -184,6 +259,10 @@ def _core(auto_init: bool = True) -> Core:
     core = get_core()
     if core is not None:
         return core
+    if ray_session.chosen():
+        raise DDLFError("ddlf.init(backend='ray') put this process on Ray: DDLF's own calls "
+                        "have no cluster (use ray.remote, ray.get ... there, or "
+                        "ddlf.shutdown() and ddlf.init() for a DDLF cluster)")
     if not auto_init:
         raise DDLFError("DDLF is not initialized: call ddlf.init() first")
     if os.environ.get(_AUTO_INIT_ENV, "") == "0":

@@ -1,6 +1,6 @@
 """``ddlf-node``: start a head or join a node on this host; stop them; show cluster status.
 
-    ddlf-node start --head [--host IP] [--port P] [--num-cpus N] [--num-gpus N] [--memory BYTES] [--resources JSON] [--token-file F] [TLS] [--block]
+    ddlf-node start --head [--host IP] [--port P] [--dashboard-port P] [--dashboard-host IP] [--num-cpus N] [--num-gpus N] [--memory BYTES] [--resources JSON] [--token-file F] [TLS] [--block]
     ddlf-node start --address HEAD_IP:PORT [--host IP] [--num-cpus N] [--num-gpus N] [--memory BYTES] [--resources JSON] [--token-file F] [TLS] [--block]
     ddlf-node stop
     ddlf-node status [--address A] [--token-file F] [TLS]
@@ -109,10 +109,16 @@ def cmd_start(a) -> int:
     except TLSConfigError as e:
         print(f"ddlf-node: {e}", file=sys.stderr)
         return 2
+    try:
+        dashboard_args, dashboard_note = _dashboard_args(a)
+    except ValueError as e:
+        print(f"ddlf-node: {e}", file=sys.stderr)
+        return 2
     procs = []
     try:
         if a.head:
-            head_args = ["ddlf_actors.runtime.head", "--host", a.host, "--port", str(a.port)]
+            head_args = ["ddlf_actors.runtime.head", "--host", a.host, "--port", str(a.port),
+                         *dashboard_args]
             # Through the environment: a command line is world-readable in /proc.
             head_env = {**tls_env, **({TOKEN_ENV: explicit} if explicit else {})}
             head, info = _spawn(head_args, "head", a.block, "head.log", env=head_env)
@@ -156,6 +162,10 @@ def cmd_start(a) -> int:
         tls_args = " --tls-cert CERT --tls-key KEY --tls-ca CA" if tls_env else ""
         print(f"DDLF head started at {address}" + (" (mutual TLS)" if tls_env else ""))
         print(f"  token file: {token_file} (mode 0600)")
+        if info.get("dashboard_url"):
+            print(f"  dashboard: {info['dashboard_url']}")
+        elif dashboard_note:
+            print(f"  {dashboard_note}")
         print("  join other hosts with (copy the token file there first, e.g. with scp):")
         print(f"    ddlf-node start --address {address} --token-file {token_file}{tls_args}")
         print("  connect a driver with:")
@@ -257,12 +267,15 @@ def cmd_status(a) -> int:
         core.connect(timeout=10)
         nodes = core.head_call("nodes")
         actors = core.head_call("list_actors")
+        dashboard_url = core.head_call("dashboard_url")
     except Exception as e:
         print(f"ddlf-node status: could not query {address}: {e}", file=sys.stderr)
         return 1
     finally:
         core.close()
     print(format_status(address, nodes, actors))
+    if dashboard_url:
+        print(f"\nDashboard: {dashboard_url}")
     return 0
 
 
@@ -300,6 +313,36 @@ def _tls_flags(p) -> None:
                    f"present a certificate it signed (default {tls.ENV_CA})")
 
 
+def _dashboard_args(a) -> tuple[list, str | None]:
+    """The head's dashboard flags from ``--dashboard-port``/``--dashboard-host``, and a note
+    to print when the default dashboard is off for want of aiohttp. ``ValueError`` when a
+    port was asked for and cannot be had.
+
+    By default (no ``--dashboard-port``) a head serves the dashboard on port 8265 (any free
+    port if that is taken) when aiohttp is installed, as Ray's does; without aiohttp it
+    starts without one and says how to get it. An explicit port must be free, and needs
+    aiohttp.
+    """
+    from .head.dashboard import DEFAULT_PORT, MISSING_MESSAGE, available
+
+    if not a.head:
+        if a.dashboard_port:
+            raise ValueError("--dashboard-port goes with --head: the head serves the dashboard")
+        return [], None
+    port = a.dashboard_port
+    if port is not None and not 0 <= port < 65536:
+        raise ValueError(f"--dashboard-port must be a port number, or 0 for none; got {port}")
+    if port == 0:
+        return [], None
+    if not available():
+        if port is None:
+            return [], ("no dashboard: it needs aiohttp (pip install 'ddlf-actors[dashboard]'); "
+                        "--dashboard-port 0 starts without one and without this note")
+        raise ValueError(MISSING_MESSAGE)
+    args = ["--dashboard-host", a.dashboard_host, "--dashboard-port", str(port or DEFAULT_PORT)]
+    return (args + ["--dashboard-port-fallback"] if port is None else args), None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="ddlf-node", description="Run DDLF on this host.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -319,6 +362,10 @@ def main(argv=None) -> int:
                    "DDLF_AUTH_TOKEN, else the head generates one / the head's file on this host)")
     s.add_argument("--token", help="deprecated: visible to every local user in the process "
                    "list; use --token-file or DDLF_AUTH_TOKEN")
+    s.add_argument("--dashboard-port", type=int, help="port of the head's web dashboard (default "
+                   "8265, or any free port if taken, when aiohttp is installed; 0 = none)")
+    s.add_argument("--dashboard-host", default="127.0.0.1", help="IP the dashboard binds (default "
+                   "127.0.0.1; anywhere else every request needs the cluster token)")
     _tls_flags(s)
     s.add_argument("--block", action="store_true", help="stay in the foreground")
     sub.add_parser("stop", help="stop the DDLF processes this user started on this host")

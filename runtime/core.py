@@ -278,6 +278,10 @@ class Core:
         if self.head is not None and not self.head.closed:
             rpc.push(self.head, event, data)
 
+    def push_head(self, event: str, data) -> None:
+        """Send the head a one-way message from any thread (nothing waits for a reply)."""
+        self.submit_io(self._push_head, event, data)
+
     # -- actors ----------------------------------------------------------------------------
     def create_actor(self, actor_id: str, spec: ActorSpec, args, kwargs, options: dict) -> None:
         self._check_open()

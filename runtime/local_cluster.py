@@ -25,18 +25,23 @@ _child_env = child_env
 class LocalCluster:
     def __init__(self, num_cpus: float | None = None, token: str | None = None,
                  resources: dict | None = None, num_gpus: float | None = None,
-                 memory: float | None = None):
+                 memory: float | None = None, dashboard_port: int = 0):
+        """``dashboard_port`` > 0 serves the web dashboard on 127.0.0.1 at that port, or at
+        any free one if it is taken (``self.dashboard_url`` says where); 0: none."""
         self.procs: list[subprocess.Popen] = []
         # DDLF_TLS_* turn on TLS for the embedded cluster too. Checked here, so a bad path
         # raises in the driver naming the variable, and passed on as absolute paths.
         tls_env = tls.to_env(tls.check())
         head_args = ["ddlf_actors.runtime.head", "--port", "0", "--stdin-lifeline"]
+        if dashboard_port:
+            head_args += ["--dashboard-port", str(int(dashboard_port)), "--dashboard-port-fallback"]
         # The token goes through the environment, never the command line: every local
         # user can read /proc/<pid>/cmdline. The node reads the head's 0600 token file.
         head, info = start_child(head_args, "head",
                                  env={**tls_env, **({TOKEN_ENV: token} if token else {})})
         self.procs.append(head)
         self.address = info["address"]
+        self.dashboard_url = info.get("dashboard_url")
         self.token = token or read_token_file(info["token_file"])
         node_args = ["ddlf_actors.runtime.node", "--address", self.address, "--stdin-lifeline",
                      "--token-file", info["token_file"]]

@@ -28,6 +28,7 @@ from ..records import UpdateRecord
 from .averaging import apply_delta
 from .base import Scheme, TooFewTrainersError
 from .pool import Slot
+from .stragglers import refuse_sync_only
 from .wire import PLAIN, WHOLE, Broadcast
 
 __all__ = ["AsyncScheme", "train_async"]
@@ -52,6 +53,7 @@ class AsyncScheme(Scheme):
     wire_modes = (PLAIN, WHOLE)
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
+        refuse_sync_only(config)
         super().__init__(model_fn, dataset, config, trainers)
         self.updates: list[UpdateRecord] = []
         self.counts: dict[int, int] = {}            # updates completed per slot

@@ -21,11 +21,10 @@ import time
 
 import numpy as np
 
-import ddlf_actors as ddlf
 from ddlf_actors.errors import DDLFError
 
-from .. import checkpoint, datasets
-from ..callbacks import EarlyStopping, EventLog, History, ProgressBar
+from .. import backends, checkpoint, datasets
+from ..callbacks import DashboardPublisher, EarlyStopping, EventLog, History, ProgressBar
 from ..config import TrainConfig
 from ..records import EventKind, HistoryRow, RunEvent, TrainStats
 from ..result import TrainResult
@@ -40,14 +39,6 @@ __all__ = ["Scheme", "Run", "TooFewTrainersError"]
 
 class TooFewTrainersError(DDLFError):
     """Fewer than ``min_workers`` trainers were left and none came back in time."""
-
-
-def _ensure_session() -> bool:
-    """``ddlf.init()`` an embedded cluster if none is connected; True if we started it."""
-    if ddlf.is_initialized():
-        return False
-    ddlf.init()
-    return True
 
 
 def describe_callable(obj) -> str:
@@ -75,6 +66,8 @@ class Run:
         self.rows_done = rows_done
         self.events: list[RunEvent] = []
         self.stop = False
+        self.model: str | None = None     # what model_fn and dataset are, for the dashboard
+        self.dataset: str | None = None
 
 
 class Scheme:
@@ -90,7 +83,6 @@ class Scheme:
         self.dataset = dataset
         self.config = config
         self.trainer_cls = config.trainer_cls or TrainerActor
-        self.wire = Wire(config.compression, self.name, self.wire_modes)
         self._adopted = list(trainers) if trainers is not None else None
         self.pool: TrainerPool | None = None
         self.bytes_sent = 0
@@ -108,16 +100,24 @@ class Scheme:
         self.writer: checkpoint.CheckpointWriter | None = None
         self.last_checkpoint: str | None = None
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
+        # DDLF's actors or Ray's (config.backend, or what ddlf.init chose): backends/.
+        self.backend = backends.select(config.backend)
+        self.wire = Wire(config.compression, self.name, self.wire_modes,
+                         put=self.backend.put)
+        # The run is published to the cluster's dashboard where the runtime has one.
+        if self.backend.publishes_runs:
+            callbacks.append(DashboardPublisher())
 
     # -- the run -----------------------------------------------------------------------------
     def run(self, initial_weights=None, resume: str | None = None) -> TrainResult:
         """Train; continue from the newest checkpoint in ``resume`` if given."""
         ckpt = checkpoint.load(resume) if resume is not None else None
-        started_session = _ensure_session()
+        # A local cluster of the backend if none is connected; stopped at the end if so.
+        started_session = self.backend.ensure_session()
         t_start = time.perf_counter()
         try:
             self.pool = TrainerPool(self.model_fn, self.dataset, self.config, self.emit,
-                                    adopted=self._adopted)
+                                    adopted=self._adopted, backend=self.backend)
             self.pool.start()
             infos = [s.info for s in self.pool.live()]
             self.num_test = infos[0]["num_test"]
@@ -127,7 +127,7 @@ class Scheme:
             else:
                 weights = initial_weights
                 if weights is None:
-                    weights = ddlf.get(self.pool.live()[0].handle.get_weights.remote())
+                    weights = self.backend.get(self.pool.live()[0].handle.get_weights.remote())
                     self.bytes_received += nbytes(weights)
                 weights = [np.array(w, copy=True) for w in weights]
             self.fingerprint = self._fingerprint()
@@ -141,6 +141,8 @@ class Scheme:
             self.run_state = Run(self.name, self.config, self.total_rows(),
                                  rows_done=len(self.history.rows))
             self.run_state.events = self.events
+            self.run_state.model = describe_callable(self.model_fn)
+            self.run_state.dataset = describe_callable(self.dataset)
             for cb in self.callbacks:
                 cb.on_train_begin(self.run_state)
             if ckpt is not None:
@@ -156,7 +158,9 @@ class Scheme:
                     config=self.config, model_fn=self.model_fn, trainer_cls=self.trainer_cls,
                     updates=getattr(self, "updates", []), stopped_early=self.early.reason,
                     startup_s=startup, events=self.events, checkpoint=self.last_checkpoint,
-                    checkpoint_s=self.writer.blocked_s if self.writer else 0.0)
+                    checkpoint_s=self.writer.blocked_s if self.writer else 0.0,
+                    checkpoint_write_s=self.writer.write_s if self.writer else 0.0,
+                    checkpoint_cpu_s=self.writer.write_cpu_s if self.writer else 0.0)
             finally:
                 for cb in self.callbacks:
                     cb.on_train_end(result)
@@ -167,7 +171,7 @@ class Scheme:
             if self.pool is not None:
                 self.pool.stop()
             if started_session:
-                ddlf.shutdown()
+                self.backend.shutdown()
 
     def loop(self, weights: list) -> list:
         raise NotImplementedError
@@ -250,7 +254,7 @@ class Scheme:
 
     def put_weights(self, weights: list):
         """One ``put`` per version: each trainer's connection carries it once."""
-        return ddlf.put(weights)
+        return self.backend.put(weights)
 
     def broadcast(self, weights: list) -> Broadcast:
         """A version of the weights for the trainers, encoded as ``compression=`` says
@@ -298,10 +302,10 @@ class Scheme:
     def next_done(self, refs: list):
         """Wait for one of ``refs``: ``(ref, value, None)``, or ``(ref, None, error)`` when
         its trainer was lost."""
-        ready, _ = ddlf.wait(refs, num_returns=1)
+        ready, _ = self.backend.wait(refs, num_returns=1)
         ref = ready[0]
         try:
-            return ref, ddlf.get(ref), None
+            return ref, self.backend.get(ref), None
         except LOSS_ERRORS as e:
             return ref, None, e
 

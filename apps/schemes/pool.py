@@ -26,16 +26,9 @@ import time
 import warnings
 from typing import Any, Callable
 
-import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError, DDLFError, UnschedulableError
-from ddlf_actors.util import (
-    PlacementGroupSchedulingStrategy,
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
 
-from .. import datasets
+from .. import backends, datasets
 from ..config import TrainConfig
 from ..records import EventKind
 from ..trainer import TrainerActor
@@ -44,6 +37,7 @@ __all__ = ["TrainerPool", "Slot", "SlotState", "TrainerStartError", "check_datas
            "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS"]
 
 # What a trainer's call raises when the trainer itself is gone (not when its code raised).
+# Every backend raises DDLF's ActorDiedError for it (Ray's errors are turned into it).
 LOSS_ERRORS = (ActorDiedError,)
 # A replacement that dies while starting, not in __init__ (its node died again...), is
 # started again up to this many times in a row before its slot is given up.
@@ -100,7 +94,7 @@ class TrainerPool:
 
     def __init__(self, model_fn, dataset, config: TrainConfig,
                  emit: Callable[[EventKind, Slot | None, str], None],
-                 adopted: list | None = None):
+                 adopted: list | None = None, backend: backends.Backend | None = None):
         self.model_fn = model_fn
         self.dataset = dataset
         self.config = config
@@ -108,9 +102,10 @@ class TrainerPool:
         self.slots: list[Slot] = []
         self._groups: list = []
         self._adopted = adopted
+        self.backend = backend or backends.select(config.backend)
         options = dict(config.trainer_options)
-        self._actor_cls = ddlf.remote(num_cpus=config.num_cpus, **options)(
-            config.trainer_cls or TrainerActor)
+        self._actor_cls = self.backend.remote(config.trainer_cls or TrainerActor,
+                                              num_cpus=config.num_cpus, **options)
         bundle = {"CPU": float(config.num_cpus), **(options.get("resources") or {})}
         self._bundle = {k: float(v) for k, v in bundle.items() if v}
         # Nothing to reserve, or the caller placed the trainers itself.
@@ -154,17 +149,17 @@ class TrainerPool:
 
     def stop(self) -> None:
         """Kill every trainer of the run and free its placement groups (no-op without a session)."""
-        if not ddlf.is_initialized():
+        if not self.backend.is_initialized():
             return   # their cluster is gone with them; do not start a new one to kill them
         for slot in self.slots:
             if slot.owned and slot.handle is not None:
                 try:
-                    ddlf.kill(slot.handle)
+                    self.backend.kill(slot.handle)
                 except Exception:  # the session may already be gone
                     pass
         for pg in self._groups:
             try:
-                remove_placement_group(pg)
+                self.backend.remove_placement_group(pg)
             except Exception:
                 pass
         self._groups = []
@@ -198,7 +193,7 @@ class TrainerPool:
             waiting = self.starting()
             if not waiting:
                 break
-            ready, _ = ddlf.wait([s.ready_ref for s in waiting], num_returns=len(waiting),
+            ready, _ = self.backend.wait([s.ready_ref for s in waiting], num_returns=len(waiting),
                                  timeout=0)
             ready_set = set(ready)
             for slot in waiting:
@@ -208,7 +203,7 @@ class TrainerPool:
             left = deadline - time.monotonic()
             if not pending or left <= 0:
                 break
-            ddlf.wait([s.ready_ref for s in pending], num_returns=1, timeout=min(left, 1.0))
+            self.backend.wait([s.ready_ref for s in pending], num_returns=1, timeout=min(left, 1.0))
         return joined
 
     def wait_for(self, n: int, timeout: float) -> list[Slot]:
@@ -220,7 +215,8 @@ class TrainerPool:
             if left <= 0:
                 break
             waiting = self.starting()
-            ddlf.wait([s.ready_ref for s in waiting], num_returns=1, timeout=min(left, 1.0))
+            self.backend.wait([s.ready_ref for s in waiting], num_returns=1,
+                              timeout=min(left, 1.0))
             joined += self.poll()
         return joined
 
@@ -228,13 +224,12 @@ class TrainerPool:
     def _create(self, slot: Slot) -> None:
         if slot.handle is not None and slot.owned:
             try:
-                ddlf.kill(slot.handle)   # usually dead already; a hung one must not linger
+                self.backend.kill(slot.handle)   # usually dead already; a hung one must not linger
             except Exception:
                 pass
         cls = self._actor_cls
         if slot.group is not None:
-            cls = cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                slot.group, placement_group_bundle_index=slot.bundle))
+            cls = cls.options(scheduling_strategy=self.backend.in_bundle(slot.group, slot.bundle))
         slot.handle = cls.remote(self.model_fn, self.dataset, slot.index, self.config.num_cpus)
         slot.ready_ref = slot.handle.describe.remote()
         slot.info = None
@@ -244,7 +239,7 @@ class TrainerPool:
     def _settle(self, slot: Slot) -> bool:
         """A STARTING slot's describe() is back: LIVE (True), or failed (False)."""
         try:
-            slot.info = ddlf.get(slot.ready_ref)
+            slot.info = self.backend.get(slot.ready_ref)
         except LOSS_ERRORS as e:
             if getattr(e, "cause", None) is None and slot.start_failures < _START_RETRIES \
                     and slot.owned:
@@ -265,7 +260,7 @@ class TrainerPool:
         """Wait until ``slots`` are built; turn a failed ``__init__`` into a clear error."""
         for slot in slots:
             try:
-                slot.info = ddlf.get(slot.ready_ref)
+                slot.info = self.backend.get(slot.ready_ref)
             except ActorDiedError as e:
                 raise TrainerStartError(
                     f"trainer {slot.index} failed to start (building the model with model_fn "
@@ -279,15 +274,15 @@ class TrainerPool:
         cfg = self.config
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # an infeasible group is reported below, as an error
-            pg = placement_group([self._bundle] * k, strategy=cfg.placement_strategy)
+            pg = self.backend.placement_group([self._bundle] * k, cfg.placement_strategy)
         self._groups.append(pg)
-        view = placement_group_table(pg)
+        view = self.backend.placement_group_table(pg)
         never = view.get("stats", {}).get("scheduling_state") == "INFEASIBLE"
         if not never and pg.wait(cfg.placement_timeout_s):
             return pg
         need = k * float(cfg.num_cpus)
-        free = float(ddlf.available_resources().get("CPU", 0.0))
-        total = float(ddlf.cluster_resources().get("CPU", 0.0))
+        free = float(self.backend.available_resources().get("CPU", 0.0))
+        total = float(self.backend.cluster_resources().get("CPU", 0.0))
         why = ("the cluster's nodes can never hold them" if never else
                f"they could not all be reserved within {cfg.placement_timeout_s:g} s")
         what = f"workers={k}" if not cfg.elastic else f"workers=({k}, {cfg.workers})"
@@ -301,16 +296,15 @@ class TrainerPool:
         """A one-bundle group for an elastic slot: pending until some node has room."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # pending is the point: no warning about it
-            pg = placement_group([self._bundle], strategy="PACK")
+            pg = self.backend.placement_group([self._bundle], "PACK")
         self._groups.append(pg)
         return pg
 
-    @staticmethod
-    def _group_placed(pg) -> bool:
+    def _group_placed(self, pg) -> bool:
         if pg is None:
             return True
         try:
-            return placement_group_table(pg).get("state") == "CREATED"
+            return self.backend.placement_group_table(pg).get("state") == "CREATED"
         except Exception:
             return False
 
@@ -344,21 +338,23 @@ def stop_trainers(trainers) -> None:
     if pool is not None:
         pool.stop()
         return
-    if not ddlf.is_initialized():
+    backend = backends.select()
+    if not backend.is_initialized():
         return
     for t in trainers or ():
         try:
-            ddlf.kill(t)
+            backend.kill(t)
         except Exception:
             pass
 
 
-def describe_trainers(trainers) -> list[dict]:
+def describe_trainers(trainers, backend=None) -> list[dict]:
     """Wait until every trainer is built; turn a failed ``__init__`` into a clear error."""
+    backend = backend or backends.select()
     infos = []
     for j, t in enumerate(trainers):
         try:
-            infos.append(ddlf.get(t.describe.remote()))
+            infos.append(backend.get(t.describe.remote()))
         except ActorDiedError as e:
             raise TrainerStartError(
                 f"trainer {j} failed to start (building the model with model_fn or loading "

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import time
 
+import ddlf_actors as ddlf
+
 from ..config import ASYNC_ONLY, TrainConfig
 from .averaging import apply_delta, weighted_mean
+from .balance import RateBalancer
 from .base import Scheme
+from .stragglers import LateDeltas, within_window
 from .wire import CHANGES, PLAIN, WHOLE
 
 __all__ = ["SyncScheme", "train_sync"]
@@ -39,19 +43,35 @@ class SyncScheme(Scheme):
                                  "waits for every trainer each round")
         super().__init__(model_fn, dataset, config, trainers)
         self.pending_row = None     # the last row, whose weights the next round evaluates
+        # Slow nodes (stragglers.py, balance.py): late calls, and each slot's samples/s.
+        self.late = LateDeltas(config.backup_workers, balanced=config.balance)
+        self.balancer = RateBalancer() if config.balance else None
+        if config.backup_workers:
+            self.updates: list = []  # every applied delta, with its staleness
 
     def total_rows(self) -> int:
         return self.config.master_epochs * self.config.rounds_per_epoch
 
     def position(self) -> dict:
-        return {"pending_row": self.pending_row}
+        return {"pending_row": self.pending_row, "late": self.late.to_json(),
+                "rates": self.balancer.to_json() if self.balancer else None}
 
     def restore_position(self, ckpt) -> None:
         self.pending_row = ckpt.meta["position"].get("pending_row")
+        if self.balancer is not None:
+            self.balancer = RateBalancer.from_json(ckpt.meta["position"].get("rates"))
+
+    def lose(self, slot, error) -> None:
+        super().lose(slot, error)
+        if self.balancer is not None:
+            self.balancer.forget(slot.index)
 
     def loop(self, w: list) -> list:
         cfg = self.config
         R = cfg.rounds_per_epoch
+        if self.balancer is not None and self.plan.partitioned:
+            raise ValueError("balance=True needs every trainer to hold the whole dataset: with "
+                             "datasets.partitioned(...) trainer j can train only partition j")
         while self.round_no < self.total_rows():
             epoch, r = divmod(self.round_no, R)
             stopped, w = self._round(w, epoch + 1, r)
@@ -73,8 +93,12 @@ class SyncScheme(Scheme):
         """Run one round; return (stopped early, weights)."""
         cfg = self.config
         t_round = time.perf_counter()
-        live = self.members()
-        pieces = self.plan.round_pieces(epoch, r, [s.index for s in live])
+        live = self.late.idle(self.members())   # a trainer still on a late call gets no work
+        while not live:   # every live trainer is late: this round starts with the first back
+            self._late_done(*self.next_done(self.late.refs()))
+            live = self.late.idle(self.members())
+        shares = self.balancer.shares([s.index for s in live]) if self.balancer else None
+        pieces = self.plan.round_pieces(epoch, r, [s.index for s in live], shares)
         bc = self.broadcast(w)
         evaluation = None
         if self.pending_row is not None:
@@ -92,8 +116,12 @@ class SyncScheme(Scheme):
             calls[ref] = slot
         self.bytes_sent += bc.take_bytes() + sum(p.nbytes for p in pieces.values())
         results: dict = {}
-        stopped = self._gather(calls, evaluation, results)
+        final = self.round_no + 1 == self.total_rows()
+        stopped = self._gather(calls, evaluation, results, self.late.allowed(len(calls), final),
+                               drain=final, t_start=t_round)
         self.bytes_sent += bc.take_bytes()   # shards a lost trainer's successor took over
+        for ref, slot in calls.items():   # still running: folded into a later round
+            self.late.defer(ref, slot, self.round_no + 1, len(pieces[slot.index]))
         if stopped or not results:
             # Stopped: the round's deltas are not applied, so result.weights are the
             # weights of the last reported row. No results: every trainer of the round was
@@ -106,26 +134,82 @@ class SyncScheme(Scheme):
             deltas.append(delta)
             self.bytes_received += size
         stats = [results[j][1] for j in slots]
+        weights = [s["samples"] for s in stats]
+        # Work is attributed by interval: only what falls inside this round counts (a
+        # trainer's first call can report evaluations of an earlier run, see stragglers.py).
+        now = time.perf_counter()
+        row_stats = [within_window(s, t_round, now) for s in stats]
+        late = self.late.fold(self.round_no + 1, t_round)
+        for j, d, s, s_row, staleness in late:
+            slots.append(j)
+            d, size = self.wire.received(d)   # encoded as the round it was sent in said
+            deltas.append(d)
+            self.bytes_received += size
+            stats.append(s)
+            row_stats.append(s_row)
+            weights.append(self.late.weight(s["samples"], staleness))
         for j, s in zip(slots, stats):
             self.keep_state(j, s)
-        w = apply_delta(w, weighted_mean(deltas, [s["samples"] for s in stats]))
+            if self.balancer is not None:
+                self.balancer.observe(j, s["samples"], s["compute_s"])
+        w = apply_delta(w, weighted_mean(deltas, weights))
         self.round_no += 1
         self.pending_row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
-                                        stats, time.perf_counter() - t_round)
+                                        row_stats, time.perf_counter() - t_round)
+        self.pending_row["late"] = len(late)
+        self.pending_row["trainer_samples"] = [len(pieces[j]) if j in pieces else 0
+                                               for j in range(cfg.workers)]
+        if cfg.backup_workers:
+            stale = [0] * len(results) + [x[4] for x in late]
+            self.updates += [{"trainer": j, "start_version": self.round_no - 1 - st,
+                              "applied_version": self.round_no, "staleness": st, "lead": 0,
+                              "loss": s["loss"], "samples": s["samples"], "weight": wt}
+                             for j, s, st, wt in zip(slots, stats, stale, weights)]
         if self.checkpoint_due(self.round_no):
             self.save_checkpoint(w)
         return False, w
 
-    def _gather(self, calls: dict, evaluation, results: dict) -> bool:
+    def _late_done(self, ref, value, lost) -> None:
+        """A late call returned: keep its delta for the round open now, or lose its trainer."""
+        call = self.late.take(ref)
+        if lost is None:
+            self.late.arrive(call, value)
+        elif call.slot.handle is call.handle:   # not its replacement, already there
+            self.lose(call.slot, lost)
+
+    def _gather(self, calls: dict, evaluation, results: dict, allowed: int = 0,
+                drain: bool = False, t_start: float = 0.0) -> bool:
         """Collect a round's train calls and the previous row's evaluation, replacing
-        what a lost trainer held. Returns True if a callback stopped the run."""
+        what a lost trainer held, until at most ``allowed`` calls (and with ``drain`` no
+        late call) are still running, then for the rest until the grace period ends
+        (``LateDeltas.grace_until``); late calls that return meanwhile are kept for
+        this round. Returns True if a callback stopped the run."""
         stopped = False
-        while calls or (evaluation is not None and not evaluation.done):
-            refs = list(calls) + (evaluation.pending() if evaluation is not None else [])
+        grace = None   # the time the round waits until for calls it could leave late
+        while True:
+            must = (len(calls) > allowed or (calls and not results)
+                    or (drain and self.late.inflight)
+                    or (evaluation is not None and not evaluation.done))
+            if not must:
+                if calls and grace is None:
+                    grace = self.late.grace_until(t_start, time.perf_counter())
+                if not calls or time.perf_counter() >= grace:
+                    break
+            refs = (list(calls) + (evaluation.pending() if evaluation is not None else [])
+                    + self.late.refs())
             if not refs:   # shards orphaned by a loss, and no trainer was live to take them
                 evaluation.requeue_orphans(self.members())
                 continue
+            if not must:
+                ready, _ = ddlf.wait(refs, num_returns=1,
+                                     timeout=max(0.0, grace - time.perf_counter()))
+                if not ready:
+                    continue
+                refs = ready[:1]
             ref, value, lost = self.next_done(refs)
+            if self.late.owns(ref):
+                self._late_done(ref, value, lost)
+                continue
             if evaluation is not None and evaluation.owns(ref):
                 if lost is not None:
                     self.lose(evaluation.refs[ref][1], lost)
@@ -153,7 +237,10 @@ def train_sync(model_fn, dataset, *, trainers=None, initial_weights=None, resume
     are the fields of :class:`TrainConfig` (``workers``, ``master_epochs``,
     ``worker_epochs``, ``batch_size``, ``rounds_per_epoch``, ``min_workers``,
     ``rejoin_timeout_s``, ``checkpoint_dir``, ``checkpoint_every``, ``target_accuracy``,
-    ``patience``, ``seed``, ``callbacks``, ...). Stops after ``master_epochs``, or when
+    ``patience``, ``seed``, ``callbacks``, ...). Slow nodes:
+    ``backup_workers=b`` closes each round once all but ``b`` deltas are in and folds the
+    late ones into a later round, scaled by ``1/(1 + staleness)``; ``balance=True`` sizes
+    each trainer's partition by its measured samples/s (see ``docs/training.md``). Stops after ``master_epochs``, or when
     ``target_accuracy`` is reached, or after ``patience`` evaluations without a better
     test loss. Returns a ``TrainResult`` (``history``, ``weights``, ``model``,
     ``events``). Starts an embedded cluster if ``ddlf.init()`` was not called.

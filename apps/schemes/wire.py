@@ -97,7 +97,7 @@ class Broadcast:
             if wire.held.get(slot.index) != (slot.starts, self.version - 1) \
                     or wire.version != self.version:
                 if self._full_ref is None:
-                    self._full_ref = ddlf.put(self._full)
+                    self._full_ref = wire.put(self._full)
                 ref, size = self._full_ref, self._full.nbytes
         if wire.mode == CHANGES:
             wire.held[slot.index] = (slot.starts, self.version)
@@ -137,8 +137,10 @@ class Wire:
     ValueError (naming what to use instead) for a ``spec`` outside ``modes``.
     """
 
-    def __init__(self, spec, scheme: str, modes: tuple = (PLAIN, WHOLE, CHANGES)):
+    def __init__(self, spec, scheme: str, modes: tuple = (PLAIN, WHOLE, CHANGES), put=None):
         self.down, self.up, self.mode = resolve(spec)
+        # The runtime's put: the scheme's backend's (DDLF's or Ray's), ddlf.put by default.
+        self.put = put or ddlf.put
         if self.mode not in modes:
             raise ValueError(self._refusal(scheme, modes))
         self.run = secrets.token_hex(8)
@@ -169,21 +171,21 @@ class Wire:
         self.version += 1
         v = self.version
         if self.mode == PLAIN:
-            bc = Broadcast(self, w, w, v, ddlf.put(w), nbytes(w))
+            bc = Broadcast(self, w, w, v, self.put(w), nbytes(w))
         elif self.mode == WHOLE:
             payload = self.down.encode(w)
             model = w if self.down.lossless else [np.asarray(a) for a in self.down.decode(payload)]
             msg = Weights(SET, self.run, v, None, payload, self.up)
-            bc = Broadcast(self, w, model, v, ddlf.put(msg), msg.nbytes)
+            bc = Broadcast(self, w, model, v, self.put(msg), msg.nbytes)
         elif self.replica is None:
             self.replica = [np.array(a, copy=True) for a in w]
             msg = self._full(v)
-            bc = Broadcast(self, w, self.replica, v, ddlf.put(msg), msg.nbytes)
+            bc = Broadcast(self, w, self.replica, v, self.put(msg), msg.nbytes)
         else:
             payload = self.down.encode(difference(w, self.replica))
             self.replica = apply_change(self.replica, self.down.decode(payload))
             msg = Weights(CHANGE, self.run, v, v - 1, payload, self.up)
-            bc = Broadcast(self, w, self.replica, v, ddlf.put(msg), msg.nbytes,
+            bc = Broadcast(self, w, self.replica, v, self.put(msg), msg.nbytes,
                            full=self._full(v))
         self.last = bc
         return bc

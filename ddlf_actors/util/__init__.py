@@ -1,7 +1,8 @@
 """Utilities built on actors and the scheduler: :class:`ActorPool`,
-:mod:`ddlf_actors.util.queue`, :mod:`ddlf_actors.util.progress`, placement groups and scheduling strategies."""
+:mod:`ddlf_actors.util.queue`, :mod:`ddlf_actors.util.progress`, placement groups and scheduling strategies,
+and :mod:`ddlf_actors.util.dashboard` (publishing runs to the head's web dashboard)."""
 
-from ddlf_actors.util import progress, queue, scheduling_strategies
+from ddlf_actors.util import dashboard, progress, queue, scheduling_strategies
 from ddlf_actors.util.actor_pool import ActorPool
 from ddlf_actors.util.placement_group import (
     PlacementGroup,
@@ -16,7 +17,7 @@ from ddlf_actors.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-__all__ = ["ActorPool", "progress", "queue", "scheduling_strategies", "PlacementGroup", "placement_group",
+__all__ = ["ActorPool", "dashboard", "progress", "queue", "scheduling_strategies", "PlacementGroup", "placement_group",
            "remove_placement_group", "get_placement_group", "placement_group_table",
            "get_current_placement_group", "PlacementGroupSchedulingStrategy",
            "NodeAffinitySchedulingStrategy"]

@@ -18,6 +18,8 @@ placement_groups.py  ``PlacementGroupManager``  groups, bundle reservations, the
 scheduler.py         ``Scheduler``             which node or bundle a demand comes out of
 packages.py          ``PackageStore``          runtime_env packages for nodes to fetch
 logs.py              ``LogFanout``             which driver prints which worker's lines
+runs.py              ``RunStore``              training runs drivers publish, for the dashboard
+dashboard/           ``Dashboard``             the read-only web dashboard (aiohttp, optional)
 server.py            ``Head``                  RPC endpoints, pushes, calls to nodes, waits
 ===================  ========================  ==============================================
 """

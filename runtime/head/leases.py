@@ -44,12 +44,14 @@ class LeaseManager:
         self.leases: dict[str, LeaseRecord] = {}
         self._by_worker: dict[str, LeaseRecord] = {}
         self._lent_on: dict[NodeRecord, int] = {}   # node -> how many of its leases are lent
+        self.granted = 0                              # leases granted since the head started
 
     def grant(self, node: NodeRecord, charge, demand: dict, worker_id: str,
               owner: str | None) -> LeaseRecord:
         lease = LeaseRecord(uuid.uuid4().hex[:12], node, charge, demand, worker_id, owner)
         self.leases[lease.lease_id] = lease
         self._by_worker[worker_id] = lease
+        self.granted += 1
         return lease
 
     def pop(self, lease_id: str) -> LeaseRecord | None:

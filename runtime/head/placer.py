@@ -9,6 +9,7 @@ groups and wakes every waiting placement.
 
 from __future__ import annotations
 
+import collections
 import logging
 
 from ..scheduling import Scheduling
@@ -29,6 +30,7 @@ class Placer:
         self.groups = groups
         self.scheduler = scheduler
         self.waiting: list = []   # futures of placements waiting for resources
+        self._waiting_kinds: collections.Counter = collections.Counter()   # for the dashboard
 
     async def place(self, demand: dict, sched: Scheduling | None, kind: WorkKind,
                     what: str, load_key=None):
@@ -42,7 +44,15 @@ class Placer:
                 return got
             fut = self.loop.create_future()
             self.waiting.append(fut)
-            await fut
+            self._waiting_kinds[kind] += 1
+            try:
+                await fut
+            finally:
+                self._waiting_kinds[kind] -= 1
+
+    def waiting_for(self, kind: str) -> int:
+        """How many placements of this ``WorkKind`` value ("actor", "task") wait now."""
+        return sum(n for k, n in self._waiting_kinds.items() if k.value == kind)
 
     def place_groups(self) -> None:
         """Reserve the placement groups that wait and now fit."""

@@ -28,6 +28,7 @@ from ..states import ActorState, GroupState
 from ..taskgroup import TaskGroup
 from .actor_lifecycle import ActorLifecycle, call_quietly
 from .actors import ActorDirectory
+from .dashboard.service import DashboardService
 from .leases import LeaseManager
 from .logs import LogFanout, WarnLimiter
 from .nodes import NodeRecord, NodeTable
@@ -46,7 +47,7 @@ _OWNER_GONE = "its owner (the driver or worker that created it) disconnected"
 class Head:
     """The head process: its server, its managers, and what connects them."""
 
-    def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, loop, token: str, host: str = "127.0.0.1", port: int = 0, dashboard=None):
         self.loop = loop
         self.token = token
         self.host = host
@@ -65,9 +66,10 @@ class Head:
         self.server = None
         self.stopping = False
         self.stopped = loop.create_future()
+        self._warn = WarnLimiter(log)
+        self.dashboard = DashboardService(self, dashboard, self._warn)   # runs; the web page
         self.handler = _HeadRpcHandler(self, self.rpc_handlers())
         self._pushes = self.push_handlers()
-        self._warn = WarnLimiter(log)
 
     def rpc_handlers(self) -> dict:
         """Every request a driver, worker or node may send the head."""
@@ -99,6 +101,7 @@ class Head:
             "nodes": self.rpc_nodes,
             "cluster_resources": self.rpc_cluster_resources,
             "available_resources": self.rpc_available_resources,
+            **self.dashboard.rpc_handlers(),
             "shutdown": self.rpc_shutdown,
         }
 
@@ -111,12 +114,14 @@ class Head:
             "task_blocked": self._on_task_blocked,  # a leased task waits in get
             "task_unblocked": self._on_task_unblocked,
             "release_name": self._on_release_name,  # a named actor was never created
+            **self.dashboard.push_handlers(),
         }
 
     async def start(self):
         self.server = await serve(self.host, self.port, self.token, self.handler)
         self.port = self.server.sockets[0].getsockname()[1]
         self.background.spawn(self._watch_nodes())
+        await self.dashboard.start()
 
     @property
     def address(self) -> str:
@@ -213,6 +218,7 @@ class Head:
         if owner_id is not None:
             self.cores.discard(conn)
             self._owner_gone(owner_id)
+            self.dashboard.owner_gone(owner_id)
 
     def _owner_gone(self, owner_id: str):
         # Actors, leases and groups die with the connection that owns them (unless detached).
@@ -461,7 +467,9 @@ def _field(data, key: str, event: str) -> str:
 
 
 def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = False,
-             ready_out=None) -> None:
+             ready_out=None, dashboard: dict | None = None) -> None:
+    """Run a head until it is shut down; ``dashboard`` (``{"host", "port", "fallback"}``)
+    serves the web dashboard too."""
     config.raise_open_file_limit()
     # The head moves no bulk data: freed receive buffers must go back to the system
     # instead of piling up in malloc's heap (see the function).
@@ -469,7 +477,7 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     token = process.resolve_token(token) or generate_token()
-    head = Head(loop, token, host, port)
+    head = Head(loop, token, host, port, dashboard)
     loop.run_until_complete(head.start())
     session = os.path.join(config.session_root(), f"head-{head.port}")
     os.makedirs(session, mode=0o700, exist_ok=True)
@@ -481,9 +489,11 @@ def run_head(*, host: str, port: int, token: str | None, stdin_lifeline: bool = 
 
     process.stop_on_signals(loop, stop, stdin_lifeline)
     if ready_out is not None:
-        process.announce_ready(ready_out, {"address": head.address, "token_file": token_file,
-                                           "pid": os.getpid()})
+        process.announce_ready(ready_out, {
+            "address": head.address, "token_file": token_file, "pid": os.getpid(),
+            "dashboard_url": head.dashboard.url})
     loop.run_until_complete(head.stopped)
+    loop.run_until_complete(head.dashboard.stop())
     try:
         os.unlink(token_file)
         os.rmdir(session)
@@ -500,9 +510,21 @@ def main(argv=None) -> None:
     p.add_argument("--token", help="deprecated: visible in the process list; set "
                                     "DDLF_AUTH_TOKEN in the environment instead")
     p.add_argument("--stdin-lifeline", action="store_true")
+    p.add_argument("--dashboard-host", default="127.0.0.1")
+    p.add_argument("--dashboard-port", type=int, default=0, help="0: no dashboard")
+    p.add_argument("--dashboard-port-fallback", action="store_true",
+                   help="take any free port if --dashboard-port is taken")
     a = p.parse_args(argv)
+    dashboard = None
+    if a.dashboard_port:
+        from .dashboard import MISSING_MESSAGE, available
+
+        if not available():
+            p.exit(2, f"ddlf head: {MISSING_MESSAGE}\n")
+        dashboard = {"host": a.dashboard_host, "port": a.dashboard_port,
+                     "fallback": a.dashboard_port_fallback}
     if a.token:
         print("ddlf head: warning: --token is visible to every local user in the process "
               "list; pass the token in DDLF_AUTH_TOKEN instead", file=sys.stderr)
     run_head(host=a.host, port=a.port, token=a.token, stdin_lifeline=a.stdin_lifeline,
-             ready_out=sys.stdout)
+             ready_out=sys.stdout, dashboard=dashboard)

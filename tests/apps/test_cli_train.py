@@ -160,6 +160,8 @@ def _closed_port() -> int:
     (["--workers", "0"], "--workers must be an int >= 1, got 0"),
     (["--target-accuracy", "5"], "--target-accuracy must be in (0, 1]"),
     (["--scheme", "sync", "--staleness-bound", "1"], "apply to --scheme async"),
+    (["--scheme", "async", "--balance"], "apply to --scheme sync"),
+    (["--workers", "2", "--backup-workers", "2"], "--backup-workers must be less than workers"),
     (["--token-file", "{missing}"], "--token-file {missing}: No such file"),
     (["--address", "127.0.0.1:{port}"], "could not reach a DDLF head at 127.0.0.1:{port}"),
     (["--compression", "gzip"], "--compression gzip: unknown codec 'gzip': valid forms are"),
@@ -167,7 +169,8 @@ def _closed_port() -> int:
     (["--scheme", "async", "--compression", "topk:0.01"],
      "compression=('fp16', 'topk:0.01')"),
 ], ids=["out-is-a-file", "tensorboard-is-a-file", "unknown-dataset", "workers-0",
-        "target-accuracy", "staleness-with-sync", "token-file-missing", "no-head-there",
+        "target-accuracy", "staleness-with-sync", "balance-with-async",
+        "backup-workers-2-of-2", "token-file-missing", "no-head-there",
         "compression-unknown", "compression-bad-fraction", "compression-async-changes"])
 def test_a_user_mistake_is_one_line_exit_2_before_any_fetch(tmp_path, args, says):
     """cifar10 is in no cache here, so checking after the dataset would start a download

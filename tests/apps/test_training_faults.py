@@ -186,6 +186,9 @@ def test_checkpoints_hold_weights_optimizer_state_and_history(train_cluster, tmp
     assert meta["fingerprint"]["model"]["weights"] == [[[64, 4], "<f4"], [[4], "<f4"]]
     assert [e["round"] for e in result.events if e["kind"] == "checkpoint"] == [1, 2, 3, 4]
     assert 0 <= result.checkpoint_s < result.history[-1]["time_s"]
+    # The background writer's own time: four npz files written and fsynced.
+    assert 0 < result.checkpoint_write_s < result.history[-1]["time_s"]
+    assert 0 < result.checkpoint_cpu_s <= result.checkpoint_write_s + 1e-3   # two clocks
 
 
 class _Abort(Callback):

@@ -253,6 +253,91 @@ class FailsWhenReplaced(SigkillOnce):
         super().__init__(model_fn, dataset, index, num_cpus)
 
 
+class VirtualSpeedTrainer(NumpyTrainer):
+    """Reports ``compute_s`` as samples × a fixed cost per sample, slot 0 ``factor`` times
+    the others, without sleeping: ``balance=True`` then sees exactly known rates, so its
+    partitions (and a resumed run's) are deterministic.
+
+    Env: ``DDLF_TEST_COST_S`` (0.001 s per sample), ``DDLF_TEST_SLOW_FACTOR`` (4).
+    """
+
+    def train(self, *args, **kwargs):
+        import os
+
+        delta, stats = super().train(*args, **kwargs)
+        cost = float(os.environ.get("DDLF_TEST_COST_S", "0.001"))
+        if self._ddlf_index == 0:
+            cost *= float(os.environ.get("DDLF_TEST_SLOW_FACTOR", "4"))
+        stats["compute_s"] = stats["samples"] * cost
+        return delta, stats
+
+
+class SlowOneTrainer(NumpyTrainer):
+    """Sleeps a fixed time per sample in ``fit``, slot 0 ``factor`` times longer: a real
+    slow node (its ``compute_s`` shows it).
+
+    Env: ``DDLF_TEST_COST_S`` (0.0005 s per sample), ``DDLF_TEST_SLOW_FACTOR`` (4).
+    """
+
+    def fit(self, x, y, epochs, batch_size):
+        import os
+        import time
+
+        cost = float(os.environ.get("DDLF_TEST_COST_S", "0.0005"))
+        if self._ddlf_index == 0:
+            cost *= float(os.environ.get("DDLF_TEST_SLOW_FACTOR", "4"))
+        time.sleep(cost * len(x) * epochs)
+        return super().fit(x, y, epochs, batch_size)
+
+
+class GatedTrainer(NumpyTrainer):
+    """Slot 0's first ``fit`` waits until the file ``$DDLF_TEST_GATE_DIR/open`` exists: the
+    test decides when that trainer's delta can come back (a straggler without timings).
+
+    With ``DDLF_TEST_KILL_DIR`` set, once the gate opens slot 0 SIGKILLs itself instead of
+    returning (once per run: a marker file there), so it is lost while late. Every delta
+    is ``slot + 1`` in every weight (``set_weights`` math is then checkable), whatever the
+    data.
+    """
+
+    def fit(self, x, y, epochs, batch_size):
+        import os
+        import signal
+        import time
+
+        self._fits = getattr(self, "_fits", 0) + 1
+        gate = os.environ.get("DDLF_TEST_GATE_DIR")
+        if gate and self._ddlf_index == 0 and self._fits == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(gate, "open")):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the test never opened the gate")
+                time.sleep(0.01)
+            where = os.environ.get("DDLF_TEST_KILL_DIR")
+            if where:
+                try:
+                    fd = os.open(os.path.join(where, "killed"),
+                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    pass
+                else:
+                    os.close(fd)
+                    os.kill(os.getpid(), signal.SIGKILL)
+        self.model.set_weights([w - float(self._ddlf_index + 1)
+                                for w in self.model.get_weights()])
+        return 0.0
+
+
+class SlowEvalTrainer(NumpyTrainer):
+    """Evaluating its test shard takes 0.2 s: long next to a round of training."""
+
+    def evaluate_arrays(self, x, y, batch_size=512):
+        import time
+
+        time.sleep(0.2)
+        return super().evaluate_arrays(x, y, batch_size)
+
+
 class SigkillInCollective(NumpyTrainer):
     """SIGKILLs its own process inside an allreduce, once per run, right after sending a
     chunk to its ring neighbour.

@@ -58,7 +58,9 @@ class RayContext(dict):
         super().__init__(address=info.address, node_ip_address=_host_of(info.address),
                          gcs_address=info.address)
         self.address_info = dict(self)
-        self.dashboard_url = None
+        # Ray's form: "host:port", without the scheme.
+        self.dashboard_url = (info.dashboard_url.split("://", 1)[-1]
+                              if getattr(info, "dashboard_url", None) else None)
         self.python_version = ".".join(map(str, sys.version_info[:3]))
         self.ray_version = None
         self.ddlf = info
@@ -82,8 +84,10 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
     ``num_gpus`` declares the embedded node's GPUs (default: found from
     ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi``). ``runtime_env`` (``env_vars``,
     ``working_dir``, ``py_modules``) is the job's, for any cluster; ``pip``, ``conda``
-    and the like raise ``NotImplementedError``. Dashboard, logging and object-store
-    arguments are accepted and ignored.
+    and the like raise ``NotImplementedError``. ``include_dashboard=True`` starts the
+    embedded cluster's dashboard at ``dashboard_port`` (default 8265) on 127.0.0.1 (it is
+    off unless asked for: DDLF's needs aiohttp); ``dashboard_host``, logging and
+    object-store arguments are accepted and ignored.
     """
     unknown = set(kwargs) - _INIT_IGNORED
     if unknown:
@@ -92,9 +96,11 @@ def init(address: str | None = None, *, num_cpus: float | None = None,
         address = None
     elif isinstance(address, str) and address.startswith("ray://"):
         raise NotProvidedError(not_provided("client") + f" (address={address!r})")
+    dashboard = bool(kwargs.get("include_dashboard")) and address is None
     info = _ddlf.init(address, num_cpus=num_cpus, num_gpus=num_gpus, memory=_memory,
                       resources=resources or None, runtime_env=runtime_env,
-                      ignore_reinit_error=ignore_reinit_error)
+                      ignore_reinit_error=ignore_reinit_error, dashboard=dashboard,
+                      dashboard_port=kwargs.get("dashboard_port") or 8265)
     return RayContext(info)
 
 
