@@ -243,3 +243,39 @@ def test_a_codec_whose_library_is_missing_is_refused_before_any_trainer_starts(m
     with pytest.raises(codecs.CodecUnavailableError,
                        match=r"compression=\('fp16', 'zstd'\).*pip install zstandard"):
         train_sync(MODEL, hard_blobs_dataset, compression=("fp16", "zstd"), **RUN)
+
+
+class _OpenGateAfterRow1(Callback):
+    def __init__(self, gate):
+        self.gate = gate
+
+    def on_row(self, row, run):
+        if row["round"] == 1:
+            (self.gate / "open").touch()
+
+
+def test_backup_workers_fold_in_a_late_encoded_delta(train_cluster, tmp_path):
+    """A delta that arrives after its round closed was encoded as that round said; it is
+    decoded when folded in. GatedTrainer's deltas are -(slot + 1) everywhere and zstd is
+    exact, so the weights are known from result.updates."""
+    from helpers_modules.numpy_trainer import GatedTrainer
+
+    zeros = [np.zeros_like(w) for w in MODEL().get_weights()]
+    result = train_sync(MODEL, hard_blobs_dataset, workers=2, backup_workers=1,
+                        master_epochs=2, rounds_per_epoch=2, trainer_cls=GatedTrainer,
+                        progress=False, initial_weights=zeros, compression=("lz4", "zstd"),
+                        callbacks=[_OpenGateAfterRow1(tmp_path)],
+                        trainer_options={"runtime_env": {"env_vars": {
+                            "DDLF_TEST_GATE_DIR": str(tmp_path)}}})
+    h, ups = result.history, result.updates
+    assert [r["round"] for r in h] == [1, 2, 3, 4]
+    assert sum(r["late"] for r in h) >= 1
+    expected = 0.0
+    for v in range(1, len(h) + 1):
+        rows = [u for u in ups if u["applied_version"] == v]
+        m = [u["samples"] / (1 + u["staleness"]) for u in rows]
+        expected += sum(mi * (u["trainer"] + 1) for mi, u in zip(m, rows)) / sum(m)
+    for w in result.weights:
+        np.testing.assert_allclose(w, -expected, rtol=1e-5)
+    # Constant deltas: zstd sends each in far fewer bytes than its 1040.
+    assert all(r["bytes_received"] < r["updates"] * 1040 for r in h[1:])
