@@ -81,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
     run.add_argument("--staleness-bound", type=int, help="async: SSP bound")
     run.add_argument("--staleness-scaling", action="store_true", help="async: scale by staleness")
+    run.add_argument("--compression", metavar="SPEC",
+                     help="encode what crosses the wire: one codec spec for weights and "
+                          "deltas (none, lz4, zstd[:level], fp16, int8, topk:FRACTION, a lossy "
+                          "one with :ef or :noef), or DOWN,UP for the weights the driver sends "
+                          "and the deltas the trainers return, e.g. fp16,topk:0.01")
     run.add_argument("--backup-workers", type=int, default=0,
                      help="sync: close a round once all but B deltas are in; late ones are "
                           "folded into a later round, scaled by staleness")
@@ -123,6 +128,22 @@ def _workers_arg(text: str):
                           "MIN:MAX with 1 <= MIN <= MAX (2:4)") from None
 
 
+def _compression_arg(text: str, scheme: str):
+    """``--compression``: ``SPEC`` or ``DOWN,UP``, checked for ``scheme``; a ``_UsageError``
+    naming the valid forms for anything else."""
+    from .schemes import AsyncScheme, SyncScheme
+    from .schemes.wire import Wire
+
+    parts = [p.strip() for p in text.split(",")]
+    spec = parts[0] if len(parts) == 1 else tuple(parts)
+    modes = (SyncScheme if scheme == "sync" else AsyncScheme).wire_modes
+    try:
+        Wire(spec, scheme, modes)
+    except ValueError as e:
+        raise _UsageError(f"--compression {text}: {e}") from None
+    return spec
+
+
 class _UsageError(Exception):
     """A mistake on the command line: one line on stderr, exit status 2."""
 
@@ -147,6 +168,8 @@ def _check_args(args) -> None:
                           "more work")
     if args.limit is not None and args.limit < 1:
         raise _UsageError(f"--limit must be >= 1, got {args.limit}")
+    if args.compression is not None:
+        args.compression = _compression_arg(args.compression, args.scheme)
     try:   # the same checks train_sync/train_async make, named by their flags
         TrainConfig(workers=args.workers, master_epochs=args.master_epochs,
                     worker_epochs=args.worker_epochs, batch_size=args.batch_size,
@@ -261,7 +284,8 @@ def _run(args) -> int:
                       worker_epochs=args.worker_epochs, batch_size=args.batch_size,
                       rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
                       target_accuracy=args.target_accuracy, patience=args.patience,
-                      progress=not args.no_progress, min_workers=args.min_workers,
+                      compression=args.compression, progress=not args.no_progress,
+                      min_workers=args.min_workers,
                       rejoin_timeout_s=args.rejoin_timeout, resume=args.resume,
                       callbacks=[TensorBoard(args.tensorboard)] if args.tensorboard else [])
         if args.checkpoint_every:

@@ -46,6 +46,11 @@ class TrainConfig:
     training starts once ``lo`` trainers are placed and grows toward ``hi`` as CPUs appear.
     ``checkpoint_dir`` keeps a checkpoint every ``checkpoint_every`` rounds (1 by default);
     ``train_sync(..., resume=DIR)`` continues from the last one.
+
+    ``compression`` encodes what crosses the wire: a codec spec for both directions
+    (``"fp16"``, ``"topk:0.01"``, ...) or a pair ``(down, up)`` for the weights the driver
+    sends and the deltas the trainers return; None or ``"none"`` sends arrays as they are.
+    See ``docs/training.md``.
     """
 
     workers: int = 2
@@ -70,6 +75,8 @@ class TrainConfig:
     # Asynchronous scheme only.
     staleness_bound: int | None = None
     staleness_scaling: bool = False
+    # What crosses the wire: a codec spec, or a pair (down, up); see apps/codecs.
+    compression: Any = None
     # Synchronous scheme only: close a round once all but this many trainers' deltas are
     # in (the late ones are folded into a later round, scaled by staleness) ...
     backup_workers: int = 0
@@ -130,6 +137,13 @@ class TrainConfig:
                 raise ValueError("checkpoint_every needs checkpoint_dir= (where to write them)")
         if self.seed is not None:
             _int_at_least("seed", self.seed, 0)
+        if self.compression is not None:
+            from .schemes.wire import resolve
+
+            try:
+                resolve(self.compression)
+            except ValueError as e:   # CodecUnavailableError too: it keeps its type
+                raise type(e)(f"compression={self.compression!r}: {e}") from None
         if self.backend not in (None, "ddlf", "ray"):
             raise ValueError(f"backend must be 'ddlf' or 'ray', got {self.backend!r}")
 
@@ -178,5 +192,9 @@ class TrainConfig:
                 v = None if v is None else f"{v.__module__}.{v.__qualname__}"
             elif f.name == "trainer_options":
                 v = {k: repr(x) for k, x in v.items()}
+            elif f.name == "compression" and v is not None:
+                from .codecs import resolve_pair
+
+                v = [c.spec for c in resolve_pair(v)]
             out[f.name] = v
         return out

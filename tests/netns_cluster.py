@@ -71,6 +71,21 @@ class NetnsHosts:
     def prefix(self, i: int) -> list:
         return ["ip", "netns", "exec", self.ns[i]]
 
+    def shape(self, rate: str, burst: str = "512kb") -> None:
+        """Limit every host's link to ``rate`` (``"100mbit"``) each way, full duplex, with
+        a token bucket (``tc qdisc replace ... tbf``; ``netem`` is not available here).
+
+        One qdisc on the bridge side of each veth shapes what reaches the host, one on its
+        namespace side what it sends. ``burst`` must exceed the largest (GSO) packet the
+        veth hands the qdisc, else tbf drops it.
+        """
+        tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", "100ms"]
+        for ns, veth in zip(self.ns, self.veth):
+            subprocess.run(["tc", "qdisc", "replace", "dev", veth, *tbf], check=True,
+                           capture_output=True, text=True)
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev",
+                            veth + "p", *tbf], check=True, capture_output=True, text=True)
+
     def cut(self, i: int) -> None:
         """Take host i off the network without telling anyone (no FIN, no RST)."""
         _ip("link", "set", self.veth[i], "down")
@@ -84,21 +99,31 @@ class NetnsHosts:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
-def _start_cluster(hosts: NetnsHosts, env: dict, driver_mode: str):
-    """Head in h0, a 1-CPU node in h1 and h2, and this file as a driver in h3."""
+def start_head_and_nodes(hosts: NetnsHosts, env: dict, head: int = 0,
+                         nodes=(1, 2), num_cpus: float = 1) -> tuple[dict, list]:
+    """A head in host ``head`` and a ``num_cpus`` node in each host of ``nodes``, each
+    bound to its host's address only; returns (the head's info, the nodes' infos). The
+    processes are in ``hosts.procs``, so ``hosts.down()`` stops them."""
     from ddlf_actors.runtime.process import start_child as _start
 
-    head, info = _start(["ddlf_actors.runtime.head", "--host", hosts.ips[0], "--port", "0",
-                         "--stdin-lifeline"], "head", prefix=hosts.prefix(0), env=env,
+    proc, info = _start(["ddlf_actors.runtime.head", "--host", hosts.ips[head], "--port", "0",
+                         "--stdin-lifeline"], "head", prefix=hosts.prefix(head), env=env,
                         new_session=False)
-    hosts.procs.append(head)
-    nodes = []
-    for i in (1, 2):
+    hosts.procs.append(proc)
+    infos = []
+    for i in nodes:
         node, ninfo = _start(["ddlf_actors.runtime.node", "--address", info["address"],
-                              "--host", hosts.ips[i], "--num-cpus", "1", "--stdin-lifeline"],
+                              "--host", hosts.ips[i], "--num-cpus", str(num_cpus),
+                              "--stdin-lifeline"],
                              "node", prefix=hosts.prefix(i), env=env, new_session=False)
         hosts.procs.append(node)
-        nodes.append(ninfo)
+        infos.append(ninfo)
+    return info, infos
+
+
+def _start_cluster(hosts: NetnsHosts, env: dict, driver_mode: str):
+    """Head in h0, a 1-CPU node in h1 and h2, and this file as a driver in h3."""
+    info, nodes = start_head_and_nodes(hosts, env)
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     driver = subprocess.Popen(

@@ -36,6 +36,9 @@ class Encoder:
     def reset(self) -> None:
         """Forget the stream's state (nothing to forget here)."""
 
+    def restore(self, residual: list | None, like: list) -> None:
+        """Continue a saved stream (nothing to restore here: this encoder keeps no state)."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.codec!r})"
 
@@ -80,6 +83,26 @@ class ErrorFeedback(Encoder):
     def reset(self) -> None:
         """Drop the residual, e.g. when the receiver was restarted and lost what it had summed."""
         self._residual = self._layout = None
+
+    def restore(self, residual: list | None, like: list) -> None:
+        """Continue a stream whose residual was saved (``residual``, per tensor, None where
+        nothing is owed) for tensors laid out as ``like`` (their shapes and dtypes).
+
+        Raises ValueError when a residual tensor does not fit its tensor in ``like``.
+        """
+        like = as_arrays(like)
+        if residual is None:
+            self.reset()
+            return
+        layout = [(a.shape, a.dtype) for a in like]
+        if len(residual) != len(layout) or any(
+                r is not None and (np.shape(r) != s or np.asarray(r).dtype != d)
+                for r, (s, d) in zip(residual, layout)):
+            given = [(np.shape(r), np.asarray(r).dtype) for r in residual if r is not None]
+            raise ValueError(f"a residual of {len(residual)} tensors ({_describe(given)} not "
+                             f"None) does not fit tensors {_describe(layout)}")
+        self._residual = [None if r is None else np.array(r, copy=True) for r in residual]
+        self._layout = layout
 
     def residual_norm(self) -> float:
         """The residual's L2 norm over all tensors (0.0 before the first call)."""

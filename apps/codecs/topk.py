@@ -82,8 +82,21 @@ class TopKCodec(Codec):
         if k * (itype.itemsize + a.dtype.itemsize) >= n * a.dtype.itemsize:
             return raw(a)   # indices and values would outweigh the tensor itself
         flat = np.ascontiguousarray(a).reshape(-1)
+        mag = np.abs(flat)
+        nz = np.flatnonzero(mag)
         # argpartition is O(n): only the k largest are found, not a full sort.
-        idx = np.argpartition(np.abs(flat), n - k)[n - k:]
+        if nz.size == n:
+            idx = np.argpartition(mag, n - k)[n - k:]
+        elif nz.size > k:
+            # Select among the non-zero entries only: numpy's introselect is 10-25x slower
+            # on an array of mostly equal values, such as the change of weights that
+            # sparse deltas left mostly untouched (495,616 float32: 35 ms dense, 270-520 ms
+            # with 90-99 % zeros).
+            sub = mag[nz]
+            idx = nz[np.argpartition(sub, sub.size - k)[sub.size - k:]]
+        else:
+            # Every non-zero entry is kept; zeros make up the k.
+            idx = np.concatenate([nz, np.flatnonzero(mag == 0)[:k - nz.size]])
         idx.sort()   # sorted indices scatter in memory order on decode
         return "topk", (idx.astype(itype), flat[idx]), None
 

@@ -25,11 +25,11 @@ import numpy as np
 
 from ..config import TrainConfig
 from ..records import UpdateRecord
-from ..trainer import nbytes
 from .averaging import apply_delta
 from .base import Scheme, TooFewTrainersError
 from .pool import Slot
 from .stragglers import refuse_sync_only
+from .wire import PLAIN, WHOLE, Broadcast
 
 __all__ = ["AsyncScheme", "train_async"]
 
@@ -48,6 +48,9 @@ class _Update:
 
 class AsyncScheme(Scheme):
     name = "async"
+    # Trainers hold different versions, so weights go down whole (encoded or not); a down
+    # codec that sends changes of one shared replica is refused (schemes/wire.py).
+    wire_modes = (PLAIN, WHOLE)
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
         refuse_sync_only(config)
@@ -114,7 +117,7 @@ class AsyncScheme(Scheme):
             self._evaluation_done(ref, value, lost)
         if self.run_state.stop and self.history.rows:
             return self.weights_at.get(self.history.rows[-1]["round"], self.w)
-        return self.w
+        return self.wire.model(self.w)
 
     def _wait_for_partition(self, live: list) -> None:
         """Work is left only in partitions whose trainer is gone: wait for its replacement."""
@@ -182,20 +185,23 @@ class AsyncScheme(Scheme):
             return
         piece = q.popleft()
         if self._w_ref_version != self.round_no:
-            self._w_ref, self._w_ref_version = self.put_weights(self.w), self.round_no
+            self._w_ref, self._w_ref_version = self.broadcast(self.w), self.round_no
         indices = self._piece(slot.index, piece)
         want_state = self.writer is not None and counts[slot.index] % cfg.checkpoint_every == 0
-        ref = slot.handle.train.remote(self._w_ref, indices, cfg.worker_epochs, cfg.batch_size,
-                                       return_state=want_state)
-        self.bytes_sent += nbytes(self.w) + indices.nbytes
+        # A checkpoint call also brings back the trainer's error-feedback residual, as it
+        # brings its optimizer state: both are saved as of that trainer's last such call.
+        ref = self._w_ref.train(slot, indices, cfg.worker_epochs, cfg.batch_size,
+                                return_state=want_state, residual=want_state)
+        self.bytes_sent += self._w_ref.take_bytes() + indices.nbytes
         self.inflight[ref] = _Update(slot, self.round_no, lead, piece)
 
     def _apply(self, update: _Update, value) -> None:
         cfg = self.config
-        delta, stats = value
+        payload, stats = value
         j = update.slot.index
         self.keep_state(j, stats)
-        self.bytes_received += nbytes(delta)
+        delta, size = self.wire.received(payload)
+        self.bytes_received += size
         staleness = self.round_no - update.start_version
         scale = 1.0 / max(1, len(self.pool.live()))
         if cfg.staleness_scaling:
@@ -231,17 +237,20 @@ class AsyncScheme(Scheme):
 
     # -- evaluation --------------------------------------------------------------------------
     def _evaluate(self, row: dict, weights: list) -> None:
-        self.weights_at[row["round"]] = weights
         evaluation = None
         if self.num_test:
             # Evaluated in shards, each queued on a trainer behind its train call.
-            evaluation = self.evaluation(row, self.put_weights(weights))
+            bc = self.broadcast(weights)
+            evaluation = self.evaluation(row, bc)
             live = self.pool.live()
             if live:
                 evaluation.submit(live)
-                self.bytes_sent += len(live) * nbytes(weights)
+                self.bytes_sent += bc.take_bytes()
             else:
                 evaluation.submit([])   # no trainer now: queued when one joins
+        # What the row reports: the weights the trainers evaluate (``weights`` unless a
+        # lossy codec sends them).
+        self.weights_at[row["round"]] = self.wire.model(weights)
         self.evaluations.append([row, evaluation])
         self._finish_rows()
 
@@ -258,6 +267,8 @@ class AsyncScheme(Scheme):
                         ev.submit(live)
                     else:
                         ev.requeue_orphans(live)
+                    if isinstance(ev.weights_ref, Broadcast):
+                        self.bytes_sent += ev.weights_ref.take_bytes()
             out += ev.pending()
         return out
 

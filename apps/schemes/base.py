@@ -32,6 +32,7 @@ from ..trainer import TrainerActor, nbytes
 from .evaluation import ShardedEvaluation
 from .plan import Plan
 from .pool import LOSS_ERRORS, Slot, TrainerPool
+from .wire import PLAIN, Broadcast, Wire
 
 __all__ = ["Scheme", "Run", "TooFewTrainersError"]
 
@@ -73,6 +74,9 @@ class Scheme:
     """One training run: start or adopt trainers, run the loop, return a ``TrainResult``."""
 
     name = "scheme"
+    # How this scheme can send weights with compression= (schemes/wire.py): a scheme that
+    # does not encode its traffic refuses compression= rather than ignore it.
+    wire_modes: tuple = (PLAIN,)
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
         self.model_fn = model_fn
@@ -98,6 +102,8 @@ class Scheme:
         self.seed = config.seed if config.seed is not None else secrets.randbits(63)
         # DDLF's actors or Ray's (config.backend, or what ddlf.init chose): backends/.
         self.backend = backends.select(config.backend)
+        self.wire = Wire(config.compression, self.name, self.wire_modes,
+                         put=self.backend.put)
         # The run is published to the cluster's dashboard where the runtime has one.
         if self.backend.publishes_runs:
             callbacks.append(DashboardPublisher())
@@ -209,8 +215,10 @@ class Scheme:
                 slot.handle.set_optimizer_state.remote(state)
             if self.plan.partitioned:
                 self.plan.part_sizes[slot.index] = slot.info["num_train"]
+            self.wire.admit(slot)
 
     def lose(self, slot: Slot, error: BaseException) -> None:
+        self.wire.lose(slot.index)   # its error-feedback residual is lost with it
         self.pool.lose(slot, error)
 
     def _too_few_message(self, live: int) -> str:
@@ -248,6 +256,11 @@ class Scheme:
         """One ``put`` per version: each trainer's connection carries it once."""
         return self.backend.put(weights)
 
+    def broadcast(self, weights: list) -> Broadcast:
+        """A version of the weights for the trainers, encoded as ``compression=`` says
+        (one ``put`` per version, as :meth:`put_weights`); see ``wire.py``."""
+        return self.wire.broadcast(weights)
+
     def finish_row(self, row: HistoryRow) -> None:
         for cb in self.callbacks:
             cb.on_row(row, self.run_state)
@@ -279,7 +292,8 @@ class Scheme:
         return row
 
     def evaluation(self, row: HistoryRow, weights_ref) -> ShardedEvaluation | None:
-        """A sharded evaluation of ``row`` (None without a test set: the row is done)."""
+        """A sharded evaluation of ``row`` (None without a test set: the row is done).
+        ``weights_ref``: a ref of the weights, or a :class:`Broadcast` of them."""
         if not self.num_test:
             self.finish_row(row)
             return None
@@ -299,6 +313,7 @@ class Scheme:
         state = stats.pop("optimizer_state", None)
         if state is not None:
             self.optimizer_states[slot_index] = state
+        self.bytes_received += self.wire.keep(slot_index, stats)
 
     # -- checkpoints -------------------------------------------------------------------------
     def checkpoint_due(self, round_no: int) -> bool:
@@ -316,11 +331,12 @@ class Scheme:
             "events": [dict(e) for e in self.events], "elapsed_s": time.perf_counter() - self.t0,
             "rng": {"seed": self.seed, "kind": "numpy PCG64 per epoch, seeded by (seed, epoch)"},
             "config": self.config.to_json(), "fingerprint": self.fingerprint,
-            "position": self.position(),
+            "position": self.position(), "wire": self.wire.position(),
         }
         self.writer.submit(checkpoint.Checkpoint(
             round=self.round_no, weights=weights, meta=meta,
-            optimizer_states=dict(self.optimizer_states), arrays=arrays or {}))
+            optimizer_states=dict(self.optimizer_states),
+            arrays={**(arrays or {}), **self.wire.arrays()}))
 
     def _checkpoint_done(self, ckpt, path: str, done: float) -> None:
         self.last_checkpoint = path
@@ -373,6 +389,7 @@ class Scheme:
         self.t0 = time.perf_counter() - float(meta.get("elapsed_s", 0.0))
         self.last_checkpoint = ckpt.path
         self.resumed_from = ckpt
+        self.wire.restore(meta.get("wire"), ckpt.arrays)
         self.restore_position(ckpt)
         return [np.array(w, copy=True) for w in ckpt.weights]
 

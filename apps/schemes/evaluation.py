@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..trainer import combine_shards
+from .wire import Broadcast
 
 __all__ = ["ShardedEvaluation"]
 
 
 class ShardedEvaluation:
-    """The evaluation of one history row's weights (``weights_ref``) over the trainers."""
+    """The evaluation of one history row's weights over the trainers: ``weights_ref`` is a
+    ref of them, or a :class:`~.wire.Broadcast` (which sends each trainer what it needs)."""
 
     def __init__(self, row: dict, weights_ref, num_test: int):
         self.row = row
@@ -35,7 +37,10 @@ class ShardedEvaluation:
         return [self._queue(k, slot) for k, slot in enumerate(slots)]
 
     def _queue(self, shard: int, slot) -> Any:
-        ref = slot.handle.evaluate.remote(self.weights_ref, (shard, self.shards))
+        if isinstance(self.weights_ref, Broadcast):
+            ref = self.weights_ref.evaluate(slot, (shard, self.shards))
+        else:
+            ref = slot.handle.evaluate.remote(self.weights_ref, (shard, self.shards))
         self.refs[ref] = (shard, slot)
         return ref
 

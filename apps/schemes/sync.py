@@ -21,17 +21,19 @@ import time
 import ddlf_actors as ddlf
 
 from ..config import ASYNC_ONLY, TrainConfig
-from ..trainer import nbytes
 from .averaging import apply_delta, weighted_mean
 from .balance import RateBalancer
 from .base import Scheme
 from .stragglers import LateDeltas, within_window
+from .wire import CHANGES, PLAIN, WHOLE
 
 __all__ = ["SyncScheme", "train_sync"]
 
 
 class SyncScheme(Scheme):
     name = "sync"
+    # Every trainer of a round gets the same version: a replica of changes can be shared.
+    wire_modes = (PLAIN, WHOLE, CHANGES)
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
         defaults = TrainConfig()
@@ -74,16 +76,18 @@ class SyncScheme(Scheme):
             epoch, r = divmod(self.round_no, R)
             stopped, w = self._round(w, epoch + 1, r)
             if stopped:
-                return w
+                return self.wire.model(w)
         if self.pending_row is not None:   # the last weights' evaluation
-            evaluation = self.evaluation(self.pending_row, self.put_weights(w))
+            bc = self.broadcast(w)
+            evaluation = self.evaluation(self.pending_row, bc)
             self.pending_row = None
             if evaluation is not None:
-                live = self.members()
-                self.bytes_sent += len(live) * nbytes(w)
-                evaluation.submit(live)
+                evaluation.submit(self.members())
                 self._gather({}, evaluation, {})
-        return w
+                self.bytes_sent += bc.take_bytes()
+        # The weights the trainers hold, which the last row reports: w itself unless a
+        # lossy codec sends the weights (schemes/wire.py).
+        return self.wire.model(w)
 
     def _round(self, w: list, epoch: int, r: int) -> tuple[bool, list]:
         """Run one round; return (stopped early, weights)."""
@@ -95,26 +99,27 @@ class SyncScheme(Scheme):
             live = self.late.idle(self.members())
         shares = self.balancer.shares([s.index for s in live]) if self.balancer else None
         pieces = self.plan.round_pieces(epoch, r, [s.index for s in live], shares)
-        w_ref = self.put_weights(w)
+        bc = self.broadcast(w)
         evaluation = None
         if self.pending_row is not None:
             # Evaluate the previous round's weights on the trainers, queued before their
             # train call so it costs no extra shipping; see evaluation.py.
-            evaluation = self.evaluation(self.pending_row, w_ref)
+            evaluation = self.evaluation(self.pending_row, bc)
             if evaluation is not None:
                 evaluation.submit(live)
             self.pending_row = None
         want_state = self.checkpoint_due(self.round_no + 1)
         calls = {}
         for slot in live:
-            ref = slot.handle.train.remote(w_ref, pieces[slot.index], cfg.worker_epochs,
-                                           cfg.batch_size, return_state=want_state)
+            ref = bc.train(slot, pieces[slot.index], cfg.worker_epochs, cfg.batch_size,
+                           return_state=want_state, residual=want_state)
             calls[ref] = slot
-        self.bytes_sent += len(live) * nbytes(w) + sum(p.nbytes for p in pieces.values())
+        self.bytes_sent += bc.take_bytes() + sum(p.nbytes for p in pieces.values())
         results: dict = {}
         final = self.round_no + 1 == self.total_rows()
         stopped = self._gather(calls, evaluation, results, self.late.allowed(len(calls), final),
                                drain=final, t_start=t_round)
+        self.bytes_sent += bc.take_bytes()   # shards a lost trainer's successor took over
         for ref, slot in calls.items():   # still running: folded into a later round
             self.late.defer(ref, slot, self.round_no + 1, len(pieces[slot.index]))
         if stopped or not results:
@@ -123,7 +128,11 @@ class SyncScheme(Scheme):
             # lost; it runs again with the trainers that come back.
             return stopped, w
         slots = sorted(results)    # a fixed order of summation: resumes are bit-equal
-        deltas = [results[j][0] for j in slots]
+        deltas = []
+        for j in slots:
+            delta, size = self.wire.received(results[j][0])
+            deltas.append(delta)
+            self.bytes_received += size
         stats = [results[j][1] for j in slots]
         weights = [s["samples"] for s in stats]
         # Work is attributed by interval: only what falls inside this round counts (a
@@ -133,7 +142,9 @@ class SyncScheme(Scheme):
         late = self.late.fold(self.round_no + 1, t_round)
         for j, d, s, s_row, staleness in late:
             slots.append(j)
+            d, size = self.wire.received(d)   # encoded as the round it was sent in said
             deltas.append(d)
+            self.bytes_received += size
             stats.append(s)
             row_stats.append(s_row)
             weights.append(self.late.weight(s["samples"], staleness))
@@ -141,7 +152,6 @@ class SyncScheme(Scheme):
             self.keep_state(j, s)
             if self.balancer is not None:
                 self.balancer.observe(j, s["samples"], s["compute_s"])
-        self.bytes_received += sum(nbytes(d) for d in deltas)
         w = apply_delta(w, weighted_mean(deltas, weights))
         self.round_no += 1
         self.pending_row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,

@@ -49,7 +49,9 @@ def test_ddlf_train_run_writes_every_output(tmp_path, scheme, verbose):
     _write_fake_fashion_mnist(str(data))
     out = tmp_path / "out"
     tb = tmp_path / "tb"
-    extra = ["--verbose", "--tensorboard", str(tb)] if verbose else []
+    # The sync run also sends its weights and deltas encoded.
+    extra = ["--verbose", "--tensorboard", str(tb)] if verbose else ["--compression",
+                                                                      "fp16,topk:0.1"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     with no_leaked_processes():
         proc = _ddlf_train("run", "--dataset", "fashion-mnist", "--data-dir", str(data),
@@ -162,9 +164,14 @@ def _closed_port() -> int:
     (["--workers", "2", "--backup-workers", "2"], "--backup-workers must be less than workers"),
     (["--token-file", "{missing}"], "--token-file {missing}: No such file"),
     (["--address", "127.0.0.1:{port}"], "could not reach a DDLF head at 127.0.0.1:{port}"),
+    (["--compression", "gzip"], "--compression gzip: unknown codec 'gzip': valid forms are"),
+    (["--compression", "fp16,topk:2"], "--compression fp16,topk:2: bad codec spec 'topk:2'"),
+    (["--scheme", "async", "--compression", "topk:0.01"],
+     "compression=('fp16', 'topk:0.01')"),
 ], ids=["out-is-a-file", "tensorboard-is-a-file", "unknown-dataset", "workers-0",
         "target-accuracy", "staleness-with-sync", "balance-with-async",
-        "backup-workers-2-of-2", "token-file-missing", "no-head-there"])
+        "backup-workers-2-of-2", "token-file-missing", "no-head-there",
+        "compression-unknown", "compression-bad-fraction", "compression-async-changes"])
 def test_a_user_mistake_is_one_line_exit_2_before_any_fetch(tmp_path, args, says):
     """cifar10 is in no cache here, so checking after the dataset would start a download
     (and print "fetching"); every mistake must be caught first."""

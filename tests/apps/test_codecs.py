@@ -221,6 +221,26 @@ def test_topk_keeps_exactly_the_largest_entries(fraction, arrays):
         assert math.fsum((y - x) ** 2) <= (1 - k / n) * math.fsum(x ** 2) * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("nonzero", [30, 100, 900])
+def test_topk_of_a_mostly_zero_tensor_keeps_the_largest_and_exactly_k(nonzero):
+    # A change of weights that sparse deltas left mostly untouched: the non-zero entries
+    # are selected among themselves (numpy's selection crawls on equal values).
+    rng = np.random.default_rng(1)
+    x = np.zeros(10_000, np.float32)
+    at = rng.choice(x.size, nonzero, replace=False)
+    x[at] = rng.standard_normal(nonzero).astype(np.float32)
+    codec = codecs.get("topk:0.01")
+    payload = codec.encode([x])
+    (y,) = codec.decode(payload)
+    idx = payload.segments[0].astype(np.int64)
+    assert idx.size == len(np.unique(idx)) == 100
+    assert np.array_equal(y[idx], x[idx]) and np.all(np.delete(y, idx) == 0)
+    kept = min(nonzero, 100)
+    assert np.array_equal(np.sort(np.abs(y))[-kept:], np.sort(np.abs(x))[-kept:])
+    if nonzero <= 100:
+        assert np.array_equal(y, x)   # every non-zero entry fits: exact
+
+
 def test_topk_payload_is_indices_and_values():
     x = np.random.default_rng(0).standard_normal((100, 1000)).astype(np.float32)
     payload = codecs.get("topk:0.01").encode([x])
