@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import time
 
-import ddlf_actors as ddlf
-
 from ..config import ASYNC_ONLY, TrainConfig
 from .averaging import apply_delta, weighted_mean
 from .balance import RateBalancer
@@ -201,8 +199,8 @@ class SyncScheme(Scheme):
                 evaluation.requeue_orphans(self.members())
                 continue
             if not must:
-                ready, _ = ddlf.wait(refs, num_returns=1,
-                                     timeout=max(0.0, grace - time.perf_counter()))
+                ready, _ = self.backend.wait(refs, num_returns=1,
+                                             timeout=max(0.0, grace - time.perf_counter()))
                 if not ready:
                     continue
                 refs = ready[:1]
