@@ -59,11 +59,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:  # run from a source checkout without installing
     sys.path.insert(0, _ROOT)
 
-from ddlf_actors.runtime import auth, config, protocol  # noqa: E402
+from ddlf_actors.runtime import config  # noqa: E402
+from ddlf_actors.runtime.client.refs import ArgRef  # noqa: E402
 from ddlf_actors.runtime.errors import AuthenticationError, FrameError  # noqa: E402
-from ddlf_actors.runtime.framing import FrameDecoder  # noqa: E402
-from ddlf_actors.runtime.refs import ArgRef  # noqa: E402
-from ddlf_actors.runtime.serialization import dumps, loads  # noqa: E402
+from ddlf_actors.runtime.wire import auth, protocol  # noqa: E402
+from ddlf_actors.runtime.wire.framing import FrameDecoder  # noqa: E402
+from ddlf_actors.runtime.wire.serialization import dumps, loads  # noqa: E402
 
 PREFIX = struct.Struct("!2sHQ")
 # How long a server may take to drop a peer it must drop (framing error, wrong token).
@@ -884,8 +885,8 @@ class FuzzCluster:
     """A head and one node as children of this process (stdin lifelines), an actor, a driver."""
 
     def __init__(self, log_path: str, num_cpus: int = 2):
-        from ddlf_actors.runtime.auth import read_token_file
         from ddlf_actors.runtime.process import start_child as _start
+        from ddlf_actors.runtime.wire.auth import read_token_file
 
         self.procs: list[subprocess.Popen] = []
         self.log = open(log_path, "ab")

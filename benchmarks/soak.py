@@ -55,7 +55,7 @@ if _ROOT not in sys.path:  # run from a source checkout without installing
 
 import ddlf_actors as ddlf  # noqa: E402
 from ddlf_actors.errors import DDLFError, GetTimeoutError  # noqa: E402
-from ddlf_actors.runtime.auth import read_token_file  # noqa: E402
+from ddlf_actors.runtime.wire.auth import read_token_file  # noqa: E402
 
 CLI = [sys.executable, "-m", "ddlf_actors.runtime.cli"]
 NODE_CPUS = 2

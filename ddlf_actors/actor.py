@@ -6,10 +6,10 @@ import inspect
 import uuid
 
 from ddlf_actors.runtime import context
-from ddlf_actors.runtime.core import ActorSpec, get_core
+from ddlf_actors.runtime.client.core import ActorSpec, get_core
 from ddlf_actors.runtime.errors import ActorExit
-from ddlf_actors.runtime.serialization import dumps
 from ddlf_actors.runtime.states import ActorState
+from ddlf_actors.runtime.wire.serialization import dumps
 
 from .errors import ActorNameTakenError
 from .options import ACTOR_OPTIONS, BACKPRESSURE, METHOD_OPTIONS, validate

@@ -8,13 +8,13 @@ import threading
 
 from ddlf_actors.runtime import config, context
 from ddlf_actors.runtime import runtime_env as _runtime_env
-from ddlf_actors.runtime.address import split_address
-from ddlf_actors.runtime.core import Core, get_core, set_core
+from ddlf_actors.runtime.client.core import Core, get_core, set_core
+from ddlf_actors.runtime.client.generators import ObjectRefGenerator
+from ddlf_actors.runtime.client.object_ref import ObjectRef
 from ddlf_actors.runtime.errors import DDLFError, HeadUnreachableError
-from ddlf_actors.runtime.generators import ObjectRefGenerator
 from ddlf_actors.runtime.local_cluster import LocalCluster
-from ddlf_actors.runtime.object_ref import ObjectRef
 from ddlf_actors.runtime.session import find_token, head_record, read_config
+from ddlf_actors.runtime.wire.address import split_address
 
 from .actor import ActorClass, ActorHandle
 from .errors import AlreadyInitializedError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 
-from ddlf_actors.runtime.serialization import dumps
+from ddlf_actors.runtime.wire.serialization import dumps
 
 from .actor import _require_core
 from .options import TASK_OPTIONS, validate

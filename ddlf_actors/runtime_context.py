@@ -12,7 +12,7 @@ import json
 import warnings
 
 from ddlf_actors.runtime import context
-from ddlf_actors.runtime.core import get_core
+from ddlf_actors.runtime.client.core import get_core
 from ddlf_actors.runtime.states import ActorState
 
 from .actor import ActorHandle

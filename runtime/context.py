@@ -102,7 +102,7 @@ class CallContext:
 def _prune(children: list) -> None:
     """Forget children whose result this process no longer holds (settled or dropped), so
     a long call that submits millions of tasks keeps a short list (amortized: at 2^k)."""
-    from .core import PENDING, get_core
+    from .client.core import PENDING, get_core
 
     core = get_core(auto=False)
     if core is None:

@@ -8,9 +8,9 @@ import os
 import psutil
 
 from . import config
-from .address import split_address
-from .auth import read_token_file
 from .process import resolve_token
+from .wire.address import split_address
+from .wire.auth import read_token_file
 
 __all__ = ["head_record", "find_token", "read_config"]
 

@@ -48,7 +48,8 @@ import weakref
 
 import numpy as np
 
-from . import config, protocol
+from . import config
+from .wire import protocol
 
 try:
     import fcntl
@@ -502,7 +503,7 @@ def client_result(conn, segs):
         return protocol.RESULT_OK, [segs[0], *_receive(conn, segs[1], segs[2])]
     except Exception as e:
         from .errors import DDLFError
-        from .remote_error import encode_error
+        from .wire.remote_error import encode_error
 
         err = DDLFError(f"the result could not be mapped from shared memory: {e}")
         return protocol.RESULT_ERR, [segs[0], *encode_error(err, f"pid {os.getpid()}")]
@@ -537,7 +538,7 @@ async def wait_hello(conn) -> None:
 
 def send_hello(conn) -> None:
     """Worker: answer a caller's hello with ours (only callers that greet get one)."""
-    from .serialization import dumps
+    from .wire.serialization import dumps
 
     conn.send_msg(protocol.PUSH, 0, dumps(("hello", {"shm": local_info()})))
 

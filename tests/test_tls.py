@@ -29,10 +29,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from helpers_modules.clusters import no_leaked_processes, start_cluster
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime import config, tls
-from ddlf_actors.runtime.connection import connect, serve
+from ddlf_actors.runtime import config
 from ddlf_actors.runtime.errors import AuthenticationError, TLSConfigError
-from ddlf_actors.runtime.eventloop import new_event_loop
+from ddlf_actors.runtime.wire import tls
+from ddlf_actors.runtime.wire.connection import connect, serve
+from ddlf_actors.runtime.wire.eventloop import new_event_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TLS_VARS = (tls.ENV_CERT, tls.ENV_KEY, tls.ENV_CA)

@@ -1,4 +1,4 @@
-"""runtime/frames.py: frames reach their handler through a table (no processes, no sockets).
+"""runtime/wire/frames.py: frames reach their handler through a table (no processes, no sockets).
 
 The caller's handlers (an actor's connection, a leased worker's, the control link) take the
 kinds a worker or peer sends them and drop the connection on any other kind.
@@ -11,14 +11,15 @@ import itertools
 
 import pytest
 
-from ddlf_actors.runtime import oob, protocol, rpc
-from ddlf_actors.runtime.actor_submitter import ActorClient
+from ddlf_actors.runtime.client import oob
+from ddlf_actors.runtime.client.actor_submitter import ActorClient
+from ddlf_actors.runtime.client.object_store import OK, PENDING, ObjectStore
+from ddlf_actors.runtime.client.task_submitter import Lease, LeaseHandler, Task, TaskPool
 from ddlf_actors.runtime.errors import FrameError
-from ddlf_actors.runtime.frames import FrameHandler, TableFrameHandler
-from ddlf_actors.runtime.object_store import OK, PENDING, ObjectStore
-from ddlf_actors.runtime.serialization import dumps, loads
-from ddlf_actors.runtime.task_submitter import Lease, LeaseHandler, Task, TaskPool
-from ddlf_actors.runtime.taskgroup import TaskGroup
+from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.frames import FrameHandler, TableFrameHandler
+from ddlf_actors.runtime.wire.serialization import dumps, loads
+from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 
 class FakeConn:

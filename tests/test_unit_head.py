@@ -11,11 +11,12 @@ import itertools
 
 import pytest
 
-from ddlf_actors.runtime import config, process, protocol
+from ddlf_actors.runtime import config, process
 from ddlf_actors.runtime.errors import ActorNameTakenError
 from ddlf_actors.runtime.head import Head
-from ddlf_actors.runtime.serialization import loads
 from ddlf_actors.runtime.states import ActorState
+from ddlf_actors.runtime.wire import protocol
+from ddlf_actors.runtime.wire.serialization import loads
 
 _pids = itertools.count(100)
 

@@ -1,4 +1,4 @@
-"""runtime/messages.py and the RPC handler tables, with no sockets and no processes.
+"""runtime/wire/messages.py and the RPC handler tables, with no sockets and no processes.
 
 Messages: every one survives to_wire -> from_wire, the dicts peers send today are read
 back unchanged, malformed ones are refused with MessageError, and a malformed message
@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from ddlf_actors.runtime import process, protocol, rpc
+from ddlf_actors.runtime import process
 from ddlf_actors.runtime.errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
@@ -25,7 +25,10 @@ from ddlf_actors.runtime.errors import (
     UnschedulableError,
 )
 from ddlf_actors.runtime.head import Head
-from ddlf_actors.runtime.messages import (
+from ddlf_actors.runtime.node import NodeDaemon, WorkerPool
+from ddlf_actors.runtime.states import ActorState
+from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.messages import (
     ActorCreation,
     ActorDeath,
     ActorLost,
@@ -37,10 +40,8 @@ from ddlf_actors.runtime.messages import (
     MessageError,
     WorkerDied,
 )
-from ddlf_actors.runtime.node import NodeDaemon, WorkerPool
-from ddlf_actors.runtime.remote_error import encode_error
-from ddlf_actors.runtime.serialization import dumps, loads
-from ddlf_actors.runtime.states import ActorState
+from ddlf_actors.runtime.wire.remote_error import encode_error
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 from ddlf_actors.runtime.worker import Worker
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

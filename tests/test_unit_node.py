@@ -17,7 +17,7 @@ from ddlf_actors.runtime import config
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.node import LogTailer, WorkerPool, WorkerProc
 from ddlf_actors.runtime.states import WorkerState
-from ddlf_actors.runtime.taskgroup import TaskGroup
+from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 
 class FakeLauncher:

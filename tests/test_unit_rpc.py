@@ -1,4 +1,4 @@
-"""runtime/rpc.py's handler, driven with a fake connection (no sockets, no processes)."""
+"""runtime/wire/rpc.py's handler, driven with a fake connection (no sockets, no processes)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from ddlf_actors.runtime import protocol, rpc
 from ddlf_actors.runtime.errors import ConnectionLostError, FrameError
-from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 
 
 class FakeConn:

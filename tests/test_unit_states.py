@@ -40,9 +40,9 @@ def test_a_reserved_name_is_not_pending(monkeypatch):
 
 
 def test_calls_and_connections_have_named_states():
-    from ddlf_actors.runtime.connection import Connection
     from ddlf_actors.runtime.context import CallContext
     from ddlf_actors.runtime.states import CallState, ConnectionState
+    from ddlf_actors.runtime.wire.connection import Connection
 
     assert CallContext(1, "f", None, None, False).state is CallState.QUEUED
     assert Connection("t", None, server=True).state is ConnectionState.AWAIT_RESPONSE

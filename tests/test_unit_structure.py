@@ -116,9 +116,9 @@ def test_the_core_parts_do_not_import_the_core():
     """core.py wires the object store, dependency resolution and the submitters together;
     none of them imports core.py back (it would be an import cycle)."""
     for name in _CORE_PARTS:
-        mods = _imported_modules(os.path.join(_RUNTIME, f"{name}.py"))
+        mods = _imported_modules(os.path.join(_RUNTIME, "client", f"{name}.py"))
         assert not {m for m in mods if m in (".core", "core") or m.startswith(".core.")
-                    or m.endswith("runtime.core")}, (name, mods)
+                    or m.endswith("client.core")}, (name, mods)
 
 
 def test_no_runtime_module_calls_private_methods_of_a_core():
@@ -126,7 +126,7 @@ def test_no_runtime_module_calls_private_methods_of_a_core():
     object store's public methods, never ``core._something``."""
     offenders = []
     for name in _runtime_modules():
-        if name == "core.py":
+        if name == os.path.join("client", "core.py"):
             continue
         with open(os.path.join(_RUNTIME, name)) as f:
             tree = ast.parse(f.read())
@@ -167,7 +167,7 @@ _STATE_WORDS = {"PENDING", "ALIVE", "RESTARTING", "DEAD", "RESERVED", "CREATED",
 def test_states_are_compared_and_set_as_enums_on_the_head_side():
     """No ``state == "DEAD"`` or ``self.state = "ready"``: a state is an Enum member."""
     files = [os.path.join(_HEAD, n) for n in os.listdir(_HEAD) if n.endswith(".py")]
-    files.append(os.path.join(_RUNTIME, "actor_submitter.py"))
+    files.append(os.path.join(_RUNTIME, "client", "actor_submitter.py"))
     offenders = []
     for path in files:
         with open(path) as f:
@@ -187,7 +187,8 @@ def test_states_are_compared_and_set_as_enums_on_the_head_side():
 
 
 def _runtime_modules() -> list:
-    """Every module of runtime/, its subpackages (worker/, node/) included, by path."""
+    """Every module of runtime/, its subpackages (wire/, client/, head/, node/, worker/)
+    included, by path."""
     return sorted(os.path.relpath(os.path.join(root, f), _RUNTIME)
                   for root, _, names in os.walk(_RUNTIME) for f in names if f.endswith(".py"))
 

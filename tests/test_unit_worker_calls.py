@@ -13,12 +13,14 @@ import threading
 
 import pytest
 
-from ddlf_actors.runtime import context, object_ref, protocol
-from ddlf_actors.runtime.callspec import STREAMING, CallSpec, TaskSpec
+from ddlf_actors.runtime import context
+from ddlf_actors.runtime.client import object_ref
 from ddlf_actors.runtime.errors import TaskCancelledError
-from ddlf_actors.runtime.remote_error import decode_error
-from ddlf_actors.runtime.serialization import dumps, loads
 from ddlf_actors.runtime.states import CallState
+from ddlf_actors.runtime.wire import protocol
+from ddlf_actors.runtime.wire.callspec import STREAMING, CallSpec, TaskSpec
+from ddlf_actors.runtime.wire.remote_error import decode_error
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 from ddlf_actors.runtime.worker import Worker
 from ddlf_actors.runtime.worker.call import Call
 from ddlf_actors.runtime.worker.executor import Executor

@@ -16,11 +16,12 @@ import psutil
 import pytest
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime import auth, config, protocol
-from ddlf_actors.runtime.connection import connect
+from ddlf_actors.runtime import config
 from ddlf_actors.runtime.errors import AuthenticationError
-from ddlf_actors.runtime.framing import FrameDecoder, encode_frame
-from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.wire import auth, protocol
+from ddlf_actors.runtime.wire.connection import connect
+from ddlf_actors.runtime.wire.framing import FrameDecoder, encode_frame
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 
 
 @ddlf.remote

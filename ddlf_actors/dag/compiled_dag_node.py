@@ -9,8 +9,8 @@ submits the calls through normal actor calls. Same results, no channel speed-up.
 
 from __future__ import annotations
 
+from ddlf_actors.runtime.client.object_ref import ObjectRef
 from ddlf_actors.runtime.errors import DDLFError
-from ddlf_actors.runtime.object_ref import ObjectRef
 
 from .class_node import ClassMethodNode, ClassNode
 from .dag_node import DAGNode, run_graph, topological_order

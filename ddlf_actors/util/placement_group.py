@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import warnings
 
-from ddlf_actors.runtime import context, placement, rpc
+from ddlf_actors.runtime import context, placement
 from ddlf_actors.runtime.errors import PlacementGroupRemovedError
 from ddlf_actors.runtime.states import GroupState
+from ddlf_actors.runtime.wire import rpc
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
            "placement_group_table", "get_current_placement_group"]

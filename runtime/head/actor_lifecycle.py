@@ -19,11 +19,19 @@ import asyncio
 import logging
 import time
 
-from .. import config, rpc
+from .. import config
 from ..errors import DDLFError, MessageError, PlacementGroupRemovedError, UnschedulableError
-from ..messages import ActorCreation, ActorDeath, ActorLost, ActorStarted, ActorView, WorkerDied
 from ..states import ActorState
-from ..taskgroup import TaskGroup
+from ..wire import rpc
+from ..wire.messages import (
+    ActorCreation,
+    ActorDeath,
+    ActorLost,
+    ActorStarted,
+    ActorView,
+    WorkerDied,
+)
+from ..wire.taskgroup import TaskGroup
 from .actors import ActorDirectory, ActorRecord
 from .nodes import NodeRecord
 from .placer import Placer

@@ -25,9 +25,9 @@ import asyncio
 import collections
 
 from ..errors import ActorNameTakenError
-from ..messages import ActorCreation, ActorDeath, ActorStarted, ActorView
 from ..scheduling import Scheduling
 from ..states import ActorState
+from ..wire.messages import ActorCreation, ActorDeath, ActorStarted, ActorView
 from .nodes import NodeRecord
 
 __all__ = ["ActorRecord", "NameReservation", "ActorDirectory"]

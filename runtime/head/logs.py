@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..messages import LogBatch
+from ..wire.messages import LogBatch
 
 __all__ = ["LogFanout", "WarnLimiter"]
 

@@ -17,15 +17,16 @@ import sys
 import time
 import uuid
 
-from .. import config, placement, process, rpc
-from ..auth import generate_token, write_token_file
-from ..connection import serve
+from .. import config, placement, process
 from ..errors import MessageError
-from ..eventloop import new_event_loop
-from ..messages import Heartbeat, LeaseGrant, LogBatch, WorkerDied
 from ..scheduling import Scheduling
 from ..states import ActorState, GroupState
-from ..taskgroup import TaskGroup
+from ..wire import rpc
+from ..wire.auth import generate_token, write_token_file
+from ..wire.connection import serve
+from ..wire.eventloop import new_event_loop
+from ..wire.messages import Heartbeat, LeaseGrant, LogBatch, WorkerDied
+from ..wire.taskgroup import TaskGroup
 from .actor_lifecycle import ActorLifecycle, call_quietly
 from .actors import ActorDirectory
 from .leases import LeaseManager

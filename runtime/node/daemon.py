@@ -24,14 +24,15 @@ import uuid
 
 import psutil
 
-from .. import config, process, rpc, runtime_env, shm_store
-from ..address import split_address
-from ..connection import connect, serve
+from .. import config, process, runtime_env, shm_store
 from ..errors import ConnectionLostError, DDLFError
-from ..messages import ActorCreation, ActorStarted, LeaseGrant, LogBatch, WorkerDied
-from ..remote_error import encode_error
 from ..states import WorkerState
-from ..taskgroup import TaskGroup
+from ..wire import rpc
+from ..wire.address import split_address
+from ..wire.connection import connect, serve
+from ..wire.messages import ActorCreation, ActorStarted, LeaseGrant, LogBatch, WorkerDied
+from ..wire.remote_error import encode_error
+from ..wire.taskgroup import TaskGroup
 from .gpus import GpuAllocator, detect_gpus
 from .launcher import ForkserverLauncher
 from .logs import LogTailer

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .. import context
-from ..callspec import CallSpec, TaskSpec
 from ..states import CallState
+from ..wire.callspec import CallSpec, TaskSpec
 from .output import log_marker
 
 __all__ = ["Call"]

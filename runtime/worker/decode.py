@@ -1,5 +1,5 @@
 """From a ``CALL`` frame to a :class:`~call.Call`: the body decoded once into its spec
-(runtime/callspec.py), the code to run found, the arguments resolved.
+(runtime/wire/callspec.py), the code to run found, the arguments resolved.
 
 Arguments are resolved here, on the loop, in frame order: a ``FREE`` frame that follows
 a call on its connection must not drop an object the call still needs.
@@ -10,9 +10,9 @@ from __future__ import annotations
 import inspect
 from typing import NamedTuple
 
-from ..callspec import CallSpec, TaskSpec
-from ..dependencies import resolve_args
-from ..serialization import loads
+from ..client.dependencies import resolve_args
+from ..wire.callspec import CallSpec, TaskSpec
+from ..wire.serialization import loads
 from .call import Call
 
 __all__ = ["CallDecoder"]

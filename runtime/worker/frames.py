@@ -1,15 +1,17 @@
-"""What callers send a worker, frame by frame (runtime/protocol.py), through one table.
+"""What callers send a worker, frame by frame (runtime/wire/protocol.py), through one table.
 
 Calls go to the decoder and the runner; objects and task code to their caches; a
 cancel, a generator's credit, a fetch and the shared-memory hello and acks to their
-owners. Any other kind drops the caller's connection (runtime/frames.py).
+owners. Any other kind drops the caller's connection (runtime/wire/frames.py).
 """
 
 from __future__ import annotations
 
-from .. import oob, protocol, shm_store
-from ..frames import TableFrameHandler
-from ..serialization import loads
+from .. import shm_store
+from ..client import oob
+from ..wire import protocol
+from ..wire.frames import TableFrameHandler
+from ..wire.serialization import loads
 from .env import apply_sys_path
 
 __all__ = ["CallerFrames"]

@@ -12,9 +12,10 @@ import time
 
 import psutil
 
-from .. import context, rpc
-from ..connection import connect, serve
-from ..eventloop import new_event_loop
+from .. import context
+from ..wire import rpc
+from ..wire.connection import connect, serve
+from ..wire.eventloop import new_event_loop
 from .output import redirect_output
 from .worker import Worker
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import core as core_mod
-from ..object_store import OK
-from ..serialization import loads
+from ..client import core as core_mod
+from ..client.object_store import OK
+from ..wire.serialization import loads
 
 __all__ = ["ObjectCache", "adopt_shipped"]
 

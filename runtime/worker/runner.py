@@ -23,11 +23,12 @@ import threading
 from enum import Enum
 from functools import partial
 
-from .. import context, protocol, shm_store
-from .. import core as core_mod
+from .. import context, shm_store
+from ..client import core as core_mod
 from ..errors import TaskCancelledError
-from ..remote_error import encode_error
 from ..states import CallState
+from ..wire import protocol
+from ..wire.remote_error import encode_error
 from .call import Call
 from .executor import Executor
 from .interrupt import exit_now, interrupt, settle

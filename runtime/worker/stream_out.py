@@ -1,7 +1,7 @@
 """Generator calls, worker side: the values a call yields, sent as they come.
 
 Each value goes to the caller in a ``STREAM_ITEM`` frame, the end in a ``STREAM_END``
-frame (runtime/protocol.py). The caller sends back ``STREAM_ITEM`` credits saying how far
+frame (runtime/wire/protocol.py). The caller sends back ``STREAM_ITEM`` credits saying how far
 it has read, which pace a generator called with ``_generator_backpressure_num_objects``.
 A connection's open streams are in ``conn.info["streams"]`` by message id.
 """
@@ -12,7 +12,7 @@ import asyncio
 import sys
 import threading
 
-from .. import protocol
+from ..wire import protocol
 
 __all__ = ["StreamOut", "open_stream", "send_item", "end_stream"]
 

@@ -7,13 +7,14 @@ import os
 import sys
 import time
 
-from .. import context, protocol, rpc
+from .. import context
+from ..client.object_ref import set_default_resolver
 from ..errors import ActorDiedError, ActorExit
-from ..messages import ActorCreation
-from ..object_ref import set_default_resolver
-from ..remote_error import encode_error
-from ..serialization import dumps
-from ..taskgroup import TaskGroup
+from ..wire import protocol, rpc
+from ..wire.messages import ActorCreation
+from ..wire.remote_error import encode_error
+from ..wire.serialization import dumps
+from ..wire.taskgroup import TaskGroup
 from .actor_start import start_actor
 from .decode import CallDecoder
 from .env import apply_env

@@ -27,7 +27,7 @@ import os
 import ssl
 from dataclasses import dataclass
 
-from .errors import TLSConfigError
+from ..errors import TLSConfigError
 
 __all__ = ["ENV_CERT", "ENV_KEY", "ENV_CA", "TLSFiles", "files_from_env", "files_from_args",
            "check", "server_context", "client_context", "to_env", "describe_ssl_error"]

@@ -17,7 +17,7 @@ import types
 
 import cloudpickle
 
-from .errors import CodeShippingError, SerializationError
+from ..errors import CodeShippingError, SerializationError
 
 __all__ = ["dumps", "loads", "snapshot", "find_unpicklable", "explain_import_error"]
 

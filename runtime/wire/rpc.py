@@ -17,8 +17,8 @@ import itertools
 import logging
 import traceback
 
+from ..errors import ConnectionLostError, DDLFError, FrameError
 from . import protocol
-from .errors import ConnectionLostError, DDLFError, FrameError
 from .frames import TableFrameHandler
 from .messages import MessageError
 from .serialization import dumps, loads
@@ -75,7 +75,7 @@ class RpcHandler(TableFrameHandler):
         self.handlers = dict(handlers or {})
         self._requests: TaskGroup | None = None   # async requests being answered
 
-    # -- frames (dispatched through FRAMES, runtime/frames.py) ---------------------------------
+    # -- frames (dispatched through FRAMES, runtime/wire/frames.py) ---------------------------------
     def _on_request(self, conn, kind, msg_id, segs):
         method, args = loads(segs[1:])
         fn = self.handlers.get(method) if isinstance(method, str) else None

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 
-from . import protocol, shm_store
+from .. import shm_store
+from ..wire import protocol
+from ..wire.serialization import dumps
 from .generators import DYNAMIC, STREAMING, DynamicObjectRefGenerator, ObjectRefGenerator, Stream
 from .object_ref import ObjectRef
 from .object_store import OK, ObjectStore, dumps_with_refs
-from .serialization import dumps
 
 __all__ = ["Streams"]
 

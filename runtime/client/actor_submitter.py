@@ -23,16 +23,17 @@ import asyncio
 import collections
 import logging
 
-from . import config, protocol, rpc, shm_store
-from .address import split_address
-from .connection import connect
+from .. import config, shm_store
+from ..errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
+from ..states import ActorClientState, ActorState
+from ..wire import protocol, rpc
+from ..wire.address import split_address
+from ..wire.connection import connect
+from ..wire.frames import TableFrameHandler
+from ..wire.messages import ActorCreation, ActorDeath, ActorView, MessageError
+from ..wire.serialization import dumps, loads
 from .dependencies import await_deps, deps_objects, deps_state, ship_deps
-from .errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
-from .frames import TableFrameHandler
-from .messages import ActorCreation, ActorDeath, ActorView, MessageError
 from .object_store import Entry
-from .serialization import dumps, loads
-from .states import ActorClientState, ActorState
 
 __all__ = ["ActorCall", "ActorClient", "ActorCreations"]
 
@@ -284,7 +285,7 @@ class ActorClient(TableFrameHandler):
                     self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
                 return
 
-    # -- frames from the actor (dispatched through FRAMES, runtime/frames.py) -----------------
+    # -- frames from the actor (dispatched through FRAMES, runtime/wire/frames.py) -----------------
     def _on_push(self, conn, kind, msg_id, segs):
         event, data = loads(segs[1:])
         if event == "hello":

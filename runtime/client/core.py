@@ -34,16 +34,21 @@ import os
 import sys
 import threading
 
-from . import context, oob, placement, process, rpc, runtime_env, shm_store
+from .. import context, placement, process, runtime_env, shm_store
+from ..errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
+from ..scheduling import Scheduling
+from ..wire import rpc
+from ..wire.address import split_address
+from ..wire.callspec import CallSpec, TaskSpec
+from ..wire.connection import connect
+from ..wire.eventloop import LoopThread
+from ..wire.messages import ActorCreation, ActorLost, LogBatch
+from ..wire.serialization import dumps
+from ..wire.taskgroup import TaskGroup
+from . import oob
 from .actor_submitter import ActorCall, ActorClient, ActorCreations
-from .address import split_address
-from .callspec import CallSpec, TaskSpec
-from .connection import connect
 from .dependencies import split_refs, with_nested
-from .errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
-from .eventloop import LoopThread
 from .generators import DYNAMIC, STREAMING
-from .messages import ActorCreation, ActorLost, LogBatch
 from .object_ref import ObjectRef
 from .object_store import (
     ERR,
@@ -55,11 +60,8 @@ from .object_store import (
     dumps_with_refs,
     unbundle_refs,
 )
-from .scheduling import Scheduling
-from .serialization import dumps
 from .streams import Streams
 from .task_submitter import Task, TaskPool
-from .taskgroup import TaskGroup
 
 # The object store's names are re-exported: callers imported them from here before the
 # store had a module of its own.

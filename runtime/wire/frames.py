@@ -8,15 +8,15 @@ function named in the table, and a kind the role does not expect ends the connec
 (a peer that sends one is broken or hostile, and the stream cannot be trusted further).
 
 The functions take ``(handler, conn, kind, msg_id, segs)``: ``segs[0]`` is the header
-(runtime/protocol.py), ``segs[1:]`` the frame's body.
+(runtime/wire/protocol.py), ``segs[1:]`` the frame's body.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
+from ..errors import FrameError
 from . import protocol
-from .errors import FrameError
 
 __all__ = ["FrameHandler", "FrameFn", "TableFrameHandler"]
 

@@ -22,12 +22,13 @@ import pickle
 import threading
 import time
 
-from . import context, protocol, shm_store
-from .errors import DDLFError, GetTimeoutError, TaskCancelledError
+from .. import context, shm_store
+from ..errors import DDLFError, GetTimeoutError, TaskCancelledError
+from ..wire import protocol
+from ..wire.remote_error import decode_error, encode_error
+from ..wire.serialization import dumps, loads, snapshot
 from .generators import ObjectRefGenerator
 from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_refs
-from .remote_error import decode_error, encode_error
-from .serialization import dumps, loads, snapshot
 
 __all__ = ["ObjectStore", "Entry", "PENDING", "OK", "ERR", "LOCAL_ERR", "dumps_with_refs",
            "bundle_refs", "unbundle_refs"]

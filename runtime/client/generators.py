@@ -7,7 +7,7 @@
   :class:`DynamicObjectRefGenerator` (a list of refs, one per yielded value).
 
 The worker sends one ``STREAM_ITEM`` frame per value and a ``STREAM_END`` frame at the
-end (runtime/protocol.py). The core's I/O thread turns each item into a ref and appends
+end (runtime/wire/protocol.py). The core's I/O thread turns each item into a ref and appends
 it to the call's :class:`Stream`; user threads read the stream. The call's own ref
 (``gen.completed()``) settles when the stream ends: with None, or with the error that
 ended it early (the worker died, a dependency failed).
@@ -27,7 +27,7 @@ class Stream:
     """One generator call's items as the caller receives them.
 
     Written by the core's I/O thread (``items``, ``ended``), read by user threads;
-    ``Streams.cb_lock`` (runtime/streams.py) orders an arrival against a waiter registering (``wakers``).
+    ``Streams.cb_lock`` (runtime/client/streams.py) orders an arrival against a waiter registering (``wakers``).
     """
 
     __slots__ = ("parent_id", "mode", "items", "ended", "limit", "consumed", "conn",
@@ -62,7 +62,7 @@ class ObjectRefGenerator:
     def __init__(self, generator_ref, stream: Stream, streams):
         self._generator_ref = generator_ref
         self._stream = stream
-        self._streams = streams   # runtime/streams.py's Streams of the owning core
+        self._streams = streams   # runtime/client/streams.py's Streams of the owning core
         self._next = 0
         self._error_given = False
 

@@ -17,22 +17,23 @@ from __future__ import annotations
 import collections
 import time
 
-from . import config, protocol, rpc, shm_store
-from .address import split_address
-from .connection import connect
-from .dependencies import deps_state, ship_deps
-from .errors import (
+from .. import config, shm_store
+from ..errors import (
     DDLFError,
     PlacementGroupRemovedError,
     TaskCancelledError,
     UnschedulableError,
     WorkerCrashedError,
 )
-from .frames import TableFrameHandler
-from .messages import LeaseGrant, MessageError
-from .remote_error import decode_error
-from .scheduling import Scheduling
-from .serialization import dumps, loads
+from ..scheduling import Scheduling
+from ..wire import protocol, rpc
+from ..wire.address import split_address
+from ..wire.connection import connect
+from ..wire.frames import TableFrameHandler
+from ..wire.messages import LeaseGrant, MessageError
+from ..wire.remote_error import decode_error
+from ..wire.serialization import dumps, loads
+from .dependencies import deps_state, ship_deps
 
 __all__ = ["Task", "Lease", "TaskPool", "LeaseHandler"]
 

@@ -33,14 +33,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from .errors import (
+from ..errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
     MessageError,
     PlacementGroupRemovedError,
     UnschedulableError,
 )
-from .scheduling import Scheduling
+from ..scheduling import Scheduling
 
 __all__ = ["MessageError", "ActorCreation", "ActorStarted", "LeaseGrant", "ActorDeath",
            "ActorView", "WorkerDied", "ActorLost", "LogBatch", "Heartbeat"]

@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from . import protocol
-from .errors import DDLFError
-from .frames import TableFrameHandler
+from ..errors import DDLFError
+from ..wire import protocol
+from ..wire.frames import TableFrameHandler
 
 __all__ = ["ObjectFetchError", "fetch", "serve_fetch", "owner_address",
            "close_driver_server"]
@@ -42,7 +42,7 @@ class ObjectFetchError(DDLFError):
 def owner_address():
     """Where this process serves its pinned objects: a worker's server, or the driver's
     fetch server (started here on first use); None if it cannot serve."""
-    from . import context
+    from .. import context
     from .core import get_core
 
     ctx = context.current
@@ -68,7 +68,7 @@ _lock = threading.Lock()
 
 
 async def _serve_driver(core):
-    from .connection import serve
+    from ..wire.connection import serve
 
     # The interface this driver reaches the head from is the one the cluster can reach.
     host = core.head.transport.get_extra_info("sockname")[0]
@@ -121,7 +121,7 @@ def _start(core, obj_id: bytes, owner: str) -> None:
 
 
 async def _fetch(core, obj_id: bytes, owner: str) -> None:
-    from .connection import connect
+    from ..wire.connection import connect
 
     handler = _Requester(core, obj_id, owner)
     host, _, port = owner.rpartition(":")
@@ -204,7 +204,7 @@ def serve_fetch(conn, msg_id: int, segs, loop) -> None:
             body = _outcome(core, entry)
         except Exception as e:   # never leave the requester waiting
             log.exception("could not encode a fetched object")
-            from .remote_error import encode_error
+            from ..wire.remote_error import encode_error
 
             body = [bytes([ERROR]), *encode_error(DDLFError(f"encoding failed: {e!r}"), "fetch")]
         loop.call_soon_threadsafe(_send, conn, msg_id, body)
@@ -219,10 +219,10 @@ def _send(conn, msg_id, body) -> None:
 
 
 def _outcome(core, entry) -> list:
+    from ..wire.remote_error import encode_error
     from .core import ERR as ENTRY_ERR
     from .core import OK as ENTRY_OK
     from .core import bundle_refs
-    from .remote_error import encode_error
 
     if entry.state == ENTRY_OK:
         if entry.contained:

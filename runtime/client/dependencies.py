@@ -10,7 +10,8 @@ none failed), then ``ship_deps`` sends each value once per connection. The calle
 
 from __future__ import annotations
 
-from . import protocol, shm_store
+from .. import shm_store
+from ..wire import protocol
 from .object_ref import ObjectRef
 from .object_store import OK, PENDING, Entry, ObjectStore
 from .refs import ArgRef

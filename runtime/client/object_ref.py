@@ -8,7 +8,7 @@ and while unpickling turns each id back into a ref through :func:`resolving_refs
 A ref pickled anywhere else (``pickle.dumps(ref)``, ``cloudpickle.dump(ref, f)``) is
 *out of band*: as in Ray, its object is then pinned in the owning process until
 :func:`free` (or the owner's exit), and the pickle names the owner, so the ref stays
-fetchable from any process of the cluster while its owner lives. See ``runtime/oob.py``.
+fetchable from any process of the cluster while its owner lives. See ``runtime/client/oob.py``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class ForeignObjectRef(ObjectRef):
         pass
 
     def _error(self):
-        from .errors import DDLFError
+        from ..errors import DDLFError
 
         return DDLFError(f"ObjectRef {self.id.hex()} cannot be fetched in this process: "
                          f"{self.why}.")

@@ -23,8 +23,8 @@ import struct
 
 import numpy as np
 
-from . import config
-from .errors import FrameError
+from .. import config
+from ..errors import FrameError
 
 __all__ = ["encode_frame", "FrameDecoder", "PREFIX_SIZE", "MAGIC"]
 

@@ -22,10 +22,11 @@ import socket
 import ssl
 import time
 
-from . import auth, config, protocol, tls
-from .errors import AuthenticationError, ConnectionLostError, FrameError
+from .. import config
+from ..errors import AuthenticationError, ConnectionLostError, FrameError
+from ..states import ConnectionState
+from . import auth, protocol, tls
 from .framing import FrameDecoder, encode_frame
-from .states import ConnectionState
 
 __all__ = ["Connection", "connect", "serve", "RejectionLog"]
 
