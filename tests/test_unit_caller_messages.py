@@ -24,6 +24,7 @@ from ddlf_actors.runtime.errors import (
     DDLFError,
 )
 from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 from ddlf_actors.runtime.wire.messages import ActorCreation, ActorDeath, MessageError
 from ddlf_actors.runtime.wire.serialization import dumps
 from ddlf_actors.runtime.wire.taskgroup import TaskGroup
@@ -33,7 +34,7 @@ class _HeadConn:
     closed = False
 
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.peer = ("127.0.0.1", 1)
         self.pushed: list = []
         self.aborted = None

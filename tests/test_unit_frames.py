@@ -17,6 +17,7 @@ from ddlf_actors.runtime.client.object_store import OK, PENDING, ObjectStore
 from ddlf_actors.runtime.client.task_submitter import Lease, LeaseHandler, Task, TaskPool
 from ddlf_actors.runtime.errors import FrameError
 from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 from ddlf_actors.runtime.wire.frames import FrameHandler, TableFrameHandler
 from ddlf_actors.runtime.wire.serialization import dumps, loads
 from ddlf_actors.runtime.wire.taskgroup import TaskGroup
@@ -24,7 +25,7 @@ from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 class FakeConn:
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.peer = ("127.0.0.1", 9)
         self.closed = False
         self.aborted = None
@@ -114,7 +115,7 @@ def test_an_actor_connection_that_sends_a_callers_frame_is_dropped(kind):
 def test_the_workers_hello_on_an_actor_connection_says_whether_it_shares_memory():
     client, conn = ActorClient(_Core(), "a1", "Counter"), FakeConn()
     client.frame_received(conn, _frame(protocol.PUSH, 0, *dumps(("hello", {"shm": None}))))
-    assert conn.info["hello_seen"] is True and conn.info["shm_peer"] is False
+    assert conn.info.hello_seen is True and conn.info.shm_peer is False
     assert not conn.closed
 
 

@@ -16,6 +16,7 @@ from ddlf_actors.runtime.client.object_store import OK, PENDING, ObjectStore
 from ddlf_actors.runtime.client.refs import ArgRef
 from ddlf_actors.runtime.errors import DDLFError, GetTimeoutError
 from ddlf_actors.runtime.wire import protocol
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 from ddlf_actors.runtime.wire.serialization import dumps
 
 
@@ -28,7 +29,7 @@ class _Conn:
 
     def __init__(self):
         self.sent = []
-        self.info = {}
+        self.info = ConnInfo()
 
     def send_msg(self, kind, msg_id, segs):
         self.sent.append((kind, [bytes(s) for s in segs]))

@@ -8,13 +8,14 @@ import pytest
 
 from ddlf_actors.runtime.errors import ConnectionLostError, FrameError
 from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 from ddlf_actors.runtime.wire.serialization import dumps, loads
 
 
 class FakeConn:
     def __init__(self, loop=None):
         self.loop = loop
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.closed = False
         self.sent: list = []
         self.aborted = None

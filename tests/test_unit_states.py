@@ -8,11 +8,13 @@ from ddlf_actors.runtime import config
 from ddlf_actors.runtime.head import Head
 from ddlf_actors.runtime.head.actors import ActorRecord
 from ddlf_actors.runtime.states import ActorState, WorkerState
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 
 
 class FakeConn:
     def __init__(self, owner_id="owner-1"):
-        self.info = {"owner_id": owner_id}
+        self.info = ConnInfo()
+        self.info.owner_id = owner_id
         self.closed = False
 
 

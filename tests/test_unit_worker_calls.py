@@ -19,6 +19,7 @@ from ddlf_actors.runtime.errors import TaskCancelledError
 from ddlf_actors.runtime.states import CallState
 from ddlf_actors.runtime.wire import protocol
 from ddlf_actors.runtime.wire.callspec import STREAMING, CallSpec, TaskSpec
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 from ddlf_actors.runtime.wire.remote_error import decode_error
 from ddlf_actors.runtime.wire.serialization import dumps, loads
 from ddlf_actors.runtime.worker import Worker
@@ -29,7 +30,7 @@ from ddlf_actors.runtime.worker.runner import Ending, Runner
 
 class FakeConn:
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.peer = ("127.0.0.1", 1)
         self.closed = False
         self.aborted = None
@@ -151,7 +152,7 @@ def test_a_generator_task_sends_each_value_then_the_end(isolated):
         _ship(send, b"c" * 16, _count)
         _task(send, 9, b"c" * 16, 3, num_returns=STREAMING)
         frames = await replies(4)
-        return frames, conn.info["streams"]
+        return frames, conn.info.streams
 
     frames, streams = _run(scenario)
     items = [(protocol.STREAM_ITEM_HEAD.unpack(segs[0]), loads(segs[1:]))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from typing import TYPE_CHECKING
 
 from .. import config, shm_store
 from ..errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
@@ -34,6 +35,9 @@ from ..wire.messages import ActorCreation, ActorDeath, ActorView, MessageError
 from ..wire.serialization import dumps, loads
 from .dependencies import await_deps, deps_objects, deps_state, ship_deps
 from .object_store import Entry
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["ActorCall", "ActorClient", "ActorCreations"]
 
@@ -286,7 +290,7 @@ class ActorClient(TableFrameHandler):
                 return
 
     # -- frames from the actor (dispatched through FRAMES, runtime/wire/frames.py) -----------------
-    def _on_push(self, conn, kind, msg_id, segs):
+    def _on_push(self, conn: Connection, kind, msg_id, segs):
         event, data = loads(segs[1:])
         if event == "hello":
             shm_store.client_hello(conn, data)
@@ -305,14 +309,14 @@ class ActorClient(TableFrameHandler):
                 del self.inflight[data["msg_id"]]
                 self._retry([call])
 
-    def _on_stream(self, conn, kind, msg_id, segs):
+    def _on_stream(self, conn: Connection, kind, msg_id, segs):
         entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
             msg_id, None)
         if entry is not None:
             self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
                 entry, ActorCall) else entry, segs)
 
-    def _on_result(self, conn, kind, msg_id, segs):
+    def _on_result(self, conn: Connection, kind, msg_id, segs):
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
@@ -321,11 +325,11 @@ class ActorClient(TableFrameHandler):
             self.cancelled.discard(obj_id)
         self.store.complete_result(obj_id, kind, segs)
 
-    def _on_shm_result(self, conn, kind, msg_id, segs):
+    def _on_shm_result(self, conn: Connection, kind, msg_id, segs):
         kind, segs = shm_store.client_result(conn, segs)
         self._on_result(conn, kind, msg_id, segs)
 
-    def _on_shm_ack(self, conn, kind, msg_id, segs):
+    def _on_shm_ack(self, conn: Connection, kind, msg_id, segs):
         shm_store.on_ack(conn, segs)
 
     FRAMES = {protocol.PUSH: _on_push, protocol.STREAM_ITEM: _on_stream,
@@ -341,7 +345,7 @@ class ActorClient(TableFrameHandler):
                 call.retries -= 1
         self.queue.extendleft(reversed(calls))
 
-    def connection_closed(self, conn, exc):
+    def connection_closed(self, conn: Connection, exc):
         if conn is not self.conn:
             return
         self.conn = None

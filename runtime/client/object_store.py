@@ -303,6 +303,11 @@ class ObjectStore:
         return e is not None and e.state != PENDING and e.state != OK
 
     # -- get / wait / await (user threads) ----------------------------------------------------
+    def pending_among(self, ids: list) -> list:
+        """Those of ``ids`` this store holds and that are still pending, in order."""
+        objects = self.objects
+        return [i for i in ids if (e := objects.get(i)) is not None and e.state == PENDING]
+
     def get(self, refs, timeout: float | None = None):
         entries = [self.entry(r) for r in refs]
         if any(e.state == PENDING for e in entries):

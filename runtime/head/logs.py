@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from ..wire.messages import LogBatch
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["LogFanout", "WarnLimiter"]
 
@@ -24,10 +28,10 @@ class LogFanout:
     def __init__(self):
         self.drivers: dict[str, object] = {}   # job id -> its driver's connection
 
-    def add_driver(self, job_id: str, conn) -> None:
+    def add_driver(self, job_id: str, conn: Connection) -> None:
         self.drivers[job_id] = conn
 
-    def remove_driver(self, job_id: str, conn) -> None:
+    def remove_driver(self, job_id: str, conn: Connection) -> None:
         """Forget ``job_id``'s driver, if ``conn`` is still the one registered for it."""
         if self.drivers.get(job_id) is conn:
             del self.drivers[job_id]

@@ -26,6 +26,7 @@ from .. import config
 from ..errors import AuthenticationError, ConnectionLostError, FrameError
 from ..states import ConnectionState
 from . import auth, protocol, tls
+from .conninfo import ConnInfo
 from .framing import FrameDecoder, encode_frame
 
 __all__ = ["Connection", "connect", "serve", "RejectionLog"]
@@ -140,7 +141,7 @@ class Connection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self.closed = False
         self.close_exc: BaseException | None = None
-        self.info: dict = {}  # free-form per-connection state owned by the handler
+        self.info = ConnInfo()   # what the handlers keep about this connection
         self._auth_timer: asyncio.TimerHandle | None = None
         # A server's factory runs when the socket is accepted, before any TLS handshake:
         # the handshake deadline counts from here, so TLS and token together get one

@@ -13,10 +13,13 @@ The functions take ``(handler, conn, kind, msg_id, segs)``: ``segs[0]`` is the h
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from ..errors import FrameError
 from . import protocol
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 __all__ = ["FrameHandler", "FrameFn", "TableFrameHandler"]
 
@@ -47,7 +50,7 @@ class TableFrameHandler:
     __slots__ = ()
     FRAMES: ClassVar[Mapping[int, FrameFn]] = {}
 
-    def frame_received(self, conn, segs) -> None:
+    def frame_received(self, conn: Connection, segs) -> None:
         kind, msg_id = _parse(segs[0])
         fn = self.FRAMES.get(kind)
         if fn is None:
@@ -55,6 +58,6 @@ class TableFrameHandler:
             return
         fn(self, conn, kind, msg_id, segs)
 
-    def unexpected_frame(self, conn, kind: int) -> None:
+    def unexpected_frame(self, conn: Connection, kind: int) -> None:
         """A kind this role never receives: drop the peer quietly (no traceback per frame)."""
         conn.abort(FrameError(f"unexpected frame kind {kind} for {type(self).__name__}"))

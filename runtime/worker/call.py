@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import context
 from ..states import CallState
 from ..wire.callspec import CallSpec, TaskSpec
 from .output import log_marker
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Call"]
 
@@ -25,7 +30,7 @@ class Call(context.CallContext):
     __slots__ = ("msg_id", "spec", "args", "kwargs", "where", "is_task", "streaming",
                  "num_returns", "out")
 
-    def __init__(self, conn, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs,
+    def __init__(self, conn: Connection, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs,
                  name: str, where: str, is_task: bool, is_async: bool):
         # CallContext's fields, set here rather than through its __init__: this runs for
         # every call (test_unit_worker_calls checks that none is missed).

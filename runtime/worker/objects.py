@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..client import core as core_mod
+from ..client import current
 from ..client.object_store import OK
 from ..wire.serialization import loads
 
@@ -53,5 +53,5 @@ def adopt_shipped(cache: ObjectCache):
         segs = cache.raw(obj_id)
         if segs is None:
             return None
-        return core_mod.get_core(auto=True).adopt(obj_id, OK, segs)
+        return current.get_core(auto=True).adopt(obj_id, OK, segs)
     return resolve

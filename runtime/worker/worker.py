@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from .. import context
+from ..client import current
+from ..client.core import join_worker_cluster
 from ..client.object_ref import set_default_resolver
 from ..errors import ActorDiedError, ActorExit
 from ..wire import protocol, rpc
@@ -21,6 +24,9 @@ from .env import apply_env
 from .frames import CallerFrames
 from .objects import ObjectCache, adopt_shipped
 from .runner import Runner
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Worker"]
 
@@ -49,27 +55,29 @@ class Worker:
         self.decoder = CallDecoder(self)
         self.runner = Runner(self)
         self.frames = CallerFrames(self)
-        context.current = context.WorkerContext(head_address, token, node_id, worker_id)
+        ctx = context.current = context.WorkerContext(head_address, token, node_id, worker_id)
+        # Code this worker runs may call other actors: it gets a core on first use.
+        current.set_joiner(lambda: join_worker_cluster(ctx))
 
     # -- control plane (from the node daemon) ------------------------------------------------
     def rpc_handlers(self) -> dict:
         """What this worker's node daemon may ask of it."""
         return {"setup_env": self.rpc_setup_env, "start_actor": self.rpc_start_actor}
 
-    def rpc_setup_env(self, conn, setup: dict):
+    def rpc_setup_env(self, conn: Connection, setup: dict):
         """A task worker's runtime env, set once, before its first task arrives."""
         apply_env(setup)
         return None
 
-    async def rpc_start_actor(self, conn, creation: dict):
+    async def rpc_start_actor(self, conn: Connection, creation: dict):
         """Become the actor ``creation`` (an :class:`ActorCreation`) describes; return an
         :class:`ActorStarted` (with its init error if that failed)."""
         return await start_actor(self, ActorCreation.from_wire(creation))
 
-    def on_push(self, conn, event, data):
+    def on_push(self, conn: Connection, event, data):
         pass
 
-    def on_closed(self, conn, exc):
+    def on_closed(self, conn: Connection, exc):
         # The node daemon is gone (or shut us down): never outlive it.
         os._exit(0)
 
@@ -96,7 +104,7 @@ class Worker:
         self.exit_status = status
         return encode_error(err, where)
 
-    def exit_reply(self, conn, msg_id, segs) -> None:
+    def exit_reply(self, conn: Connection, msg_id, segs) -> None:
         """On the loop: warn every caller, answer the exiting call, then exit.
 
         The "exiting" push goes out before the reply, so a caller has stopped sending on
