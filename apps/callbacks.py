@@ -11,6 +11,7 @@ import csv
 import logging
 import math
 import sys
+from typing import Any
 
 __all__ = ["Callback", "History", "ProgressBar", "EventLog", "EarlyStopping", "CsvLogger",
            "TensorBoard", "describe_event"]
@@ -138,8 +139,8 @@ class CsvLogger(Callback):
 
     def __init__(self, path: str):
         self.path = path
-        self._file = None
-        self._writer = None
+        self._file: Any = None
+        self._writer: Any = None   # a csv.DictWriter once the first row names the columns
 
     def on_row(self, row, run):
         if self._writer is None:
@@ -178,8 +179,8 @@ class TensorBoard(Callback):
 
     def __init__(self, log_dir: str):
         self.log_dir = str(log_dir)
-        self._tf = None
-        self._writer = None
+        self._tf: Any = None       # TensorFlow, imported on the first row
+        self._writer: Any = None
 
     def on_train_begin(self, run):
         from . import tf_startup

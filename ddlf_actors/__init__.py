@@ -52,7 +52,7 @@ def _find_checkout_subpackages() -> None:
                 fullname, os.path.join(folder, "__init__.py"),
                 submodule_search_locations=[folder])
 
-    CheckoutFinder.ddlf_checkout = root
+    CheckoutFinder.ddlf_checkout = root   # type: ignore[attr-defined]  # marks our finder
     if not any(getattr(f, "ddlf_checkout", None) == root for f in sys.meta_path):
         sys.meta_path.insert(0, CheckoutFinder)
 

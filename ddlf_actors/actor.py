@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from typing import Any
 
 from ddlf_actors.runtime import context
 from ddlf_actors.runtime.client.core import ActorSpec
@@ -89,7 +90,7 @@ class ActorClass:
     def _get_spec(self) -> ActorSpec:
         # The class is pickled once, on first use; every actor of it reuses the bytes.
         if self._spec is None:
-            methods = {}
+            methods: dict[str, Any] = {}
             for name, fn in inspect.getmembers(self._cls, callable):
                 if name.startswith("__") and name != "__call__":
                     continue

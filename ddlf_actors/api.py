@@ -78,7 +78,8 @@ def kill(actor: ActorHandle, *, no_restart: bool = True) -> None:
     _core().kill_actor(actor._actor_id, no_restart)
 
 
-def cancel(ref: ObjectRef, *, force: bool = False, recursive: bool = True) -> None:
+def cancel(ref: ObjectRef | ObjectRefGenerator, *, force: bool = False,
+           recursive: bool = True) -> None:
     """Cancel the task or actor call whose result ``ref`` is; returns at once.
 
     * Not started yet (queued here, waiting for its arguments, or queued on its worker):

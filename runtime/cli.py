@@ -269,7 +269,7 @@ def cmd_status(a) -> int:
 
 def format_status(address: str, nodes: list, actors: list) -> str:
     lines = [f"DDLF cluster at {address}", "", "Nodes:"]
-    rows = [("NODE ID", "ADDRESS", "ALIVE", "CPU used/total", "RESOURCES", "HEARTBEAT AGE")]
+    rows: list[tuple[str, ...]] = [("NODE ID", "ADDRESS", "ALIVE", "CPU used/total", "RESOURCES", "HEARTBEAT AGE")]
     for n in nodes:
         tot, av = n["resources"], n["available"]
         extra = {k: v for k, v in tot.items() if k != "CPU" and not k.startswith("node:")}

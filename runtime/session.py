@@ -76,7 +76,7 @@ def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
-        import tomli as tomllib
+        import tomli as tomllib  # type: ignore[no-redef]  # the same API under its old name
     with open(path, "rb") as f:
         data = tomllib.load(f)
     entries = data.get("hosts") or data.get("cluster", {}).get("hosts")

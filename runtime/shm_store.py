@@ -479,7 +479,7 @@ def _map(name: str, layout) -> list:
     for off, n in layout:
         if off < 0 or n < 0 or off + n > size:
             raise OSError(f"shared-memory segment {name} is smaller than its descriptor says")
-        out.append(_register(memoryview(base[off:off + n]), name, off, n))
+        out.append(_register(base[off:off + n].data, name, off, n))
     return out
 
 

@@ -176,7 +176,8 @@ class Codec:
     def encode(self, arrays) -> Encoded:
         """Encode a list of arrays. Raises TypeError for non-numeric input, ValueError for
         values this codec cannot represent (see the codec's docstring)."""
-        header, segments = [], []
+        header: list = []
+        segments: list = []
         for i, a in enumerate(as_arrays(arrays)):
             method, segs, scalar = self.encode_tensor(i, a)
             header.append((a.shape, a.dtype.str, method, len(segs), scalar))
@@ -206,7 +207,8 @@ class Codec:
         tensor went through exactly. What an error-feedback encoder keeps."""
         arrays = as_arrays(arrays)
         payload = self.encode(arrays)
-        errors, pos = [], 0
+        errors: list = []
+        pos = 0
         for a, (_shape, _dtype, method, nseg, scalar) in zip(arrays, payload.header):
             segs = payload.segments[pos:pos + nseg]
             pos += nseg

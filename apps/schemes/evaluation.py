@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..records import HistoryRow
 from ..trainer import combine_shards
 
 __all__ = ["ShardedEvaluation"]
@@ -19,7 +20,7 @@ __all__ = ["ShardedEvaluation"]
 class ShardedEvaluation:
     """The evaluation of one history row's weights (``weights_ref``) over the trainers."""
 
-    def __init__(self, row: dict, weights_ref, num_test: int):
+    def __init__(self, row: HistoryRow, weights_ref, num_test: int):
         self.row = row
         self.weights_ref = weights_ref
         self.num_test = num_test
@@ -75,7 +76,7 @@ class ShardedEvaluation:
     def done(self) -> bool:
         return self.shards > 0 and all(r is not None for r in self.results)
 
-    def finish(self) -> dict:
+    def finish(self) -> HistoryRow:
         """Write test loss and accuracy into the row and return it."""
         self.row["test_loss"], self.row["test_accuracy"] = combine_shards(self.num_test,
                                                                           self.results)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 from ..config import ASYNC_ONLY, TrainConfig
+from ..records import HistoryRow
 from ..trainer import nbytes
 from .averaging import apply_delta, weighted_mean
 from .base import Scheme
@@ -36,7 +37,7 @@ class SyncScheme(Scheme):
                 raise ValueError(f"{option}= applies to train_async only; train_sync "
                                  "waits for every trainer each round")
         super().__init__(model_fn, dataset, config, trainers)
-        self.pending_row = None     # the last row, whose weights the next round evaluates
+        self.pending_row: HistoryRow | None = None   # the last row, whose weights the next round evaluates
 
     def total_rows(self) -> int:
         return self.config.master_epochs * self.config.rounds_per_epoch

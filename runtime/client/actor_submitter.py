@@ -66,7 +66,7 @@ class ActorClient(TableFrameHandler):
         self.actor_id = actor_id
         self.class_name = class_name
         self.state = RESOLVING
-        self.conn = None
+        self.conn: Connection | None = None
         self.queue: collections.deque = collections.deque()
         # msg id -> object id, or the ActorCall itself when the actor retries calls
         # (max_task_retries): only then is the payload kept until the reply.

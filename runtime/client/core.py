@@ -32,7 +32,7 @@ import itertools
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import context, placement, process, runtime_env, shm_store
 from ..errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
@@ -140,12 +140,12 @@ class Core:
         self.actors: dict[str, ActorClient] = {}
         self.creations = ActorCreations(self)   # actors on their way to the head
         self.pools: dict[tuple, TaskPool] = {}
-        self.head = None
+        self.head: Connection | None = None
         self.job_id = job_id
         self.node_totals: list[dict] = []
         self.closed = False
         self.closing = False
-        self.hello = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+        self.hello: dict[str, Any] = {"sys_path": list(sys.path), "cwd": os.getcwd()}
         self.runtime_env: dict | None = None   # the job's, set by init (wire form)
         self.hello["shm"] = shm_store.local_info()   # same host: objects go through shared memory
 

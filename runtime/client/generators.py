@@ -16,6 +16,11 @@ ended it early (the worker died, a dependency failed).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
+    from .object_ref import ObjectRef
 
 __all__ = ["ObjectRefGenerator", "DynamicObjectRefGenerator", "Stream", "STREAMING", "DYNAMIC"]
 
@@ -40,11 +45,11 @@ class Stream:
         self.ended = False           # the call's ref has settled: no more items
         self.limit = limit           # backpressure: unconsumed items allowed (-1: off)
         self.consumed = 0
-        self.conn = None             # where the items come from (credits go back there)
+        self.conn: Connection | None = None   # where the items come from (credits go back there)
         self.msg_id = 0
         self.wakers: list = []       # callables run (on the I/O thread) at the next change
         self.released = False        # backpressure lifted: the caller dropped the stream
-        self.call_ref = None         # the call's ObjectRef, held until the call ends
+        self.call_ref: ObjectRef | None = None   # the call's ObjectRef, held until the call ends
 
 
 class ObjectRefGenerator:

@@ -63,7 +63,7 @@ def dumps_with_refs(value) -> tuple[list, list]:
     segs, found = collect_refs(dumps, value)
     if not found:
         return segs, found
-    distinct = {}
+    distinct: dict = {}
     for r in found:
         if type(r) is ObjectRef:
             distinct.setdefault(r.id, r)
@@ -332,7 +332,8 @@ class ObjectStore:
 
         if not enough():
             self.wait_for(enough, timeout)
-        ready_refs, not_ready = [], []
+        ready_refs: list = []
+        not_ready: list = []
         for r, e in zip(refs, entries):
             (ready_refs if ready(e) and len(ready_refs) < num_returns else not_ready).append(r)
         return ready_refs, not_ready
@@ -383,7 +384,7 @@ class ObjectStore:
             fut = loop.create_future()
 
             def wake():
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+                loop.call_soon_threadsafe(_settle, fut)
 
             if self.on_done(e, wake):
                 await fut
@@ -392,7 +393,7 @@ class ObjectStore:
     def concurrent_future(self, ref):
         import concurrent.futures
 
-        f = concurrent.futures.Future()
+        f: concurrent.futures.Future = concurrent.futures.Future()
         e = self.entry(ref)
 
         def settle():
@@ -452,3 +453,8 @@ def unbundle_refs(store, segs):
         contained.append(store.adopt(bytes(obj_id), state, segs[pos:pos + n]))
         pos += n
     return contained, segs[pos:]
+
+
+def _settle(fut) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -69,7 +69,7 @@ class Lease:
         self.conn = conn
         self.inflight: dict[int, Task] = {}
         self.idle_timer = None
-        self.force_cancel = None   # the task cancelled with force=True: its worker may exit
+        self.force_cancel: Task | None = None   # the task cancelled with force=True: its worker may exit
 
 
 class TaskPool:

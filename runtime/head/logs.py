@@ -39,13 +39,13 @@ class LogFanout:
     def connections(self) -> list:
         return list(self.drivers.values())
 
-    def route(self, batch: LogBatch) -> list[tuple[object, LogBatch]]:
+    def route(self, batch: LogBatch) -> list[tuple[Connection, LogBatch]]:
         """``(driver connection, the part of batch for it)`` for each driver that gets
         lines of ``batch``."""
         by_job: dict = {}
         for rec in batch.records:
             by_job.setdefault(rec[0], []).append(rec)
-        out = []
+        out: list = []
         for job_id, recs in by_job.items():
             if job_id in self.drivers:
                 targets = [self.drivers[job_id]]

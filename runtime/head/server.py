@@ -67,7 +67,7 @@ class Head:
         self.cores: set = set()        # every driver's and worker's connection
         self.background = TaskGroup(loop, "head")
         self.lifecycle = ActorLifecycle(self.actors, self.placer, self.cores, self.background)
-        self.server = None
+        self.server: asyncio.Server | None = None
         self.stopping = False
         self.stopped = loop.create_future()
         self.handler = _HeadRpcHandler(self, self.rpc_handlers())

@@ -75,9 +75,9 @@ class NodeDaemon:
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.packages = runtime_env.PackageCache(os.path.join(self.log_dir, "runtime_env"),
                                                  self._fetch_package)
-        self.head_conn = None
-        self.server = None
-        self.address = None
+        self.head_conn: Connection | None = None
+        self.server: asyncio.Server | None = None
+        self.address: str | None = None
         self.stopping = False
         self.stopped = loop.create_future()
         self.background = TaskGroup(loop, "node")
@@ -254,8 +254,8 @@ class NodeDaemon:
         return setup
 
     # -- requests from the head --------------------------------------------------------------
-    async def rpc_start_actor(self, conn: Connection, creation: dict):
-        creation = ActorCreation.from_wire(creation)
+    async def rpc_start_actor(self, conn: Connection, wire: dict):
+        creation = ActorCreation.from_wire(wire)
         gpus = float(creation.demand.get("GPU", 0))
         share = GpuAllocator.share(gpus)
         gpu_ids = await self.gpus.claim(gpus)

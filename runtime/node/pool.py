@@ -32,9 +32,9 @@ class WorkerProc:
     def __init__(self, worker_id: str, log_prefix: str):
         self.worker_id = worker_id
         self.process = None
-        self.pid = None
-        self.address = None
-        self.conn = None              # its control connection, once it is ready
+        self.pid: int | None = None
+        self.address: str | None = None
+        self.conn: Connection | None = None              # its control connection, once it is ready
         self.state = WorkerState.STARTING
         self.actor_id = None
         self.ready: asyncio.Future | None = None   # settles when it announces itself
@@ -195,7 +195,7 @@ class WorkerPool:
         code = self.launcher.reap(w)
         prev, w.state = w.state, WorkerState.DEAD
         self.workers.pop(w.worker_id, None)
-        for pool in (self.idle_fresh, self.idle_task.get(w.env_key, ())):
+        for pool in (self.idle_fresh, self.idle_task.get(w.env_key, [])):
             if w in pool:
                 pool.remove(w)
         if not w.ready.done():

@@ -162,7 +162,7 @@ class _Message:
         """The plain dict sent on the wire (what a peer's ``from_wire`` reads); with
         ``only``, just those keys (a short answer that has always been sent short)."""
         out = {}
-        for f in dataclasses.fields(self):
+        for f in dataclasses.fields(self):   # type: ignore[arg-type]  # subclasses are dataclasses
             if only is not None and f.name not in only:
                 continue
             value = getattr(self, f.name)
@@ -255,8 +255,8 @@ class ActorStarted(_Message):
                                "address and worker_id")
         return self
 
-    def to_wire(self) -> dict:
-        out = _Message.to_wire(self)   # (no bare super(): slots dataclasses are rebuilt classes)
+    def to_wire(self, only: tuple | None = None) -> dict:
+        out = _Message.to_wire(self, only)   # (no bare super(): slots dataclasses are rebuilt classes)
         if self.ok:
             out.pop("error", None)   # only a failure carries an error
         return out
@@ -367,8 +367,8 @@ class LeaseGrant(_Message):
     REQUIRED: ClassVar[tuple] = ("address", "worker_id")
     OMIT_IF_NONE: ClassVar[frozenset] = frozenset({"lease_id"})
 
-    def to_wire(self) -> dict:
-        out = _Message.to_wire(self)   # (no bare super(): slots dataclasses are rebuilt classes)
+    def to_wire(self, only: tuple | None = None) -> dict:
+        out = _Message.to_wire(self, only)   # (no bare super(): slots dataclasses are rebuilt classes)
         if self.lease_id is not None:   # first, as the head always sent it
             out = {"lease_id": self.lease_id, **out}
         return out

@@ -11,6 +11,7 @@ from .output import log_marker
 
 if TYPE_CHECKING:
     from ..wire.connection import Connection
+    from .stream_out import StreamOut
 
 __all__ = ["Call"]
 
@@ -29,6 +30,7 @@ class Call(context.CallContext):
 
     __slots__ = ("msg_id", "spec", "args", "kwargs", "where", "is_task", "streaming",
                  "num_returns", "out")
+    out: StreamOut   # a streaming call's, set by the runner when it starts
 
     def __init__(self, conn: Connection, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs,
                  name: str, where: str, is_task: bool, is_async: bool):
@@ -67,6 +69,7 @@ class Call(context.CallContext):
         if not self.is_task:
             return
         spec = self.spec
+        assert isinstance(spec, TaskSpec)   # is_task: a task's spec
         context.current.job_id = spec.job_id
         context.current.placement = spec.placement
         log_marker(f"task:{spec.fn_name}:{spec.job_id or ''}")

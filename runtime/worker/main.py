@@ -96,7 +96,7 @@ def close_inherited_fds() -> list:
         parent = getattr(process, "_parent_process", None)
         if parent is not None and isinstance(getattr(parent, "_sentinel", None), int):
             close(parent._sentinel)
-            process._parent_process = None
+            process._parent_process = None   # type: ignore[attr-defined]  # (private, checked above)
     except Exception:
         pass
     try:

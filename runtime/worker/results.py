@@ -86,7 +86,8 @@ def encode_yielded(gen, nret: int, where: str):
     """A generator called with ``num_returns=k``: its k yielded values are the k returns,
     as in Ray. An exception raised before the k-th value becomes the error of each
     return still missing. Runs on an execution thread; ``SystemExit`` propagates."""
-    parts, error, extra = [], None, 0
+    parts: list = []
+    error, extra = None, 0
     try:
         for item in gen:
             if len(parts) < nret:

@@ -152,7 +152,7 @@ class Runner:
                 if call.is_task:
                     context.set_running_task(False)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
-                return encode_yielded(as_iterator(result, where), call.num_returns, where)
+                return encode_yielded(as_iterator(result, where), int(call.num_returns), where)
         except SystemExit as e:
             return self._system_exit(call, e)
         except BaseException as e:

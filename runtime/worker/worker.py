@@ -3,6 +3,7 @@ how an actor's process ends when its code calls ``sys.exit`` or ``exit_actor()``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
@@ -50,8 +51,8 @@ class Worker:
         self.instance = None
         self.exit_status: int | None = None
         self.callers: set = set()     # open caller connections, flushed before an exit
-        self.node_conn = None
-        self.server = None
+        self.node_conn: Connection | None = None
+        self.server: asyncio.Server | None = None
         self.decoder = CallDecoder(self)
         self.runner = Runner(self)
         self.frames = CallerFrames(self)
