@@ -60,6 +60,7 @@ if _ROOT not in sys.path:  # run from a source checkout without installing
     sys.path.insert(0, _ROOT)
 
 from ddlf_actors.runtime import config  # noqa: E402
+from ddlf_actors.runtime.client import current  # noqa: E402
 from ddlf_actors.runtime.client.refs import ArgRef  # noqa: E402
 from ddlf_actors.runtime.errors import AuthenticationError, FrameError  # noqa: E402
 from ddlf_actors.runtime.wire import auth, protocol  # noqa: E402
@@ -920,11 +921,10 @@ def split(address: str) -> tuple[str, int]:
 
 def actor_address(actor_id: str, timeout: float = 30.0) -> tuple[str, int]:
     """Where an actor listens, as the head reports it (the way the tests find it)."""
-    import ddlf_actors as ddlf
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for view in ddlf.api.get_core().head_call("list_actors"):
+        for view in current.get_core().head_call("list_actors"):
             if view["actor_id"] == actor_id and view["address"]:
                 return split(view["address"])
         time.sleep(0.05)
@@ -982,9 +982,8 @@ def _worker_logs_to(path: str) -> None:
     The actor logs every connection it aborts; printed on our terminal, that would bury
     the report.
     """
-    import ddlf_actors as ddlf
 
-    core = ddlf.api.get_core()
+    core = current.get_core()
 
     def write(batch):   # a messages.LogBatch
         with open(path, "a", errors="replace") as f:
