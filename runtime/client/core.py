@@ -572,9 +572,13 @@ def ref_from_async(core: Core, make_coro) -> ObjectRef:
 
 
 # -- joining a worker's cluster --------------------------------------------------------------
-def join_worker_cluster(ctx: context.WorkerContext) -> Core:
-    """A connected core for code running in the worker ``ctx`` describes (what
-    ``current.get_core`` calls on first use inside a worker)."""
+def join_worker_cluster() -> Core | None:
+    """A connected core for code running in this worker (what ``current.get_core`` calls on
+    first use inside a worker); None when no worker context is set (it is read now, not
+    when the worker installed this, so clearing ``context.current`` turns joining off)."""
+    ctx = context.current
+    if ctx is None:
+        return None
     core = Core(ctx.head_address, ctx.token, is_driver=False, job_id=ctx.job_id)
     core.connect()
     return core

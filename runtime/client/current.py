@@ -19,7 +19,7 @@ __all__ = ["get_core", "set_core", "set_joiner"]
 
 _core: Core | None = None
 _lock = threading.Lock()
-_joiner: Callable[[], Core] | None = None
+_joiner: Callable[[], Core | None] | None = None
 
 
 def set_core(core: Core | None) -> None:
@@ -28,8 +28,9 @@ def set_core(core: Core | None) -> None:
     _core = core
 
 
-def set_joiner(joiner: Callable[[], Core] | None) -> None:
-    """How this process connects a core on first use (a worker: to its own cluster)."""
+def set_joiner(joiner: Callable[[], Core | None] | None) -> None:
+    """How this process connects a core on first use (a worker: to its own cluster); the
+    joiner returns None when it cannot join (no worker context any more)."""
     global _joiner
     _joiner = joiner
 
@@ -41,5 +42,7 @@ def get_core(auto: bool = True) -> Core | None:
         return _core
     with _lock:
         if _core is None:
-            set_core(_joiner())
+            core = _joiner()
+            if core is not None:
+                set_core(core)
     return _core

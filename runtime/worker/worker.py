@@ -56,9 +56,9 @@ class Worker:
         self.decoder = CallDecoder(self)
         self.runner = Runner(self)
         self.frames = CallerFrames(self)
-        ctx = context.current = context.WorkerContext(head_address, token, node_id, worker_id)
+        context.current = context.WorkerContext(head_address, token, node_id, worker_id)
         # Code this worker runs may call other actors: it gets a core on first use.
-        current.set_joiner(lambda: join_worker_cluster(ctx))
+        current.set_joiner(join_worker_cluster)
 
     # -- control plane (from the node daemon) ------------------------------------------------
     def rpc_handlers(self) -> dict:
