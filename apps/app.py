@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from typing import Any
 
 import ddlf_actors as ddlf
 from ddlf_actors.cluster import Cluster, WorkerProxy
@@ -71,6 +72,12 @@ class App:
     """Subclass and override ``load_dataset()`` and ``create_model()``; the defaults
     load ``dataset`` (a registered name) and build the paper's CNN for it."""
 
+    # What load_dataset() sets (a subclass's may set them, or return the two pairs).
+    x_train: Any
+    y_train: Any
+    x_test: Any
+    y_test: Any
+
     def __init__(self, workers: int = 2, *, dataset: str = "fashion-mnist",
                  address: str | None = None, token: str | None = None, num_cpus: float = 1,
                  trainer_cls=None, progress: bool = True):
@@ -81,11 +88,11 @@ class App:
         self.num_cpus = num_cpus
         self.trainer_cls = trainer_cls or TrainerActor
         self.progress = progress
-        self.model = None
-        self.weights = None
-        self.result = None
-        self._ddlf_trainers = None
-        self._ddlf_cluster = None
+        self.model: Any = None
+        self.weights: Any = None
+        self.result: Any = None
+        self._ddlf_trainers: Any = None
+        self._ddlf_cluster: Any = None
         self._ddlf_started_session = False
 
     def __getstate__(self):

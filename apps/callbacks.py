@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import uuid
+from typing import Any
 
 __all__ = ["Callback", "History", "ProgressBar", "EventLog", "EarlyStopping", "CsvLogger",
            "TensorBoard", "DashboardPublisher", "describe_event"]
@@ -141,8 +142,8 @@ class CsvLogger(Callback):
 
     def __init__(self, path: str):
         self.path = path
-        self._file = None
-        self._writer = None
+        self._file: Any = None
+        self._writer: Any = None   # a csv.DictWriter once the first row names the columns
 
     def on_row(self, row, run):
         if self._writer is None:
@@ -181,8 +182,8 @@ class TensorBoard(Callback):
 
     def __init__(self, log_dir: str):
         self.log_dir = str(log_dir)
-        self._tf = None
-        self._writer = None
+        self._tf: Any = None       # TensorFlow, imported on the first row
+        self._writer: Any = None
 
     def on_train_begin(self, run):
         from . import tf_startup

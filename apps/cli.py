@@ -152,7 +152,7 @@ def _check_args(args) -> None:
     """Every check that needs neither a cluster nor a download, so that a mistake is
     reported before either starts. Reads --token-file into ``args.token``."""
     from . import checkpoint, datasets
-    from .config import TrainConfig
+    from .config import ConfigError, TrainConfig
 
     if args.out is None:
         args.out = args.resume or "ddlf-run"
@@ -180,9 +180,8 @@ def _check_args(args) -> None:
                     rejoin_timeout_s=args.rejoin_timeout,
                     checkpoint_dir=args.out if args.checkpoint_every else None,
                     checkpoint_every=args.checkpoint_every)
-    except ValueError as e:
-        name, _, rest = str(e).partition(" ")
-        raise _UsageError(f"--{name.replace('_', '-')} {rest}") from None
+    except ConfigError as e:
+        raise _UsageError(f"--{e.option.replace('_', '-')} {e.problem}") from None
     if os.path.isdir(args.dataset):
         if args.limit or args.data_dir:
             raise _UsageError("--limit and --data-dir apply to named datasets only")

@@ -11,7 +11,7 @@ import difflib
 import os
 from typing import Any
 
-__all__ = ["TrainConfig", "ASYNC_ONLY", "SYNC_ONLY"]
+__all__ = ["TrainConfig", "ConfigError", "ASYNC_ONLY", "SYNC_ONLY"]
 
 # Options that only the asynchronous scheme reads (a sync run refuses them).
 ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
@@ -20,14 +20,25 @@ ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
 SYNC_ONLY = ("backup_workers", "balance")
 
 
+class ConfigError(ValueError):
+    """An option of a run is wrong: ``option`` names it as the message does (``"workers"``,
+    ``"min_workers=3"``), ``problem`` says what is wrong and how to fix it. A ``ValueError``,
+    so callers that catch that keep working; the CLI names the flag from ``option``."""
+
+    def __init__(self, option: str, problem: str):
+        super().__init__(f"{option} {problem}")
+        self.option = option
+        self.problem = problem
+
+
 def _int_at_least(name: str, v, low: int = 1) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        raise ConfigError(name, f"must be an int >= {low}, got {v!r}")
 
 
 def _seconds(name: str, v) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {v!r}")
+        raise ConfigError(name, f"must be a number of seconds >= 0, got {v!r}")
 
 
 @dataclasses.dataclass
@@ -105,18 +116,19 @@ class TrainConfig:
             self.min_workers = 1
         _int_at_least("min_workers", self.min_workers)
         if self.min_workers > self.workers:
-            raise ValueError(f"min_workers={self.min_workers} is more than workers="
-                             f"{self.workers}; use workers=({self.min_workers}, N) with N >= "
+            raise ConfigError(f"min_workers={self.min_workers}", f"is more than workers="
+                              f"{self.workers}; use workers=({self.min_workers}, N) with N >= "
                              f"{self.min_workers}")
         if not isinstance(self.num_cpus, (int, float)) or self.num_cpus < 0:
-            raise ValueError(f"num_cpus must be a number >= 0, got {self.num_cpus!r}")
+            raise ConfigError("num_cpus", f"must be a number >= 0, got {self.num_cpus!r}")
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
-            raise ValueError(f"placement_strategy must be 'PACK', 'SPREAD', 'STRICT_PACK' or "
-                             f"'STRICT_SPREAD', got {self.placement_strategy!r}")
+            raise ConfigError("placement_strategy", "must be 'PACK', 'SPREAD', 'STRICT_PACK' "
+                              f"or 'STRICT_SPREAD', got {self.placement_strategy!r}")
         _seconds("placement_timeout_s", self.placement_timeout_s)
         _seconds("rejoin_timeout_s", self.rejoin_timeout_s)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
-            raise ValueError(f"target_accuracy must be in (0, 1], got {self.target_accuracy!r}")
+            raise ConfigError("target_accuracy",
+                              f"must be in (0, 1], got {self.target_accuracy!r}")
         if self.patience is not None:
             _int_at_least("patience", self.patience)
         if self.staleness_bound is not None:
@@ -134,7 +146,8 @@ class TrainConfig:
         if self.checkpoint_every is not None:
             _int_at_least("checkpoint_every", self.checkpoint_every)
             if self.checkpoint_dir is None:
-                raise ValueError("checkpoint_every needs checkpoint_dir= (where to write them)")
+                raise ConfigError("checkpoint_every",
+                                  "needs checkpoint_dir= (where to write them)")
         if self.seed is not None:
             _int_at_least("seed", self.seed, 0)
         if self.compression is not None:
@@ -150,11 +163,12 @@ class TrainConfig:
     def _take_range(self, pair) -> None:
         if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)
                 or not 1 <= pair[0] <= pair[1]):
-            raise ValueError(f"workers=(lo, hi) needs two ints with 1 <= lo <= hi, got {pair!r}")
+            raise ConfigError("workers=(lo, hi)",
+                              f"needs two ints with 1 <= lo <= hi, got {pair!r}")
         lo, hi = pair
         if self.min_workers is not None and self.min_workers != lo:
-            raise ValueError(f"workers={tuple(pair)!r} already sets min_workers={lo}; "
-                             f"min_workers={self.min_workers} contradicts it")
+            raise ConfigError(f"workers={tuple(pair)!r}", f"already sets min_workers={lo}; "
+                              f"min_workers={self.min_workers} contradicts it")
         self.workers, self.min_workers, self.elastic = hi, lo, True
 
     @property

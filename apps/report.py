@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Sequence
 
 __all__ = ["write_history", "plot_history", "format_table", "epoch_rows"]
 
@@ -61,7 +62,7 @@ def epoch_rows(history: list) -> list:
     return [out[k] for k in sorted(out)]
 
 
-def format_table(history: list, events: list = ()) -> str:
+def format_table(history: list, events: Sequence = ()) -> str:
     """A text table: epoch, time, trainers, test accuracy and loss, train loss, and what
     happened to the trainers during the epoch (losses and joins; the column is there only
     when something happened)."""

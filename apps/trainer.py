@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -190,7 +191,7 @@ class TrainerActor(ClusterWorker, WireMethods):
         end = time.perf_counter()
         self._last_call_end = end
         eval_s, self._eval_s = self._eval_s, 0.0
-        stats = {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
+        stats: dict[str, Any] = {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
                  "samples": int(len(idx)), "loss": loss, "index": self._ddlf_index}
         if return_state:
             stats["optimizer_state"] = self.get_optimizer_state()

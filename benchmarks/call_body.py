@@ -1,4 +1,4 @@
-"""What a CALL frame's body costs: the typed specs (runtime/callspec.py) next to the
+"""What a CALL frame's body costs: the typed specs (runtime/wire/callspec.py) next to the
 hand-built tuples they replaced, in bytes and in time to encode and decode, in-process.
 
     python benchmarks/call_body.py
@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from ddlf_actors.runtime.callspec import STREAMING, CallSpec, TaskSpec  # noqa: E402
-from ddlf_actors.runtime.object_store import dumps_with_refs  # noqa: E402
-from ddlf_actors.runtime.serialization import loads  # noqa: E402
+from ddlf_actors.runtime.client.object_store import dumps_with_refs  # noqa: E402
+from ddlf_actors.runtime.wire.callspec import STREAMING, CallSpec, TaskSpec  # noqa: E402
+from ddlf_actors.runtime.wire.serialization import loads  # noqa: E402
 
 FID = os.urandom(16)
 GROUP = {"group_id": "g1", "bundles": [{"CPU": 1.0}], "capture": False}

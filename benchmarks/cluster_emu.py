@@ -71,7 +71,7 @@ def run(plan: dict) -> list:
     the driver's results. Everything is torn down however this ends."""
     from netns_cluster import NetnsHosts, start_head_and_nodes
 
-    from ddlf_actors.runtime.auth import generate_token
+    from ddlf_actors.runtime.wire.auth import generate_token
 
     k = plan["k"]
     # DDLF_SHM=0: the namespaces share one /dev/shm and one boot id, so DDLF would take

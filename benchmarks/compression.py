@@ -57,7 +57,7 @@ import zlib  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ddlf_actors.apps import codecs, datasets, models  # noqa: E402
-from ddlf_actors.runtime import serialization  # noqa: E402
+from ddlf_actors.runtime.wire import serialization  # noqa: E402
 
 CODEC_SPECS = ["none", "lz4", "zstd", "zstd:19", "fp16", "int8", "topk:0.01", "topk:0.1"]
 STDLIB = {"bz2": (bz2.compress, bz2.decompress), "gzip": (gzip.compress, gzip.decompress),

@@ -34,8 +34,8 @@ import urllib.request
 import psutil
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime.auth import read_token_file
 from ddlf_actors.runtime.process import start_child, stop_children
+from ddlf_actors.runtime.wire.auth import read_token_file
 from ddlf_actors.util import dashboard
 
 

@@ -59,11 +59,13 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:  # run from a source checkout without installing
     sys.path.insert(0, _ROOT)
 
-from ddlf_actors.runtime import auth, config, protocol  # noqa: E402
+from ddlf_actors.runtime import config  # noqa: E402
+from ddlf_actors.runtime.client import current  # noqa: E402
+from ddlf_actors.runtime.client.refs import ArgRef  # noqa: E402
 from ddlf_actors.runtime.errors import AuthenticationError, FrameError  # noqa: E402
-from ddlf_actors.runtime.framing import FrameDecoder  # noqa: E402
-from ddlf_actors.runtime.refs import ArgRef  # noqa: E402
-from ddlf_actors.runtime.serialization import dumps, loads  # noqa: E402
+from ddlf_actors.runtime.wire import auth, protocol  # noqa: E402
+from ddlf_actors.runtime.wire.framing import FrameDecoder  # noqa: E402
+from ddlf_actors.runtime.wire.serialization import dumps, loads  # noqa: E402
 
 PREFIX = struct.Struct("!2sHQ")
 # How long a server may take to drop a peer it must drop (framing error, wrong token).
@@ -884,8 +886,8 @@ class FuzzCluster:
     """A head and one node as children of this process (stdin lifelines), an actor, a driver."""
 
     def __init__(self, log_path: str, num_cpus: int = 2):
-        from ddlf_actors.runtime.auth import read_token_file
         from ddlf_actors.runtime.process import start_child as _start
+        from ddlf_actors.runtime.wire.auth import read_token_file
 
         self.procs: list[subprocess.Popen] = []
         self.log = open(log_path, "ab")
@@ -919,11 +921,10 @@ def split(address: str) -> tuple[str, int]:
 
 def actor_address(actor_id: str, timeout: float = 30.0) -> tuple[str, int]:
     """Where an actor listens, as the head reports it (the way the tests find it)."""
-    import ddlf_actors as ddlf
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for view in ddlf.api.get_core().head_call("list_actors"):
+        for view in current.get_core().head_call("list_actors"):
             if view["actor_id"] == actor_id and view["address"]:
                 return split(view["address"])
         time.sleep(0.05)
@@ -981,9 +982,8 @@ def _worker_logs_to(path: str) -> None:
     The actor logs every connection it aborts; printed on our terminal, that would bury
     the report.
     """
-    import ddlf_actors as ddlf
 
-    core = ddlf.api.get_core()
+    core = current.get_core()
 
     def write(batch):   # a messages.LogBatch
         with open(path, "a", errors="replace") as f:

@@ -122,8 +122,8 @@ def _run_ddlf_netns(quick: bool) -> dict:
 
     from netns_cluster import NetnsHosts, netns_unavailable
 
-    from ddlf_actors.runtime.auth import generate_token
     from ddlf_actors.runtime.process import start_child as _start
+    from ddlf_actors.runtime.wire.auth import generate_token
 
     why = netns_unavailable()
     if why:

@@ -34,10 +34,10 @@ import time
 import psutil
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime.auth import read_token_file
 from ddlf_actors.runtime.process import child_env as _child_env
 from ddlf_actors.runtime.process import start_child as _start
 from ddlf_actors.runtime.process import stop_children
+from ddlf_actors.runtime.wire.auth import read_token_file
 
 
 @ddlf.remote(num_cpus=0)

@@ -55,7 +55,8 @@ if _ROOT not in sys.path:  # run from a source checkout without installing
 
 import ddlf_actors as ddlf  # noqa: E402
 from ddlf_actors.errors import DDLFError, GetTimeoutError  # noqa: E402
-from ddlf_actors.runtime.auth import read_token_file  # noqa: E402
+from ddlf_actors.runtime.client import current  # noqa: E402
+from ddlf_actors.runtime.wire.auth import read_token_file  # noqa: E402
 
 CLI = [sys.executable, "-m", "ddlf_actors.runtime.cli"]
 NODE_CPUS = 2
@@ -251,7 +252,7 @@ def run(a, tracker: Tracker, address: str) -> tuple[Stats, dict, dict]:
 
 
 def kill_actor_worker(rng, tracker: Tracker, stats: Stats) -> None:
-    views = [v for v in ddlf.api.get_core().head_call("list_actors")
+    views = [v for v in current.get_core().head_call("list_actors")
              if v["state"] == "ALIVE" and v["pid"]]
     if not views:
         return

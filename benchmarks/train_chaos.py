@@ -258,9 +258,9 @@ class Chaos:
         return [n for n in self.cluster.nodes if n["node_id"] not in self.dead_nodes]
 
     def _trainer_actors(self) -> list[dict]:
-        import ddlf_actors as ddlf
+        from ddlf_actors.runtime.client.current import get_core
 
-        return [a for a in ddlf.api.get_core().head_call("list_actors")
+        return [a for a in get_core().head_call("list_actors")
                 if a.get("class_name") in TRAINER_CLASSES and a.get("state") == "ALIVE"]
 
     def _wait_for_action(self):

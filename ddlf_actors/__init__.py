@@ -36,7 +36,7 @@ def _find_checkout_subpackages() -> None:
     root = os.path.dirname(here)
     if (os.path.isdir(os.path.join(here, "runtime"))
             or not os.path.isfile(os.path.join(root, "pyproject.toml"))
-            or not os.path.isfile(os.path.join(root, "runtime", "core.py"))):
+            or not os.path.isfile(os.path.join(root, "runtime", "client", "core.py"))):
         return   # an installed package: its subpackages are inside it
 
     class CheckoutFinder:
@@ -52,7 +52,7 @@ def _find_checkout_subpackages() -> None:
                 fullname, os.path.join(folder, "__init__.py"),
                 submodule_search_locations=[folder])
 
-    CheckoutFinder.ddlf_checkout = root
+    CheckoutFinder.ddlf_checkout = root   # type: ignore[attr-defined]  # marks our finder
     if not any(getattr(f, "ddlf_checkout", None) == root for f in sys.meta_path):
         sys.meta_path.insert(0, CheckoutFinder)
 
@@ -81,11 +81,11 @@ from ddlf_actors.api import (  # noqa: E402
 from ddlf_actors.cluster import Cluster, WorkerProxy, read_config  # noqa: E402
 from ddlf_actors.remote_function import RemoteFunction  # noqa: E402
 from ddlf_actors.runtime import __version__  # noqa: E402
-from ddlf_actors.runtime.generators import (  # noqa: E402
+from ddlf_actors.runtime.client.generators import (  # noqa: E402
     DynamicObjectRefGenerator,
     ObjectRefGenerator,
 )
-from ddlf_actors.runtime.object_ref import ObjectRef  # noqa: E402
+from ddlf_actors.runtime.client.object_ref import ObjectRef  # noqa: E402
 from ddlf_actors.runtime_context import RuntimeContext, get_runtime_context  # noqa: E402
 
 __all__ = [

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from typing import Any
 
 from ddlf_actors.runtime import context
-from ddlf_actors.runtime.core import ActorSpec, get_core
+from ddlf_actors.runtime.client.core import ActorSpec
 from ddlf_actors.runtime.errors import ActorExit
-from ddlf_actors.runtime.serialization import dumps
 from ddlf_actors.runtime.states import ActorState
+from ddlf_actors.runtime.wire.serialization import dumps
 
+from . import autoinit
 from .errors import ActorNameTakenError
 from .options import ACTOR_OPTIONS, BACKPRESSURE, METHOD_OPTIONS, validate
 from .util import scheduling_strategies
@@ -68,16 +70,6 @@ def exit_actor():
     raise ActorExit()
 
 
-def _require_core():
-    core = get_core()
-    if core is None:
-        # The first .remote() in a driver without init() starts a local cluster, as in Ray.
-        from .api import _core
-
-        core = _core()
-    return core
-
-
 class ActorClass:
     """A class decorated with ``@ddlf.remote``. Create actors with ``Cls.remote(...)``."""
 
@@ -98,7 +90,7 @@ class ActorClass:
     def _get_spec(self) -> ActorSpec:
         # The class is pickled once, on first use; every actor of it reuses the bytes.
         if self._spec is None:
-            methods = {}
+            methods: dict[str, Any] = {}
             for name, fn in inspect.getmembers(self._cls, callable):
                 if name.startswith("__") and name != "__call__":
                     continue
@@ -132,10 +124,10 @@ class ActorClass:
 
     def _create(self, options, args, kwargs) -> ActorHandle:
         if options.get("get_if_exists") and not options.get("name"):
-            # Checked before _require_core: a mistake must not start a cluster.
+            # Checked before autoinit.core(): a mistake must not start a cluster.
             raise ValueError("get_if_exists=True needs name=...: it returns the live actor of "
                              "that name, or creates one under it")
-        core = _require_core()
+        core = autoinit.core()
         spec = self._get_spec()
         if options.get("get_if_exists"):
             return self._get_or_create(core, spec, options, args, kwargs)
@@ -200,7 +192,7 @@ class ActorMethod:
 
     def remote(self, *args, **kwargs):
         h = self._handle
-        return _require_core().submit_actor_call(h._actor_id, h._class_name, self._name, args,
+        return autoinit.core().submit_actor_call(h._actor_id, h._class_name, self._name, args,
                                                  kwargs, self._num_returns, self._backpressure)
 
     def bind(self, *args, **kwargs):

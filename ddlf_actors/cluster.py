@@ -25,9 +25,9 @@ import inspect
 import os
 import types
 
-from ddlf_actors.runtime.address import host_of
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.session import read_config
+from ddlf_actors.runtime.wire.address import host_of
 
 from . import api
 from .actor import ActorHandle

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddlf_actors.runtime import runtime_env as _runtime_env
-from ddlf_actors.runtime.core import check_backpressure
+from ddlf_actors.runtime.client.core import check_backpressure
 
 __all__ = ["ACTOR_OPTIONS", "TASK_OPTIONS", "METHOD_OPTIONS", "BACKPRESSURE", "validate",
            "check_gpus", "check_memory"]

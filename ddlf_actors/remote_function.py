@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 import os
 
-from ddlf_actors.runtime.serialization import dumps
+from ddlf_actors.runtime.wire.serialization import dumps
 
-from .actor import _require_core
+from . import autoinit
 from .options import TASK_OPTIONS, validate
 from .util import scheduling_strategies
 
@@ -54,7 +54,7 @@ class RemoteFunction:
         return FunctionNode(self, args, kwargs, self._options)
 
     def _submit(self, options, args, kwargs):
-        core = _require_core()
+        core = autoinit.core()
         return core.submit_task(self._fn_id, self._code(), self.__name__, args, kwargs,
                                 scheduling_strategies.resolve(options))
 

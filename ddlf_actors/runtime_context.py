@@ -12,7 +12,7 @@ import json
 import warnings
 
 from ddlf_actors.runtime import context
-from ddlf_actors.runtime.core import get_core
+from ddlf_actors.runtime.client.current import get_core
 from ddlf_actors.runtime.states import ActorState
 
 from .actor import ActorHandle
@@ -118,7 +118,7 @@ class RuntimeContext:
         call = context.current_call()
         if call is None:
             raise RuntimeError("get_assigned_resources is only available in a task or actor")
-        return dict(call.conn.info.get("demand") or {})
+        return dict(call.conn.info.demand or {})
 
     def is_canceled(self) -> bool:
         """True once ``ddlf.cancel`` has reached the running call (a sync actor method that

@@ -33,11 +33,12 @@ import time
 
 import psutil
 
-from . import config, tls
-from .auth import read_token_file
+from . import config
 from .errors import DDLFError, TLSConfigError
 from .process import TOKEN_ENV, start_child, stop_children
 from .session import _is_ours, _logs_dir, _procs_dir, find_token, head_record
+from .wire import tls
+from .wire.auth import read_token_file
 
 __all__ = ["main", "format_status"]
 
@@ -243,7 +244,7 @@ def cmd_stop(a) -> int:
 
 
 def cmd_status(a) -> int:
-    from .core import Core
+    from .client.core import Core
 
     address = a.address
     if address in (None, "auto"):
@@ -281,7 +282,7 @@ def cmd_status(a) -> int:
 
 def format_status(address: str, nodes: list, actors: list) -> str:
     lines = [f"DDLF cluster at {address}", "", "Nodes:"]
-    rows = [("NODE ID", "ADDRESS", "ALIVE", "CPU used/total", "RESOURCES", "HEARTBEAT AGE")]
+    rows: list[tuple[str, ...]] = [("NODE ID", "ADDRESS", "ALIVE", "CPU used/total", "RESOURCES", "HEARTBEAT AGE")]
     for n in nodes:
         tot, av = n["resources"], n["available"]
         extra = {k: v for k, v in tot.items() if k != "CPU" and not k.startswith("node:")}

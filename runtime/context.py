@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from typing import TYPE_CHECKING
 
+from .client.current import get_core as current_core
 from .states import CallState
+
+if TYPE_CHECKING:
+    from .wire.connection import Connection
 
 __all__ = ["WorkerContext", "CallContext", "current", "running_task", "set_running_task",
            "current_call", "set_current_call"]
@@ -62,7 +67,7 @@ class CallContext:
     __slots__ = ("seq", "name", "fn", "conn", "is_async", "state", "cancelled", "interrupted",
                  "thread", "atask", "children", "_token")
 
-    def __init__(self, seq: int, name: str, fn, conn, is_async: bool):
+    def __init__(self, seq: int, name: str, fn, conn: Connection, is_async: bool):
         self.seq = seq
         self.name = name              # "f" for a task, "Class.method" for an actor call
         self.fn = fn
@@ -102,14 +107,9 @@ class CallContext:
 def _prune(children: list) -> None:
     """Forget children whose result this process no longer holds (settled or dropped), so
     a long call that submits millions of tasks keeps a short list (amortized: at 2^k)."""
-    from .core import PENDING, get_core
-
-    core = get_core(auto=False)
-    if core is None:
-        return
-    objects = core.objects
-    children[:] = [c for c in children
-                   if (e := objects.get(c)) is not None and e.state == PENDING]
+    core = current_core(auto=False)
+    if core is not None:
+        children[:] = core.store.pending_among(children)
 
 
 _call: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("ddlf_call",

@@ -169,10 +169,10 @@ class TaskError(DDLFError):
         return err
 
 
-_dual_classes: dict[type, type | None] = {}
+_dual_classes: dict[type, type[TaskError] | None] = {}
 
 
-def _dual_class(cause_cls: type) -> type | None:
+def _dual_class(cause_cls: type) -> type[TaskError] | None:
     """A class deriving from both TaskError and ``cause_cls``, or None where Python forbids it."""
     if cause_cls in _dual_classes:
         return _dual_classes[cause_cls]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from . import tls
-from .auth import read_token_file
 from .process import TOKEN_ENV, child_env, start_child, stop_children
+from .wire import tls
+from .wire.auth import read_token_file
 
 __all__ = ["LocalCluster"]
 

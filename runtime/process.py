@@ -22,8 +22,8 @@ import sys
 import time
 
 from . import config
-from .auth import read_token_file
 from .errors import DDLFError, VersionMismatchError
+from .wire.auth import read_token_file
 
 __all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
            "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",

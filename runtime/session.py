@@ -8,9 +8,9 @@ import os
 import psutil
 
 from . import config
-from .address import split_address
-from .auth import read_token_file
 from .process import resolve_token
+from .wire.address import split_address
+from .wire.auth import read_token_file
 
 __all__ = ["head_record", "find_token", "read_config"]
 
@@ -76,7 +76,7 @@ def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
-        import tomli as tomllib
+        import tomli as tomllib  # type: ignore[no-redef]  # the same API under its old name
     with open(path, "rb") as f:
         data = tomllib.load(f)
     entries = data.get("hosts") or data.get("cluster", {}).get("hosts")

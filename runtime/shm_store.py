@@ -45,10 +45,15 @@ import pickle
 import threading
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import config, protocol
+from . import config
+from .wire import protocol
+
+if TYPE_CHECKING:
+    from .wire.connection import Connection
 
 try:
     import fcntl
@@ -402,19 +407,19 @@ def _describe(segs):
     return (name, layout) if name is not None else None
 
 
-def _pin(conn, segs) -> bytes:
+def _pin(conn: Connection, segs) -> bytes:
     pin = os.urandom(8)
-    pins = conn.info.get("shm_pins")
+    pins = conn.info.shm_pins
     if pins is None:
-        pins = conn.info.setdefault("shm_pins", {})
+        pins = conn.info.shm_pins = {}
     pins[pin] = segs
     return pin
 
 
-def ship(conn, obj_id: bytes, segs) -> bool:
+def ship(conn: Connection, obj_id: bytes, segs) -> bool:
     """Send an object to a same-host peer as a descriptor (``OBJ_SHM``); False if it must
     go by value (peer elsewhere, or the object is not in shared memory)."""
-    if not conn.info.get("shm_peer") or len(segs) < 2:
+    if not conn.info.shm_peer or len(segs) < 2:
         return False
     desc = _describe(segs)
     if desc is None:
@@ -427,9 +432,9 @@ def ship(conn, obj_id: bytes, segs) -> bool:
     return True
 
 
-def wrap_result(conn, kind: int, segs):
+def wrap_result(conn: Connection, kind: int, segs):
     """A worker's reply: put a large return value for a same-host caller in shared memory."""
-    if kind != protocol.RESULT_OK or len(segs) < 2 or not conn.info.get("shm_peer"):
+    if kind != protocol.RESULT_OK or len(segs) < 2 or not conn.info.shm_peer:
         return kind, segs
     try:
         written = _write(segs)
@@ -474,11 +479,11 @@ def _map(name: str, layout) -> list:
     for off, n in layout:
         if off < 0 or n < 0 or off + n > size:
             raise OSError(f"shared-memory segment {name} is smaller than its descriptor says")
-        out.append(_register(memoryview(base[off:off + n]), name, off, n))
+        out.append(_register(base[off:off + n].data, name, off, n))
     return out
 
 
-def _receive(conn, payload, desc):
+def _receive(conn: Connection, payload, desc):
     name, pin, layout = pickle.loads(desc)
     try:
         views = _map(name, layout)
@@ -488,13 +493,13 @@ def _receive(conn, payload, desc):
     return [payload, *views]
 
 
-def on_ack(conn, segs) -> None:
-    pins = conn.info.get("shm_pins")
+def on_ack(conn: Connection, segs) -> None:
+    pins = conn.info.shm_pins
     if pins is not None:
         pins.pop(bytes(segs[1]), None)
 
 
-def client_result(conn, segs):
+def client_result(conn: Connection, segs):
     """The caller's side of a ``RESULT_SHM`` frame (or a ``STREAM_ITEM`` holding one): its
     value mapped from shared memory, as ``(RESULT_OK, segs)``; ``(RESULT_ERR, segs)`` saying
     why if it cannot be mapped."""
@@ -502,28 +507,29 @@ def client_result(conn, segs):
         return protocol.RESULT_OK, [segs[0], *_receive(conn, segs[1], segs[2])]
     except Exception as e:
         from .errors import DDLFError
-        from .remote_error import encode_error
+        from .wire.remote_error import encode_error
 
         err = DDLFError(f"the result could not be mapped from shared memory: {e}")
         return protocol.RESULT_ERR, [segs[0], *encode_error(err, f"pid {os.getpid()}")]
 
 
-def client_hello(conn, data) -> None:
+def client_hello(conn: Connection, data) -> None:
     """The caller's side of the worker's ``hello`` push: does it share our memory?"""
-    conn.info["shm_peer"] = same_host(data.get("shm"))
-    waiter = conn.info.pop("hello_waiter", None)
-    conn.info["hello_seen"] = True
+    info = conn.info
+    info.shm_peer = same_host(data.get("shm"))
+    waiter, info.hello_waiter = info.hello_waiter, None
+    info.hello_seen = True
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
 
 
-async def wait_hello(conn) -> None:
+async def wait_hello(conn: Connection) -> None:
     """Wait (briefly) for the worker's hello, which says whether it shares our memory."""
-    if conn.info.get("hello_seen") or conn.closed:
+    if conn.info.hello_seen or conn.closed:
         return
     import asyncio
 
-    fut = conn.info["hello_waiter"] = conn.loop.create_future()
+    fut = conn.info.hello_waiter = conn.loop.create_future()
     deadline = time.monotonic() + _HELLO_TIMEOUT_S
     while not fut.done() and not conn.closed:   # the caller checks conn.closed after us
         if time.monotonic() > deadline:
@@ -535,14 +541,14 @@ async def wait_hello(conn) -> None:
             pass
 
 
-def send_hello(conn) -> None:
+def send_hello(conn: Connection) -> None:
     """Worker: answer a caller's hello with ours (only callers that greet get one)."""
-    from .serialization import dumps
+    from .wire.serialization import dumps
 
     conn.send_msg(protocol.PUSH, 0, dumps(("hello", {"shm": local_info()})))
 
 
-def worker_object(conn, segs):
+def worker_object(conn: Connection, segs):
     """Worker: an ``OBJ_SHM`` frame. Returns (object id, segments), segments None if the
     segment could not be mapped."""
     obj_id = bytes(segs[1])

@@ -91,7 +91,7 @@ class CallState(Enum):
 
 class ConnectionState(Enum):
     """Where a connection is in its life (``connection.Connection.state``): the three
-    steps of the token handshake (runtime/auth.py), then open, then closed."""
+    steps of the token handshake (runtime/wire/auth.py), then open, then closed."""
 
     AWAIT_CHALLENGE = "await challenge"   # client: waiting for the server's challenge
     AWAIT_REPLY = "await reply"           # client: answered; waiting for the server's proof

@@ -11,9 +11,9 @@ import json
 import os
 import signal
 
-from ddlf_actors.runtime.auth import read_token_file
 from ddlf_actors.runtime.process import start_child as _start
 from ddlf_actors.runtime.process import stop_children
+from ddlf_actors.runtime.wire.auth import read_token_file
 
 
 class MultiNodeCluster:

@@ -136,7 +136,7 @@ def _start_cluster(hosts: NetnsHosts, env: dict, driver_mode: str):
 
 def run_scenario(dead_after_s: float = 3.0, verbose: bool = False) -> dict:
     """Build the hosts, run the driver in h3, cut h2's link; return the driver's findings."""
-    from ddlf_actors.runtime.auth import generate_token
+    from ddlf_actors.runtime.wire.auth import generate_token
 
     token = generate_token()
     env = {"DDLF_NODE_DEAD_AFTER_S": str(dead_after_s), "DDLF_AUTH_TOKEN": token}
@@ -166,7 +166,7 @@ def run_scenario(dead_after_s: float = 3.0, verbose: bool = False) -> dict:
 def run_training_scenario(dead_after_s: float = 3.0) -> dict:
     """Train on h1 and h2 from a driver in h3, cut h2's link after round 2; return what the
     driver saw (events, history) and when the link was cut (wall clock)."""
-    from ddlf_actors.runtime.auth import generate_token
+    from ddlf_actors.runtime.wire.auth import generate_token
 
     env = {"DDLF_NODE_DEAD_AFTER_S": str(dead_after_s), "DDLF_AUTH_TOKEN": generate_token()}
     hosts = NetnsHosts(4).up()

@@ -1,4 +1,4 @@
-"""The mutual HMAC handshake in runtime/auth.py, as pure functions (no sockets)."""
+"""The mutual HMAC handshake in runtime/wire/auth.py, as pure functions (no sockets)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddlf_actors.runtime import auth
 from ddlf_actors.runtime.errors import AuthenticationError
+from ddlf_actors.runtime.wire import auth
 
 FUZZ = settings(max_examples=200, deadline=None)
 TOKEN = "a3f1" * 16

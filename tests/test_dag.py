@@ -366,7 +366,7 @@ def slow_value():
 
 
 def test_kill_before_pending_arguments_resolve_does_not_start_the_actor(cluster):
-    from ddlf_actors.runtime.core import get_core
+    from ddlf_actors.runtime.client.current import get_core
 
     a = Counter.remote(slow_value.remote())
     ddlf.kill(a)

@@ -111,7 +111,7 @@ def test_publish_run_checks_its_input_here_and_takes_numpy_numbers(cluster):
 def _state(url: str) -> str:
     """What a request could change, as text: nodes (not their heartbeat age), actors,
     placement groups and runs."""
-    from ddlf_actors.api import _core
+    from ddlf_actors.autoinit import core as _core
 
     core = _core()
     nodes = [{k: v for k, v in n.items() if k != "heartbeat_age_s"} for n in ddlf.nodes()]

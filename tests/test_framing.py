@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddlf_actors.runtime.errors import FrameError
-from ddlf_actors.runtime.framing import MAGIC, PREFIX_SIZE, FrameDecoder, encode_frame
+from ddlf_actors.runtime.wire.framing import MAGIC, PREFIX_SIZE, FrameDecoder, encode_frame
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LARGE = 256 * 1024  # segments at least this big take the decoder's direct-receive path

@@ -18,6 +18,7 @@ import pytest
 
 import ddlf_actors as ddlf
 from ddlf_actors.runtime import config
+from ddlf_actors.runtime.client import current
 
 _PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                      "benchmarks", "fuzz_wire.py")
@@ -36,7 +37,7 @@ def _targets(cluster) -> dict:
     Target, _square = fw.make_remotes()
     actor = Target.remote()
     worker_pid = ddlf.get(actor.pid.remote(), timeout=30)
-    procs = ddlf.api.get_core().cluster.procs
+    procs = current.get_core().cluster.procs
     (node,) = ddlf.nodes()
     whost, wport = fw.actor_address(actor._actor_id)
     hhost, hport = fw.split(cluster.address)

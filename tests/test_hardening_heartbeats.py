@@ -15,7 +15,7 @@ from helpers_modules.util import wait_for, wait_gone
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError, UnschedulableError
-from ddlf_actors.runtime.core import get_core
+from ddlf_actors.runtime.client.current import get_core
 
 
 @pytest.fixture

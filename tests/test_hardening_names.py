@@ -6,7 +6,7 @@ import pytest
 from helpers_modules.remote_defs import Counter
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime.rpc import RemoteRpcError
+from ddlf_actors.runtime.wire.rpc import RemoteRpcError
 
 
 def test_duplicate_name_raises_value_error_at_remote(cluster):

@@ -12,9 +12,9 @@ import time
 from helpers_modules.util import wait_for
 
 from ddlf_actors.runtime import config
-from ddlf_actors.runtime.address import split_address
-from ddlf_actors.runtime.connection import RejectionLog
 from ddlf_actors.runtime.process import start_child as _start
+from ddlf_actors.runtime.wire.address import split_address
+from ddlf_actors.runtime.wire.connection import RejectionLog
 
 _SUMMARY = re.compile(r"(\d+) more connection\(s\) from (\S+) rejected in the last")
 

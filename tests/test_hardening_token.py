@@ -18,8 +18,8 @@ from helpers_modules.util import recorded_tree, wait_gone
 
 import ddlf_actors as ddlf
 from ddlf_actors.runtime import config
-from ddlf_actors.runtime.auth import generate_token, write_token_file
 from ddlf_actors.runtime.errors import DDLFError
+from ddlf_actors.runtime.wire.auth import generate_token, write_token_file
 
 CLI = [sys.executable, "-m", "ddlf_actors.runtime.cli"]
 

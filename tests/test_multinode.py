@@ -15,6 +15,7 @@ from cluster_utils import MultiNodeCluster, joined
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError, UnschedulableError
+from ddlf_actors.runtime.client import current
 
 
 @ddlf.remote(num_cpus=1)
@@ -51,7 +52,7 @@ def multi(no_leaks):
 
 
 def _views():
-    return {v["actor_id"]: v for v in ddlf.api.get_core().head_call("list_actors")}
+    return {v["actor_id"]: v for v in current.get_core().head_call("list_actors")}
 
 
 def node_of(handle) -> str:

@@ -13,10 +13,10 @@ from helpers_modules.clusters import start_cluster
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import DDLFError, TaskError
-from ddlf_actors.runtime import object_ref
-from ddlf_actors.runtime.core import get_core
-from ddlf_actors.runtime.object_ref import ForeignObjectRef
-from ddlf_actors.runtime.oob import ObjectFetchError
+from ddlf_actors.runtime.client import object_ref
+from ddlf_actors.runtime.client.current import get_core
+from ddlf_actors.runtime.client.object_ref import ForeignObjectRef
+from ddlf_actors.runtime.client.oob import ObjectFetchError
 
 T = 60
 

@@ -10,7 +10,7 @@ from helpers_modules.clusters import start_cluster
 
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError
-from ddlf_actors.runtime.core import get_core
+from ddlf_actors.runtime.client.current import get_core
 
 
 @pytest.fixture(scope="module")

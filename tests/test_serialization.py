@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from ddlf_actors.runtime.errors import CodeShippingError, SerializationError
-from ddlf_actors.runtime.framing import FrameDecoder, encode_frame
-from ddlf_actors.runtime.serialization import dumps, loads, snapshot
+from ddlf_actors.runtime.wire.framing import FrameDecoder, encode_frame
+from ddlf_actors.runtime.wire.serialization import dumps, loads, snapshot
 
 
 def roundtrip(obj):

@@ -205,7 +205,7 @@ _CHILD = textwrap.dedent("""
     import json, os, sys, time
     import numpy as np
     import ddlf_actors as ddlf
-    from ddlf_actors.runtime.core import get_core
+    from ddlf_actors.runtime.client.current import get_core
 
     ddlf.init(num_cpus=1)
 

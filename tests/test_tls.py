@@ -29,10 +29,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from helpers_modules.clusters import no_leaked_processes, start_cluster
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime import config, tls
-from ddlf_actors.runtime.connection import connect, serve
+from ddlf_actors.runtime import config
+from ddlf_actors.runtime.client import current
 from ddlf_actors.runtime.errors import AuthenticationError, TLSConfigError
-from ddlf_actors.runtime.eventloop import new_event_loop
+from ddlf_actors.runtime.wire import tls
+from ddlf_actors.runtime.wire.connection import connect, serve
+from ddlf_actors.runtime.wire.eventloop import new_event_loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TLS_VARS = (tls.ENV_CERT, tls.ENV_KEY, tls.ENV_CA)
@@ -212,7 +214,7 @@ def _server_cert(address: str, ctx: ssl.SSLContext) -> bytes:
 
 def _addresses() -> dict:
     """Head, node and one live actor's listening addresses."""
-    core = ddlf.api.get_core()
+    core = current.get_core()
     a = Box.remote()
     assert ddlf.get(a.add.remote(1, 1), timeout=30) == 2
     actor_addr = next(v["address"] for v in core.head_call("list_actors")
@@ -242,7 +244,7 @@ class TestTLSCluster:
         ctx = tls.client_context(pki.files)
         for role, address in _addresses().items():
             assert _server_cert(address, ctx) == pki.der(), role
-        assert ddlf.api.get_core().head.transport.get_extra_info("ssl_object").version() in (
+        assert current.get_core().head.transport.get_extra_info("ssl_object").version() in (
             "TLSv1.2", "TLSv1.3")
 
 
@@ -250,7 +252,7 @@ class TestTLSCluster:
         ddlf.get(Box.remote().add.remote(0, 0), timeout=30)   # at least one actor worker is up
         # This cluster's tree only (another test's long-lived child may be ours too).
         procs = []
-        for child in ddlf.api.get_core().cluster.procs:
+        for child in current.get_core().cluster.procs:
             p = psutil.Process(child.pid)
             procs += [p, *p.children(recursive=True)]
         assert len(procs) >= 3   # head, node, workers

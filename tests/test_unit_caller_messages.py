@@ -1,4 +1,4 @@
-"""The caller side reads the head's messages through runtime/messages.py (no processes).
+"""The caller side reads the head's messages through runtime/wire/messages.py (no processes).
 
 An actor view, a lease grant or a push the head sends malformed must fail the caller's
 calls with a DDLFError saying so, never leave a ``get`` waiting or raise a KeyError in
@@ -14,26 +14,27 @@ import re
 
 import pytest
 
-from ddlf_actors.runtime import protocol, rpc
-from ddlf_actors.runtime.actor_submitter import ActorCall, ActorClient, ActorCreations
-from ddlf_actors.runtime.core import Core
+from ddlf_actors.runtime.client.actor_submitter import ActorCall, ActorClient, ActorCreations
+from ddlf_actors.runtime.client.core import Core
+from ddlf_actors.runtime.client.object_store import ObjectStore
+from ddlf_actors.runtime.client.task_submitter import Task, TaskPool
 from ddlf_actors.runtime.errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
     DDLFError,
 )
-from ddlf_actors.runtime.messages import ActorCreation, ActorDeath, MessageError
-from ddlf_actors.runtime.object_store import ObjectStore
-from ddlf_actors.runtime.serialization import dumps
-from ddlf_actors.runtime.task_submitter import Task, TaskPool
-from ddlf_actors.runtime.taskgroup import TaskGroup
+from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.messages import ActorCreation, ActorDeath, MessageError
+from ddlf_actors.runtime.wire.serialization import dumps
+from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 
 class _HeadConn:
     closed = False
 
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.peer = ("127.0.0.1", 1)
         self.pushed: list = []
         self.aborted = None

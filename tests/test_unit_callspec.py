@@ -1,4 +1,4 @@
-"""runtime/callspec.py: a CALL frame's body, encoded by the caller and decoded once by the
+"""runtime/wire/callspec.py: a CALL frame's body, encoded by the caller and decoded once by the
 worker, with no process (round trips, the bytes on the wire, malformed bodies)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ddlf_actors.runtime.callspec import DYNAMIC, STREAMING, CallSpec, TaskSpec
-from ddlf_actors.runtime.messages import MessageError
-from ddlf_actors.runtime.refs import ArgRef
-from ddlf_actors.runtime.serialization import _is_plain, dumps, loads
+from ddlf_actors.runtime.client.refs import ArgRef
+from ddlf_actors.runtime.wire.callspec import DYNAMIC, STREAMING, CallSpec, TaskSpec
+from ddlf_actors.runtime.wire.messages import MessageError
+from ddlf_actors.runtime.wire.serialization import _is_plain, dumps, loads
 
 _args = st.tuples(st.integers(), st.text(max_size=8), st.none())
 _kwargs = st.dictionaries(st.text(min_size=1, max_size=5), st.integers(), max_size=3)

@@ -52,7 +52,7 @@ def test_a_bad_integer_names_its_variable():
         _config_in_child({"DDLF_TASK_PIPELINE_DEPTH": "many"})
 
 
-@pytest.mark.parametrize("module", ["core", "head", "node", "process"])
+@pytest.mark.parametrize("module", ["client.core", "head", "node", "process"])
 def test_runtime_modules_keep_no_private_copies(module):
     """The constants these modules used to define for themselves now live in config."""
     import importlib

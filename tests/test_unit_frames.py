@@ -1,4 +1,4 @@
-"""runtime/frames.py: frames reach their handler through a table (no processes, no sockets).
+"""runtime/wire/frames.py: frames reach their handler through a table (no processes, no sockets).
 
 The caller's handlers (an actor's connection, a leased worker's, the control link) take the
 kinds a worker or peer sends them and drop the connection on any other kind.
@@ -11,19 +11,21 @@ import itertools
 
 import pytest
 
-from ddlf_actors.runtime import oob, protocol, rpc
-from ddlf_actors.runtime.actor_submitter import ActorClient
+from ddlf_actors.runtime.client import oob
+from ddlf_actors.runtime.client.actor_submitter import ActorClient
+from ddlf_actors.runtime.client.object_store import OK, PENDING, ObjectStore
+from ddlf_actors.runtime.client.task_submitter import Lease, LeaseHandler, Task, TaskPool
 from ddlf_actors.runtime.errors import FrameError
-from ddlf_actors.runtime.frames import FrameHandler, TableFrameHandler
-from ddlf_actors.runtime.object_store import OK, PENDING, ObjectStore
-from ddlf_actors.runtime.serialization import dumps, loads
-from ddlf_actors.runtime.task_submitter import Lease, LeaseHandler, Task, TaskPool
-from ddlf_actors.runtime.taskgroup import TaskGroup
+from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.frames import FrameHandler, TableFrameHandler
+from ddlf_actors.runtime.wire.serialization import dumps, loads
+from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 
 class FakeConn:
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.peer = ("127.0.0.1", 9)
         self.closed = False
         self.aborted = None
@@ -113,7 +115,7 @@ def test_an_actor_connection_that_sends_a_callers_frame_is_dropped(kind):
 def test_the_workers_hello_on_an_actor_connection_says_whether_it_shares_memory():
     client, conn = ActorClient(_Core(), "a1", "Counter"), FakeConn()
     client.frame_received(conn, _frame(protocol.PUSH, 0, *dumps(("hello", {"shm": None}))))
-    assert conn.info["hello_seen"] is True and conn.info["shm_peer"] is False
+    assert conn.info.hello_seen is True and conn.info.shm_peer is False
     assert not conn.closed
 
 

@@ -11,11 +11,13 @@ import itertools
 
 import pytest
 
-from ddlf_actors.runtime import config, process, protocol
+from ddlf_actors.runtime import config, process
 from ddlf_actors.runtime.errors import ActorNameTakenError
 from ddlf_actors.runtime.head import Head
-from ddlf_actors.runtime.serialization import loads
 from ddlf_actors.runtime.states import ActorState
+from ddlf_actors.runtime.wire import protocol
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.serialization import loads
 
 _pids = itertools.count(100)
 
@@ -24,7 +26,7 @@ class FakeConn:
     """A driver's (or worker's) connection: records pushes."""
 
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.closed = False
         self.pushed: list = []
         self.peer = ("127.0.0.1", 1)
@@ -61,7 +63,7 @@ class FakeNode(FakeConn):
         reply = getattr(self, "on_" + method)(*args)
 
         def answer():
-            fut = self.info["rpc_pending"].pop(msg_id, None)
+            fut = self.info.rpc_pending.pop(msg_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(reply)
 

@@ -27,10 +27,10 @@ from ddlf_actors.runtime.head.nodes import NodeTable
 from ddlf_actors.runtime.head.packages import PackageStore
 from ddlf_actors.runtime.head.placement_groups import PlacementGroupManager
 from ddlf_actors.runtime.head.scheduler import Scheduler, WorkKind, actor_load
-from ddlf_actors.runtime.messages import ActorCreation, ActorDeath, ActorStarted, LogBatch
 from ddlf_actors.runtime.placement import PlacementStrategy
 from ddlf_actors.runtime.scheduling import Scheduling, Strategy
 from ddlf_actors.runtime.states import ActorState, GroupState
+from ddlf_actors.runtime.wire.messages import ActorCreation, ActorDeath, ActorStarted, LogBatch
 
 
 def nodes_of(*cpus, dead_after=3) -> NodeTable:

@@ -17,7 +17,8 @@ from ddlf_actors.runtime import config
 from ddlf_actors.runtime.errors import DDLFError
 from ddlf_actors.runtime.node import LogTailer, WorkerPool, WorkerProc
 from ddlf_actors.runtime.states import WorkerState
-from ddlf_actors.runtime.taskgroup import TaskGroup
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 
 class FakeLauncher:
@@ -53,7 +54,7 @@ class FakeLauncher:
 
 class FakeConn:
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.closed = False
 
     def close(self):
@@ -185,7 +186,7 @@ def test_an_exit_is_booked_once_and_handed_to_the_node():
         _announce(pool, w)
         await _settle()
         conn = w.conn
-        conn.info["worker"] = w
+        conn.info.worker = w
         launcher.exit_codes[w.worker_id] = 3
         w.process(w)   # its process ends
         w.process(w)   # its sentinel fired twice: nothing more happens
@@ -196,7 +197,7 @@ def test_an_exit_is_booked_once_and_handed_to_the_node():
     assert seen == [(w.worker_id, WorkerState.IDLE, 3)]
     assert w.state is WorkerState.DEAD and w.exited and w not in pool.idle_fresh
     assert w.worker_id not in pool.workers
-    assert conn.closed and "worker" not in conn.info and w.conn is None   # no cycle left
+    assert conn.closed and conn.info.worker is None and w.conn is None   # no cycle left
     assert launcher.closed == [w.worker_id]
     assert len(launcher.started) == 2   # replaced
 

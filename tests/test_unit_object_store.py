@@ -1,4 +1,4 @@
-"""runtime/object_store.py and runtime/dependencies.py with no processes and no sockets.
+"""runtime/client/object_store.py and runtime/client/dependencies.py with no processes and no sockets.
 
 The store only needs an owner for its refs (whose incref/decref it answers), a way to
 run things on the I/O thread (here: at once) and the CPU-lending hooks (here: none).
@@ -11,12 +11,13 @@ import threading
 
 import pytest
 
-from ddlf_actors.runtime import protocol
-from ddlf_actors.runtime.dependencies import deps_state, resolve_args, ship_deps, split_refs
+from ddlf_actors.runtime.client.dependencies import deps_state, resolve_args, ship_deps, split_refs
+from ddlf_actors.runtime.client.object_store import OK, PENDING, ObjectStore
+from ddlf_actors.runtime.client.refs import ArgRef
 from ddlf_actors.runtime.errors import DDLFError, GetTimeoutError
-from ddlf_actors.runtime.object_store import OK, PENDING, ObjectStore
-from ddlf_actors.runtime.refs import ArgRef
-from ddlf_actors.runtime.serialization import dumps
+from ddlf_actors.runtime.wire import protocol
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.serialization import dumps
 
 
 class _Owner:
@@ -28,7 +29,7 @@ class _Conn:
 
     def __init__(self):
         self.sent = []
-        self.info = {}
+        self.info = ConnInfo()
 
     def send_msg(self, kind, msg_id, segs):
         self.sent.append((kind, [bytes(s) for s in segs]))

@@ -1,4 +1,4 @@
-"""runtime/process.py and runtime/address.py: the plumbing heads, nodes and their parents share."""
+"""runtime/process.py and runtime/wire/address.py: the plumbing heads, nodes and their parents share."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from ddlf_actors.runtime import process
-from ddlf_actors.runtime.address import host_of, split_address
 from ddlf_actors.runtime.errors import DDLFError, VersionMismatchError
+from ddlf_actors.runtime.wire.address import host_of, split_address
 
 
 @pytest.mark.parametrize("address, expected", [

@@ -1,4 +1,4 @@
-"""runtime/rpc.py's handler, driven with a fake connection (no sockets, no processes)."""
+"""runtime/wire/rpc.py's handler, driven with a fake connection (no sockets, no processes)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import asyncio
 
 import pytest
 
-from ddlf_actors.runtime import protocol, rpc
 from ddlf_actors.runtime.errors import ConnectionLostError, FrameError
-from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.wire import protocol, rpc
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 
 
 class FakeConn:
     def __init__(self, loop=None):
         self.loop = loop
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.closed = False
         self.sent: list = []
         self.aborted = None

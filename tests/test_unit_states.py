@@ -8,11 +8,13 @@ from ddlf_actors.runtime import config
 from ddlf_actors.runtime.head import Head
 from ddlf_actors.runtime.head.actors import ActorRecord
 from ddlf_actors.runtime.states import ActorState, WorkerState
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
 
 
 class FakeConn:
     def __init__(self, owner_id="owner-1"):
-        self.info = {"owner_id": owner_id}
+        self.info = ConnInfo()
+        self.info.owner_id = owner_id
         self.closed = False
 
 
@@ -40,9 +42,9 @@ def test_a_reserved_name_is_not_pending(monkeypatch):
 
 
 def test_calls_and_connections_have_named_states():
-    from ddlf_actors.runtime.connection import Connection
     from ddlf_actors.runtime.context import CallContext
     from ddlf_actors.runtime.states import CallState, ConnectionState
+    from ddlf_actors.runtime.wire.connection import Connection
 
     assert CallContext(1, "f", None, None, False).state is CallState.QUEUED
     assert Connection("t", None, server=True).state is ConnectionState.AWAIT_RESPONSE

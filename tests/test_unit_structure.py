@@ -116,9 +116,9 @@ def test_the_core_parts_do_not_import_the_core():
     """core.py wires the object store, dependency resolution and the submitters together;
     none of them imports core.py back (it would be an import cycle)."""
     for name in _CORE_PARTS:
-        mods = _imported_modules(os.path.join(_RUNTIME, f"{name}.py"))
+        mods = _imported_modules(os.path.join(_RUNTIME, "client", f"{name}.py"))
         assert not {m for m in mods if m in (".core", "core") or m.startswith(".core.")
-                    or m.endswith("runtime.core")}, (name, mods)
+                    or m.endswith("client.core")}, (name, mods)
 
 
 def test_no_runtime_module_calls_private_methods_of_a_core():
@@ -126,7 +126,7 @@ def test_no_runtime_module_calls_private_methods_of_a_core():
     object store's public methods, never ``core._something``."""
     offenders = []
     for name in _runtime_modules():
-        if name == "core.py":
+        if name == os.path.join("client", "core.py"):
             continue
         with open(os.path.join(_RUNTIME, name)) as f:
             tree = ast.parse(f.read())
@@ -167,7 +167,7 @@ _STATE_WORDS = {"PENDING", "ALIVE", "RESTARTING", "DEAD", "RESERVED", "CREATED",
 def test_states_are_compared_and_set_as_enums_on_the_head_side():
     """No ``state == "DEAD"`` or ``self.state = "ready"``: a state is an Enum member."""
     files = [os.path.join(_HEAD, n) for n in os.listdir(_HEAD) if n.endswith(".py")]
-    files.append(os.path.join(_RUNTIME, "actor_submitter.py"))
+    files.append(os.path.join(_RUNTIME, "client", "actor_submitter.py"))
     offenders = []
     for path in files:
         with open(path) as f:
@@ -187,7 +187,8 @@ def test_states_are_compared_and_set_as_enums_on_the_head_side():
 
 
 def _runtime_modules() -> list:
-    """Every module of runtime/, its subpackages (worker/, node/) included, by path."""
+    """Every module of runtime/, its subpackages (wire/, client/, head/, node/, worker/)
+    included, by path."""
     return sorted(os.path.relpath(os.path.join(root, f), _RUNTIME)
                   for root, _, names in os.walk(_RUNTIME) for f in names if f.endswith(".py"))
 
@@ -207,15 +208,166 @@ def test_runtime_imports_neither_the_api_nor_the_apps():
     assert "worker/runner.py" in _runtime_modules() and "node/pool.py" in _runtime_modules()
 
 
-def test_the_process_classes_are_small():
-    """The structure issue's bound: no class in the worker or node packages over 400
-    lines, no module over 600."""
+def test_runtime_modules_and_classes_are_small():
+    """The structure issue's bound, for all of runtime/ (wire, client, head, node, worker
+    and the shared modules): no class over 400 lines, no module over 600."""
     for name in _runtime_modules():
-        if not name.startswith(("worker", "node")):
-            continue
         with open(os.path.join(_RUNTIME, name)) as f:
             text = f.read()
         assert len(text.splitlines()) <= 600, name
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
                 assert node.end_lineno - node.lineno < 400, (name, node.name)
+
+
+# -- import cycles --------------------------------------------------------------------------
+_ROOT = os.path.dirname(_PKG)
+_TOPS = {"ddlf_actors": "ddlf_actors", "runtime": "ddlf_actors.runtime",
+         "apps": "ddlf_actors.apps"}
+
+
+def _all_modules() -> dict:
+    """Every module of ddlf_actors/, runtime/ and apps/ by dotted name: (path, is_package)."""
+    out = {}
+    for top, dotted in _TOPS.items():
+        base = os.path.join(_ROOT, top)
+        for root, dirs, names in os.walk(base):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for f in names:
+                if not f.endswith(".py"):
+                    continue
+                parts = os.path.relpath(os.path.join(root, f), base)[:-3].split(os.sep)
+                is_pkg = parts[-1] == "__init__"
+                if is_pkg:
+                    parts = parts[:-1]
+                out[".".join([dotted, *parts])] = (os.path.join(root, f), is_pkg)
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _import_edges(name: str, path: str, is_pkg: bool, modules: dict) -> dict:
+    """The modules of ``modules`` that module ``name`` imports, each with a line number.
+
+    Every import statement counts, function-local ones included, except those under
+    ``if TYPE_CHECKING:`` (never run). Relative imports are resolved against the module's
+    package; ``from pkg import name`` is an edge to ``pkg.name`` when that is a module,
+    else to ``pkg``. A package's own ``__init__`` reached implicitly (importing
+    ``pkg.mod`` runs ``pkg/__init__``) is not an edge: only what the statements name.
+    """
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    skipped: set = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for sub in node.body:
+                skipped.update(id(n) for n in ast.walk(sub))
+    package = name if is_pkg else name.rpartition(".")[0]
+    edges: dict = {}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = alias.name
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target:
+                    edges.setdefault(target, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in modules:
+                    edges.setdefault(full, node.lineno)
+                elif base in modules:
+                    edges.setdefault(base, node.lineno)
+    edges.pop(name, None)
+    return edges
+
+
+def _import_cycles(graph: dict) -> list:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan,
+    iterative)."""
+    index: dict = {}
+    low: dict = {}
+    stack: list = []
+    on_stack: set = set()
+    found: list = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles_in_runtime_api_or_apps():
+    """Issue 17: modules of runtime/, ddlf_actors/ and apps/ import one another without a
+    cycle, counting function-local imports (a cycle hidden in a function is still one)."""
+    modules = _all_modules()
+    graph = {m: _import_edges(m, path, is_pkg, modules) for m, (path, is_pkg) in modules.items()}
+    assert "ddlf_actors.runtime.client.core" in graph and "ddlf_actors.apps.trainer" in graph
+    cycles = _import_cycles(graph)
+    described = [[f"{m} -> {t} (line {line})" for m in c for t, line in graph[m].items()
+                  if t in c] for c in cycles]
+    assert not cycles, described
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The check above can fail: a function-local import back is a cycle."""
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}
+    assert _import_cycles(graph) == [["a", "b", "c"]]
+    assert _import_cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_wire_imports_no_other_role():
+    """wire/ is the bottom of the process roles: no client, head, node or worker import."""
+    modules = _all_modules()
+    offenders = {}
+    for m, (path, is_pkg) in modules.items():
+        if not m.startswith("ddlf_actors.runtime.wire"):
+            continue
+        bad = {t for t in _import_edges(m, path, is_pkg, modules)
+               if t.split(".")[2:3] and t.split(".")[2] in ("client", "head", "node", "worker")}
+        if bad:
+            offenders[m] = bad
+    assert not offenders, offenders

@@ -1,4 +1,4 @@
-"""runtime/taskgroup.py: background tasks have an owner (no processes, one event loop)."""
+"""runtime/wire/taskgroup.py: background tasks have an owner (no processes, one event loop)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import gc
 import logging
 
-from ddlf_actors.runtime.taskgroup import TaskGroup
+from ddlf_actors.runtime.wire.taskgroup import TaskGroup
 
 
 def test_holds_tasks_until_they_end():

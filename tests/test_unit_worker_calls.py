@@ -13,12 +13,15 @@ import threading
 
 import pytest
 
-from ddlf_actors.runtime import context, object_ref, protocol
-from ddlf_actors.runtime.callspec import STREAMING, CallSpec, TaskSpec
+from ddlf_actors.runtime import context
+from ddlf_actors.runtime.client import object_ref
 from ddlf_actors.runtime.errors import TaskCancelledError
-from ddlf_actors.runtime.remote_error import decode_error
-from ddlf_actors.runtime.serialization import dumps, loads
 from ddlf_actors.runtime.states import CallState
+from ddlf_actors.runtime.wire import protocol
+from ddlf_actors.runtime.wire.callspec import STREAMING, CallSpec, TaskSpec
+from ddlf_actors.runtime.wire.conninfo import ConnInfo
+from ddlf_actors.runtime.wire.remote_error import decode_error
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 from ddlf_actors.runtime.worker import Worker
 from ddlf_actors.runtime.worker.call import Call
 from ddlf_actors.runtime.worker.executor import Executor
@@ -27,7 +30,7 @@ from ddlf_actors.runtime.worker.runner import Ending, Runner
 
 class FakeConn:
     def __init__(self):
-        self.info: dict = {}
+        self.info = ConnInfo()
         self.peer = ("127.0.0.1", 1)
         self.closed = False
         self.aborted = None
@@ -149,7 +152,7 @@ def test_a_generator_task_sends_each_value_then_the_end(isolated):
         _ship(send, b"c" * 16, _count)
         _task(send, 9, b"c" * 16, 3, num_returns=STREAMING)
         frames = await replies(4)
-        return frames, conn.info["streams"]
+        return frames, conn.info.streams
 
     frames, streams = _run(scenario)
     items = [(protocol.STREAM_ITEM_HEAD.unpack(segs[0]), loads(segs[1:]))

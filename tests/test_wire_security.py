@@ -16,11 +16,13 @@ import psutil
 import pytest
 
 import ddlf_actors as ddlf
-from ddlf_actors.runtime import auth, config, protocol
-from ddlf_actors.runtime.connection import connect
+from ddlf_actors.runtime import config
+from ddlf_actors.runtime.client import current
 from ddlf_actors.runtime.errors import AuthenticationError
-from ddlf_actors.runtime.framing import FrameDecoder, encode_frame
-from ddlf_actors.runtime.serialization import dumps, loads
+from ddlf_actors.runtime.wire import auth, protocol
+from ddlf_actors.runtime.wire.connection import connect
+from ddlf_actors.runtime.wire.framing import FrameDecoder, encode_frame
+from ddlf_actors.runtime.wire.serialization import dumps, loads
 
 
 @ddlf.remote
@@ -57,7 +59,7 @@ def _split(address: str) -> tuple[str, int]:
 def _actor_address(handle) -> str:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for view in ddlf.api.get_core().head_call("list_actors"):
+        for view in current.get_core().head_call("list_actors"):
             if view["actor_id"] == handle._actor_id and view["address"]:
                 return view["address"]
         time.sleep(0.05)
@@ -375,7 +377,7 @@ def test_valid_frame_with_garbage_content_does_not_break_the_server(cluster):
 def test_oversized_declared_length_is_not_allocated(cluster):
     """A peer declaring a huge frame cannot make the server allocate it."""
     actor, targets = _targets(cluster)
-    head_pid = ddlf.api.get_core().cluster.procs[0].pid
+    head_pid = current.get_core().cluster.procs[0].pid
     pids = {"head": head_pid, "actor": ddlf.get(actor.pid.remote(), timeout=30)}
     for name, (host, port) in targets.items():
         with _raw(host, port) as s:

@@ -20,7 +20,10 @@ import sys
 
 import numpy as np
 
-__all__ = ["Codec", "Encoded", "CodecUnavailableError", "RAW", "raw", "as_arrays", "require",
+from .arrays import as_arrays
+from .feedback import Encoder, ErrorFeedback
+
+__all__ = ["Codec", "Encoded", "CodecUnavailableError", "RAW", "raw", "require",
            "segment", "check_finite", "is_lossy_float"]
 
 # The method name of a tensor sent as it is: one segment, the array itself.
@@ -46,23 +49,6 @@ def require(codec: str, module: str, pip_name: str):
             f"in this process ({sys.executable}: {e}). Install it on every machine that runs "
             f"the driver or a trainer: pip install {pip_name}  (or pip install "
             f"'ddlf-actors[compress]' for lz4 and zstandard), or pick another codec.") from e
-
-
-def as_arrays(arrays) -> list:
-    """``arrays`` as a list of numpy arrays; TypeError for one array or non-numeric data.
-
-    A single ndarray is refused rather than taken as a list of its rows, which would
-    encode fine and decode into the wrong shape.
-    """
-    if isinstance(arrays, (np.ndarray, np.generic, str, bytes, dict)):
-        raise TypeError(f"a codec encodes a list of arrays (one per tensor), got "
-                        f"{type(arrays).__name__}; pass [array] for a single one")
-    out = [np.asarray(a) for a in arrays]
-    for i, a in enumerate(out):
-        if a.dtype.hasobject:
-            raise TypeError(f"tensor {i} has dtype {a.dtype}: a codec encodes numeric "
-                            "arrays only (objects have no fixed bytes to send)")
-    return out
 
 
 class Encoded:
@@ -181,8 +167,6 @@ class Codec:
         what the codec dropped and adds it to the stream's next input; only meaningful
         when the receiver sums what it decodes (deltas, not whole weights).
         """
-        from .feedback import Encoder, ErrorFeedback
-
         ef = self.error_feedback if error_feedback is None else bool(error_feedback)
         if ef and self.lossless:
             raise ValueError(f"codec {self.name!r} is lossless: error feedback does not apply")
@@ -192,7 +176,8 @@ class Codec:
     def encode(self, arrays) -> Encoded:
         """Encode a list of arrays. Raises TypeError for non-numeric input, ValueError for
         values this codec cannot represent (see the codec's docstring)."""
-        header, segments = [], []
+        header: list = []
+        segments: list = []
         for i, a in enumerate(as_arrays(arrays)):
             method, segs, scalar = self.encode_tensor(i, a)
             header.append((a.shape, a.dtype.str, method, len(segs), scalar))
@@ -222,7 +207,8 @@ class Codec:
         tensor went through exactly. What an error-feedback encoder keeps."""
         arrays = as_arrays(arrays)
         payload = self.encode(arrays)
-        errors, pos = [], 0
+        errors: list = []
+        pos = 0
         for a, (_shape, _dtype, method, nseg, scalar) in zip(arrays, payload.header):
             segs = payload.segments[pos:pos + nseg]
             pos += nseg

@@ -12,9 +12,14 @@ SGD's convergence under top-k and other biased compressors.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from .base import Codec, Encoded, as_arrays
+from .arrays import as_arrays
+
+if TYPE_CHECKING:   # base.py makes encoders (Codec.encoder): it imports this module
+    from .base import Codec, Encoded
 
 __all__ = ["Encoder", "ErrorFeedback"]
 

@@ -36,7 +36,7 @@ import re
 import shutil
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -249,7 +249,7 @@ def _write_entry(entry: str, key: str, arrays: dict) -> None:
     tmp = temp_name(entry)
     os.mkdir(tmp)
     try:
-        meta = {"format": _ENTRY_FORMAT, "key": key, "arrays": {}}
+        meta: dict[str, Any] = {"format": _ENTRY_FORMAT, "key": key, "arrays": {}}
         for name, arr in arrays.items():
             arr = np.ascontiguousarray(arr)
             np.save(os.path.join(tmp, name + ".npy"), arr, allow_pickle=False)

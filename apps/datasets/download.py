@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import urllib.request
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .atomic import atomic_write
 from .cifar import extract_cifar10
@@ -66,8 +66,9 @@ def _fetch(name: str, *, force: bool = False):
         # Another process may have fetched it while we waited for the lock.
         if not force and source.probe(dest)[0] is not None:
             return dest, []
-        tried = []
-        fetchers = [_fetch_idx_urls if isinstance(source, IdxSource) else _fetch_cifar_url]
+        tried: list = []
+        fetchers: list[Callable[..., bool]] = [
+            _fetch_idx_urls if isinstance(source, IdxSource) else _fetch_cifar_url]
         if source.name == "fashion-mnist":  # the one dataset Debian packages
             fetchers.append(_fetch_apt)
         for fetcher in fetchers:
@@ -177,7 +178,9 @@ def _apt_fetch_fashion_mnist(dest: str) -> None:
         root = os.path.join(tmp, "x")
         _run(["dpkg-deb", "-x", debs[0], root], cwd=tmp)
         src = os.path.join(root, "usr", "share", "datasets", "fashion-mnist")
-        for fname in BUILTIN["fashion-mnist"].download_names():
+        fashion = BUILTIN["fashion-mnist"]
+        assert isinstance(fashion, IdxSource)
+        for fname in fashion.download_names():
             read_idx(os.path.join(src, fname))  # refuse to cache a broken package
             with open(os.path.join(src, fname), "rb") as fin, \
                     atomic_write(os.path.join(dest, fname)) as fout:

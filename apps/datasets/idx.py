@@ -18,7 +18,7 @@ from .errors import DatasetFormatError
 __all__ = ["read_idx", "write_idx", "find_idx", "idx_names"]
 
 # IDX dtype code -> big-endian numpy dtype (the format's full table).
-_CODE_TO_DTYPE = {
+_CODE_TO_DTYPE: dict[int, np.dtype] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),

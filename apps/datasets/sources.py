@@ -106,7 +106,7 @@ class CifarSource:
         return cifar.read_cifar10(directory)
 
 
-BUILTIN = {
+BUILTIN: dict[str, IdxSource | CifarSource] = {
     "fashion-mnist": IdxSource(
         "fashion-mnist",
         mirrors=("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),

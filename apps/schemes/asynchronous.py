@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..config import TrainConfig
-from ..records import UpdateRecord
+from ..records import HistoryRow, UpdateRecord
 from .averaging import apply_delta
 from .base import Scheme, TooFewTrainersError
 from .pool import Slot
@@ -236,7 +236,7 @@ class AsyncScheme(Scheme):
             self._evaluate(row, self.w)
 
     # -- evaluation --------------------------------------------------------------------------
-    def _evaluate(self, row: dict, weights: list) -> None:
+    def _evaluate(self, row: HistoryRow, weights: list) -> None:
         evaluation = None
         if self.num_test:
             # Evaluated in shards, each queued on a trainer behind its train call.

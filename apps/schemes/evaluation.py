@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..records import HistoryRow
 from ..trainer import combine_shards
 from .wire import Broadcast
 
@@ -21,7 +22,7 @@ class ShardedEvaluation:
     """The evaluation of one history row's weights over the trainers: ``weights_ref`` is a
     ref of them, or a :class:`~.wire.Broadcast` (which sends each trainer what it needs)."""
 
-    def __init__(self, row: dict, weights_ref, num_test: int):
+    def __init__(self, row: HistoryRow, weights_ref, num_test: int):
         self.row = row
         self.weights_ref = weights_ref
         self.num_test = num_test
@@ -80,7 +81,7 @@ class ShardedEvaluation:
     def done(self) -> bool:
         return self.shards > 0 and all(r is not None for r in self.results)
 
-    def finish(self) -> dict:
+    def finish(self) -> HistoryRow:
         """Write test loss and accuracy into the row and return it."""
         self.row["test_loss"], self.row["test_accuracy"] = combine_shards(self.num_test,
                                                                           self.results)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 from ..config import ASYNC_ONLY, TrainConfig
+from ..records import HistoryRow
 from .averaging import apply_delta, weighted_mean
 from .balance import RateBalancer
 from .base import Scheme
@@ -40,7 +41,7 @@ class SyncScheme(Scheme):
                 raise ValueError(f"{option}= applies to train_async only; train_sync "
                                  "waits for every trainer each round")
         super().__init__(model_fn, dataset, config, trainers)
-        self.pending_row = None     # the last row, whose weights the next round evaluates
+        self.pending_row: HistoryRow | None = None   # the last row, whose weights the next round evaluates
         # Slow nodes (stragglers.py, balance.py): late calls, and each slot's samples/s.
         self.late = LateDeltas(config.backup_workers, balanced=config.balance)
         self.balancer = RateBalancer() if config.balance else None

@@ -12,9 +12,10 @@ in DDLF it runs through normal calls (no shared-memory channels).
 
 from .class_node import ClassMethodNode, ClassNode
 from .compiled_dag_node import CompiledDAG, CompiledDAGFuture, CompiledDAGRef
-from .dag_node import DAGNode
+from .dag_node import DAGNode, use_compiler
 from .function_node import FunctionNode
-from .input_node import DAGInputData, InputAttributeNode, InputNode
+from .input_data import DAGInputData
+from .input_node import InputAttributeNode, InputNode
 from .output_node import MultiOutputNode
 
 __all__ = [
@@ -22,3 +23,7 @@ __all__ = [
     "InputAttributeNode", "DAGInputData", "MultiOutputNode", "CompiledDAG",
     "CompiledDAGRef", "CompiledDAGFuture",
 ]
+
+# DAGNode.experimental_compile makes a CompiledDAG; the base class cannot import the
+# module built on it, so the package joins the two here.
+use_compiler(CompiledDAG)

@@ -9,8 +9,9 @@ submits the calls through normal actor calls. Same results, no channel speed-up.
 
 from __future__ import annotations
 
+from ddlf_actors import autoinit
+from ddlf_actors.runtime.client.object_ref import ObjectRef
 from ddlf_actors.runtime.errors import DDLFError
-from ddlf_actors.runtime.object_ref import ObjectRef
 
 from .class_node import ClassMethodNode, ClassNode
 from .dag_node import DAGNode, run_graph, topological_order
@@ -116,9 +117,7 @@ class CompiledDAG:
             return [self._wrap(v) for v in value]
         if type(value) is not ObjectRef:
             # The graph's output is an input value or an actor: hand it back as a ref too.
-            from ddlf_actors.api import put
-
-            value = put(value)
+            value = autoinit.core().put(value)
         return CompiledDAGRef(self, value)
 
     def teardown(self, kill_actors: bool = False) -> None:
@@ -127,8 +126,6 @@ class CompiledDAG:
         if self._torn_down:
             return
         self._torn_down = True
-        from ddlf_actors.api import kill
-
         victims = list(self._owned)
         if kill_actors:
             for node in self._nodes:
@@ -136,7 +133,7 @@ class CompiledDAG:
                 if handle is not None and handle not in victims:
                     victims.append(handle)
         for handle in victims:
-            kill(handle)
+            autoinit.core().kill_actor(handle._actor_id, True)
 
     def __del__(self):
         # No remote calls here: a garbage collection may run on DDLF's I/O thread.

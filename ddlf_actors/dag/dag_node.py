@@ -16,7 +16,19 @@ from __future__ import annotations
 
 import uuid
 
-__all__ = ["DAGNode"]
+from .input_data import DAGInputData
+
+__all__ = ["DAGNode", "use_compiler"]
+
+# What experimental_compile builds: CompiledDAG, set by the package (dag/__init__.py).
+# compiled_dag_node builds on this module, so this one must not import it back.
+_compiler = None
+
+
+def use_compiler(compiler) -> None:
+    """Make ``compiler(root, enable_asyncio=...)`` what ``experimental_compile`` returns."""
+    global _compiler
+    _compiler = compiler
 
 # Transports that change nothing in DDLF: it has no GPU channels, and same-host values
 # already travel through shared memory (runtime/shm_store.py).
@@ -25,6 +37,8 @@ _NO_OP_TRANSPORTS = ("auto", "shm")
 
 class DAGNode:
     """A node of a lazy task graph. Run the graph with :meth:`execute`."""
+
+    _is_input = False   # the graph's InputNode (at most one per graph)
 
     def __init__(self, args, kwargs, options, upstream=()):
         self._bound_args = tuple(args)
@@ -70,12 +84,12 @@ class DAGNode:
         and each ``execute`` runs through normal actor calls. The underscored tuning
         arguments of Ray's compiled graphs are accepted and have no effect.
         """
-        from .compiled_dag_node import CompiledDAG
-
         if _overlap_gpu_communication:
             raise NotImplementedError("experimental_compile(_overlap_gpu_communication=True): "
                                       "DDLF has no GPU communication to overlap")
-        return CompiledDAG(self, enable_asyncio=enable_asyncio)
+        if _compiler is None:   # dag/__init__ sets it: importing this module imports it
+            raise RuntimeError("ddlf_actors.dag was not imported")
+        return _compiler(self, enable_asyncio=enable_asyncio)
 
     def with_tensor_transport(self, transport="auto", device="default",
                               _static_shape: bool = False, _direct_return: bool = False):
@@ -162,8 +176,6 @@ def topological_order(root: DAGNode) -> list:
     Iterative, so a long chain of calls does not hit the recursion limit. Raises
     ``ValueError`` if the graph holds two different ``InputNode``s (Ray allows one).
     """
-    from .input_node import InputNode
-
     order: list = []
     done: set = set()
     on_path: set = set()
@@ -185,7 +197,7 @@ def topological_order(root: DAGNode) -> list:
             on_path.discard(id(node))
             done.add(id(node))
             order.append(node)
-            if isinstance(node, InputNode):
+            if node._is_input:
                 inputs.add(id(node))
     if len(inputs) > 1:
         raise ValueError("each DAG can have only one InputNode; bind every node that "
@@ -199,8 +211,6 @@ def run_graph(order: list, root: DAGNode, args, kwargs, preset: dict | None = No
     ``preset`` holds the outputs of nodes already run (a compiled graph's actors),
     keyed by ``id(node)``; those nodes are left out of ``order``.
     """
-    from .input_node import DAGInputData
-
     dag_input = args[0] if len(args) == 1 and not kwargs else DAGInputData(*args, **kwargs)
     outputs: dict = dict(preset) if preset else {}
     for node in order:

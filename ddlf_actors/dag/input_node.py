@@ -8,12 +8,15 @@ value, ``inp[k]`` indexes it and ``inp.k`` reads its attribute, as in Ray.
 from __future__ import annotations
 
 from .dag_node import DAGNode
+from .input_data import DAGInputData
 
 __all__ = ["InputNode", "InputAttributeNode", "DAGInputData"]
 
 
 class InputNode(DAGNode):
     """The input of a DAG; use it as a context manager: ``with InputNode() as inp:``."""
+
+    _is_input = True
 
     def __init__(self, *args, input_type=None, **kwargs):
         if args or kwargs:
@@ -79,28 +82,3 @@ class InputAttributeNode(DAGNode):
 
     def __repr__(self):
         return f"InputNode()[{self.key!r}]"
-
-
-class DAGInputData:
-    """The input of ``dag.execute(*args, **kwargs)`` other than one positional value:
-    ``data[i]`` is ``args[i]``, ``data["k"]`` is ``kwargs["k"]``."""
-
-    def __init__(self, *args, **kwargs):
-        self._args = list(args)
-        self._kwargs = kwargs
-
-    def __getitem__(self, key):
-        if isinstance(key, int):
-            if not -len(self._args) <= key < len(self._args):
-                raise IndexError(f"the DAG input has {len(self._args)} positional "
-                                 f"argument(s); inp[{key}] needs more in dag.execute(...)")
-            return self._args[key]
-        if isinstance(key, str):
-            if key not in self._kwargs:
-                raise KeyError(f"the DAG input has no keyword argument {key!r}; pass "
-                               f"{key}=... to dag.execute(...)")
-            return self._kwargs[key]
-        raise TypeError(f"index a DAG input with an int or a str, not {type(key).__name__}")
-
-    def __repr__(self):
-        return f"DAGInputData(args={self._args!r}, kwargs={self._kwargs!r})"

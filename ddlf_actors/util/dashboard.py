@@ -42,7 +42,7 @@ def publish_run(run_id: str, *, info: dict | None = None, rows=None, events=None
     ``DDLFError`` when DDLF is not initialized. It is sent without waiting for a reply
     (the order of calls is kept), so publishing never slows the caller down.
     """
-    from ddlf_actors.api import _core
+    from ddlf_actors.autoinit import core as _core
 
     # The head's own check (pure, no I/O), imported here: a driver that never publishes
     # does not load the head's package.
@@ -63,6 +63,6 @@ def publish_run(run_id: str, *, info: dict | None = None, rows=None, events=None
 def url() -> str | None:
     """The URL of the connected head's dashboard, or None if it serves none.
     ``DDLFError`` when DDLF is not initialized."""
-    from ddlf_actors.api import _core
+    from ddlf_actors.autoinit import core as _core
 
     return _core(auto_init=False).head_call("dashboard_url")

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import warnings
 
-from ddlf_actors.runtime import context, placement, rpc
+from ddlf_actors import autoinit
+from ddlf_actors.runtime import context, placement
+from ddlf_actors.runtime.client.core import ref_from_async
 from ddlf_actors.runtime.errors import PlacementGroupRemovedError
 from ddlf_actors.runtime.states import GroupState
+from ddlf_actors.runtime.wire import rpc
 
 __all__ = ["PlacementGroup", "placement_group", "remove_placement_group", "get_placement_group",
            "placement_group_table", "get_current_placement_group"]
@@ -28,9 +31,7 @@ _POLL_S = 30.0   # one long poll of the head while ready() waits
 
 
 def _core():
-    from ddlf_actors.api import _core
-
-    return _core()
+    return autoinit.core()
 
 
 class PlacementGroup:
@@ -62,7 +63,7 @@ class PlacementGroup:
                         f"placement group {group.id} was removed before all its bundles "
                         "were reserved")
 
-        return core.ref_from_async(until_placed)
+        return ref_from_async(core, until_placed)
 
     def wait(self, timeout_seconds: float = 30) -> bool:
         """True once every bundle is reserved; False if that did not happen in time."""

@@ -18,16 +18,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from .. import config, rpc
+from .. import config
 from ..errors import DDLFError, MessageError, PlacementGroupRemovedError, UnschedulableError
-from ..messages import ActorCreation, ActorDeath, ActorLost, ActorStarted, ActorView, WorkerDied
 from ..states import ActorState
-from ..taskgroup import TaskGroup
+from ..wire import rpc
+from ..wire.messages import (
+    ActorCreation,
+    ActorDeath,
+    ActorLost,
+    ActorStarted,
+    ActorView,
+    WorkerDied,
+)
+from ..wire.taskgroup import TaskGroup
 from .actors import ActorDirectory, ActorRecord
 from .nodes import NodeRecord
 from .placer import Placer
 from .scheduler import WorkKind, actor_load
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["ActorLifecycle", "call_quietly"]
 
@@ -36,7 +48,7 @@ log = logging.getLogger("ddlf.head")
 _ALIVE, _DEAD = ActorState.ALIVE, ActorState.DEAD
 
 
-async def call_quietly(conn, method, *args):
+async def call_quietly(conn: Connection, method, *args):
     """``rpc.call`` whose failure is only logged (debug): for requests to nodes whose
     outcome nobody waits for (kill, release)."""
     try:
@@ -56,7 +68,7 @@ class ActorLifecycle:
         self.background = background
 
     # -- creation --------------------------------------------------------------------------
-    def create(self, conn, creations: list, owner: str | None) -> list:
+    def create(self, conn: Connection, creations: list, owner: str | None) -> list:
         """Register each actor of ``creations`` (``ActorCreation`` dicts) and start placing
         them, in one batch. Per creation: None (accepted: its view is pushed to ``conn``,
         ``actor_started``, when its first start ends) or the error that refused it (a
@@ -90,7 +102,7 @@ class ActorLifecycle:
             self.background.spawn(self._first_start(a, conn, got is not None))
         return answers
 
-    async def _first_start(self, a: ActorRecord, conn, placed: bool):
+    async def _first_start(self, a: ActorRecord, conn: Connection, placed: bool):
         try:
             await self.start(a, placed)
         finally:   # its creator waits for this push: it must come, whatever happened

@@ -25,9 +25,9 @@ import asyncio
 import collections
 
 from ..errors import ActorNameTakenError
-from ..messages import ActorCreation, ActorDeath, ActorStarted, ActorView
 from ..scheduling import Scheduling
 from ..states import ActorState
+from ..wire.messages import ActorCreation, ActorDeath, ActorStarted, ActorView
 from .nodes import NodeRecord
 
 __all__ = ["ActorRecord", "NameReservation", "ActorDirectory"]
@@ -53,8 +53,8 @@ class NameReservation:
 
 
 class ActorRecord:
-    def __init__(self, creation: ActorCreation | dict, owner: str | None):
-        creation = ActorCreation.from_wire(creation)
+    def __init__(self, wire: ActorCreation | dict, owner: str | None):
+        creation = ActorCreation.from_wire(wire)
         self.actor_id = creation.actor_id
         self.creation = creation   # kept to start it again on a restart
         self.name = creation.name
@@ -69,9 +69,9 @@ class ActorRecord:
         self.state = ActorState.PENDING
         self.epoch = 0
         self.node: NodeRecord | None = None
-        self.address = None
-        self.pid = None
-        self.worker_id = None
+        self.address: str | None = None
+        self.pid: int | None = None
+        self.worker_id: str | None = None
         self.death: ActorDeath | None = None   # why it is dead, once it is
         self.killed = False
         self.changed = asyncio.Event()

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from ..messages import LogBatch
+from ..wire.messages import LogBatch
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["LogFanout", "WarnLimiter"]
 
@@ -24,10 +28,10 @@ class LogFanout:
     def __init__(self):
         self.drivers: dict[str, object] = {}   # job id -> its driver's connection
 
-    def add_driver(self, job_id: str, conn) -> None:
+    def add_driver(self, job_id: str, conn: Connection) -> None:
         self.drivers[job_id] = conn
 
-    def remove_driver(self, job_id: str, conn) -> None:
+    def remove_driver(self, job_id: str, conn: Connection) -> None:
         """Forget ``job_id``'s driver, if ``conn`` is still the one registered for it."""
         if self.drivers.get(job_id) is conn:
             del self.drivers[job_id]
@@ -35,13 +39,13 @@ class LogFanout:
     def connections(self) -> list:
         return list(self.drivers.values())
 
-    def route(self, batch: LogBatch) -> list[tuple[object, LogBatch]]:
+    def route(self, batch: LogBatch) -> list[tuple[Connection, LogBatch]]:
         """``(driver connection, the part of batch for it)`` for each driver that gets
         lines of ``batch``."""
         by_job: dict = {}
         for rec in batch.records:
             by_job.setdefault(rec[0], []).append(rec)
-        out = []
+        out: list = []
         for job_id, recs in by_job.items():
             if job_id in self.drivers:
                 targets = [self.drivers[job_id]]

@@ -13,6 +13,10 @@ cores (``server.py``).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["NodeRecord", "NodeTable"]
 
@@ -20,7 +24,7 @@ __all__ = ["NodeRecord", "NodeTable"]
 class NodeRecord:
     """One node daemon: its address, its resources (total and free now), its actors."""
 
-    def __init__(self, info: dict, conn):
+    def __init__(self, info: dict, conn: Connection):
         self.node_id = info["node_id"]
         self.address = info["address"]
         self.total = dict(info["resources"])
@@ -52,7 +56,7 @@ class NodeTable:
         self.nodes: dict[str, NodeRecord] = {}
         self._alive: list[NodeRecord] | None = None   # cached: placement asks all the time
 
-    def register(self, info: dict, conn) -> NodeRecord:
+    def register(self, info: dict, conn: Connection) -> NodeRecord:
         """Add the node ``info`` describes (``node_id``, ``address``, ``resources``)."""
         rec = NodeRecord(info, conn)
         self.nodes[rec.node_id] = rec

@@ -16,16 +16,18 @@ import os
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING
 
-from .. import config, placement, process, rpc
-from ..auth import generate_token, write_token_file
-from ..connection import serve
+from .. import config, placement, process
 from ..errors import MessageError
-from ..eventloop import new_event_loop
-from ..messages import Heartbeat, LeaseGrant, LogBatch, WorkerDied
 from ..scheduling import Scheduling
 from ..states import ActorState, GroupState
-from ..taskgroup import TaskGroup
+from ..wire import rpc
+from ..wire.auth import generate_token, write_token_file
+from ..wire.connection import serve
+from ..wire.eventloop import new_event_loop
+from ..wire.messages import Heartbeat, LeaseGrant, LogBatch, WorkerDied
+from ..wire.taskgroup import TaskGroup
 from .actor_lifecycle import ActorLifecycle, call_quietly
 from .actors import ActorDirectory
 from .dashboard.service import DashboardService
@@ -36,6 +38,9 @@ from .packages import PackageStore
 from .placement_groups import Group, PlacementGroupManager, Reservation
 from .placer import Placer
 from .scheduler import Scheduler, WorkKind
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Head", "run_head", "main"]
 
@@ -63,7 +68,7 @@ class Head:
         self.cores: set = set()        # every driver's and worker's connection
         self.background = TaskGroup(loop, "head")
         self.lifecycle = ActorLifecycle(self.actors, self.placer, self.cores, self.background)
-        self.server = None
+        self.server: asyncio.Server | None = None
         self.stopping = False
         self.stopped = loop.create_future()
         self._warn = WarnLimiter(log)
@@ -128,36 +133,36 @@ class Head:
         return f"{self.host}:{self.port}"
 
     # -- registration ------------------------------------------------------------------------
-    def rpc_register_node(self, conn, info: dict):
+    def rpc_register_node(self, conn: Connection, info: dict):
         process.check_versions(info, f"node {info.get('address')}")
         rec = self.nodes.register(info, conn)
-        conn.info["node"] = rec
+        conn.info.node = rec
         log.info("node %s joined at %s with %s", rec.node_id, rec.address, rec.total)
         self._push_all(self.logs.connections(), "nodes_changed", self.nodes.totals())
         self.placer.retry()
         return {"head_address": self.address}
 
-    def rpc_hello_driver(self, conn, info: dict):
+    def rpc_hello_driver(self, conn: Connection, info: dict):
         process.check_versions(info, "this driver")
         # job id: whose logs these are (workers calling actors inherit their driver's);
         # owner id: whose actors die with this connection.
         job_id = info.get("job_id") or uuid.uuid4().hex[:8]
-        conn.info["owner_id"] = uuid.uuid4().hex[:8]
+        conn.info.owner_id = uuid.uuid4().hex[:8]
         self.cores.add(conn)
         if info.get("is_driver", True):
             self.logs.add_driver(job_id, conn)
-            conn.info["job_id"] = job_id
+            conn.info.job_id = job_id
         return {"job_id": job_id, "node_totals": self.nodes.totals()}
 
     # -- pushes ------------------------------------------------------------------------------
-    def on_push(self, conn, event, data):
+    def on_push(self, conn: Connection, event, data):
         fn = self._pushes.get(event) if isinstance(event, str) else None
         if fn is not None:   # an unknown event is ignored, as it always was
             fn(conn, data)
 
-    def _on_heartbeat(self, conn, data):
+    def _on_heartbeat(self, conn: Connection, data):
         beat = Heartbeat.from_wire(data)
-        node = conn.info.get("node")
+        node = conn.info.node
         if node is None or node.node_id != beat.node_id:
             # Only a node speaks for itself: another peer with the token could otherwise
             # keep a hung node looking alive.
@@ -166,9 +171,9 @@ class Head:
             return
         node.heard()
 
-    def _on_worker_died(self, conn, data):
+    def _on_worker_died(self, conn: Connection, data):
         died = WorkerDied.from_wire(data)
-        node = conn.info.get("node")
+        node = conn.info.node
         if node is None:
             # Only a node daemon sees its workers exit. From a driver or a worker (any
             # peer with the token) this push would restart or kill actors it does not own.
@@ -182,9 +187,9 @@ class Head:
             if not lease.lent:
                 self.placer.free(lease.charge, lease.demand)
 
-    def _on_logs(self, conn, data):
+    def _on_logs(self, conn: Connection, data):
         batch = LogBatch.from_wire(data)
-        if conn.info.get("node") is None:
+        if conn.info.node is None:
             # Worker output reaches drivers only through the node that tails it; any
             # other peer could print lines in a driver's terminal under a worker's name.
             self._warn("logs", "ignored a logs push from %s: only a registered node may "
@@ -193,28 +198,28 @@ class Head:
         for driver, part in self.logs.route(batch):
             rpc.push(driver, "logs", part.to_wire())
 
-    def _on_task_blocked(self, conn, data):
+    def _on_task_blocked(self, conn: Connection, data):
         lease = self.leases.lend(_field(data, "worker_id", "task_blocked"))
         if lease is not None:   # its resources go to other work while its task waits
             self.placer.free(lease.charge, lease.demand)
 
-    def _on_task_unblocked(self, conn, data):
+    def _on_task_unblocked(self, conn: Connection, data):
         lease = self.leases.unlend(_field(data, "worker_id", "task_unblocked"))
         if lease is not None:
             self.scheduler.take(lease.charge, lease.demand)
 
-    def _on_release_name(self, conn, data):
-        self.actors.release(_field(data, "actor_id", "release_name"), conn.info.get("owner_id"))
+    def _on_release_name(self, conn: Connection, data):
+        self.actors.release(_field(data, "actor_id", "release_name"), conn.info.owner_id)
 
     # -- connections ending; nodes dying -----------------------------------------------------
-    def on_closed(self, conn, exc):
-        node = conn.info.get("node")
+    def on_closed(self, conn: Connection, exc):
+        node = conn.info.node
         if node is not None:
             self._node_dead(node, "its node daemon disconnected")
-        job_id = conn.info.get("job_id")
+        job_id = conn.info.job_id
         if job_id is not None:
             self.logs.remove_driver(job_id, conn)
-        owner_id = conn.info.get("owner_id")
+        owner_id = conn.info.owner_id
         if owner_id is not None:
             self.cores.discard(conn)
             self._owner_gone(owner_id)
@@ -259,35 +264,35 @@ class Head:
         self.placer.retry()   # lost bundles may fit elsewhere
 
     # -- actors (their lives are in actor_lifecycle.py) -----------------------------------------
-    def rpc_reserve_name(self, conn, name: str, actor_id: str, class_name: str, methods):
+    def rpc_reserve_name(self, conn: Connection, name: str, actor_id: str, class_name: str, methods):
         """Claim ``name`` for an actor whose creation request is about to follow."""
-        self.actors.reserve(name, actor_id, class_name, methods, conn.info.get("owner_id"))
+        self.actors.reserve(name, actor_id, class_name, methods, conn.info.owner_id)
         return True
 
-    def rpc_create_actors(self, conn, creations: list) -> list:
+    def rpc_create_actors(self, conn: Connection, creations: list) -> list:
         """Create actors in one batch; per creation None (its view follows as an
         ``actor_started`` push) or the error that refused it (``ActorLifecycle.create``)."""
-        return self.lifecycle.create(conn, creations, conn.info.get("owner_id"))
+        return self.lifecycle.create(conn, creations, conn.info.owner_id)
 
-    async def rpc_wait_actor(self, conn, actor_id: str, after_epoch: int):
+    async def rpc_wait_actor(self, conn: Connection, actor_id: str, after_epoch: int):
         """The actor's view once its epoch passes ``after_epoch`` or it is dead."""
         return await self.lifecycle.wait(actor_id, after_epoch)
 
-    def rpc_get_actor(self, conn, name: str):
+    def rpc_get_actor(self, conn: Connection, name: str):
         return self.actors.named(name)
 
-    def rpc_kill_actor(self, conn, actor_id: str, no_restart: bool = True):
+    def rpc_kill_actor(self, conn: Connection, actor_id: str, no_restart: bool = True):
         a = self.actors.get(actor_id)
         if a is None or a.state == ActorState.DEAD:
             return False
         self.lifecycle.kill(a, "it was killed with ddlf.kill()", no_restart)
         return True
 
-    def rpc_list_actors(self, conn):
+    def rpc_list_actors(self, conn: Connection):
         return self.actors.views()
 
     # -- task leases -------------------------------------------------------------------------
-    async def rpc_lease_worker(self, conn, demand: dict, wait: bool, sched: dict | None = None,
+    async def rpc_lease_worker(self, conn: Connection, demand: dict, wait: bool, sched: dict | None = None,
                                runtime_env: dict | None = None):
         """Lend a worker for tasks of ``demand`` placed by ``sched`` (a ``Scheduling`` in
         wire form); None if ``wait`` is false and nothing has room now."""
@@ -311,11 +316,11 @@ class Head:
             self.background.spawn(call_quietly(node.conn, "kill_worker", grant.worker_id))
             return await self.rpc_lease_worker(conn, demand, wait, sched, runtime_env)
         lease = self.leases.grant(node, charge, demand, grant.worker_id,
-                                  conn.info.get("owner_id"))
+                                  conn.info.owner_id)
         grant.lease_id = lease.lease_id
         return grant.to_wire()
 
-    def rpc_return_lease(self, conn, lease_id: str):
+    def rpc_return_lease(self, conn: Connection, lease_id: str):
         self._release_lease(lease_id)
         return None
 
@@ -330,7 +335,7 @@ class Head:
             self.placer.free(lease.charge, lease.demand)
 
     # -- placement groups --------------------------------------------------------------------
-    def rpc_create_placement_group(self, conn, spec: dict):
+    def rpc_create_placement_group(self, conn: Connection, spec: dict):
         """Register a group and reserve it if it fits now; ``{"id", "state", "infeasible"}``.
 
         A group that does not fit stays PENDING and is placed when resources free up or a
@@ -339,7 +344,7 @@ class Head:
         """
         g = self.groups.create(placement.check_bundles(spec["bundles"]),
                                placement.check_strategy(spec.get("strategy", "PACK")),
-                               spec.get("name") or "", conn.info.get("owner_id"),
+                               spec.get("name") or "", conn.info.owner_id,
                                bool(spec.get("detached")))
         self.placer.place_groups()
         alive = self.nodes.alive()
@@ -351,7 +356,7 @@ class Head:
                         placement.describe_bundles([n.total for n in alive]))
         return {"id": g.group_id, "state": g.state.value, "infeasible": infeasible}
 
-    def rpc_remove_placement_group(self, conn, group_id: str):
+    def rpc_remove_placement_group(self, conn: Connection, group_id: str):
         g = self.groups.get(group_id)
         if g is None or g.state == GroupState.REMOVED:
             return False
@@ -375,7 +380,7 @@ class Head:
         log.info("placement group %s removed: %s", g.group_id, why)
         self.placer.retry()   # waiters in the group fail; others may use what it held
 
-    async def rpc_wait_placement_group(self, conn, group_id: str, timeout: float):
+    async def rpc_wait_placement_group(self, conn: Connection, group_id: str, timeout: float):
         """The group's table entry once it is CREATED or REMOVED, or after ``timeout`` s."""
         deadline = time.monotonic() + min(float(timeout), config.WAIT_GROUP_MAX_S)
         while True:
@@ -390,34 +395,34 @@ class Head:
             except asyncio.TimeoutError:
                 pass
 
-    def rpc_placement_group_table(self, conn, group_id: str | None = None):
+    def rpc_placement_group_table(self, conn: Connection, group_id: str | None = None):
         if group_id is None:
             return self.groups.table(self.nodes.alive())
         g = self.groups.get(group_id)
         return self.groups.view(g, self.nodes.alive()) if g is not None else None
 
-    def rpc_get_placement_group(self, conn, name: str):
+    def rpc_get_placement_group(self, conn: Connection, name: str):
         g = self.groups.named(name)
         return self.groups.view(g, self.nodes.alive()) if g is not None else None
 
     # -- runtime_env packages: uploaded once by a caller, fetched once by each node -----------
-    def rpc_has_package(self, conn, pkg_id: str) -> bool:
+    def rpc_has_package(self, conn: Connection, pkg_id: str) -> bool:
         return pkg_id in self.packages
 
-    def rpc_put_package(self, conn, pkg_id: str, data: bytes) -> None:
+    def rpc_put_package(self, conn: Connection, pkg_id: str, data: bytes) -> None:
         self.packages.put(pkg_id, data)
 
-    def rpc_get_package(self, conn, pkg_id: str):
+    def rpc_get_package(self, conn: Connection, pkg_id: str):
         return self.packages.get(pkg_id)
 
     # -- cluster information ------------------------------------------------------------------
-    def rpc_nodes(self, conn):
+    def rpc_nodes(self, conn: Connection):
         return self.nodes.public()
 
-    def rpc_cluster_resources(self, conn):
+    def rpc_cluster_resources(self, conn: Connection):
         return self.nodes.cluster_resources()
 
-    def rpc_available_resources(self, conn):
+    def rpc_available_resources(self, conn: Connection):
         return self.nodes.available_resources()
 
     # -- pushing and stopping -----------------------------------------------------------------
@@ -426,7 +431,7 @@ class Head:
         for conn in list(conns):
             rpc.push(conn, event, data)
 
-    async def rpc_shutdown(self, conn):
+    async def rpc_shutdown(self, conn: Connection):
         """Stop every node (and so every worker), then the head itself."""
         self.stopping = True
         for n in self.nodes.alive():
@@ -451,8 +456,8 @@ class _HeadRpcHandler(rpc.RpcHandler):
     A node busy sending logs or replies is not silent, even if its heartbeat is late.
     """
 
-    def frame_received(self, conn, segs):
-        node = conn.info.get("node")
+    def frame_received(self, conn: Connection, segs):
+        node = conn.info.node
         if node is not None:
             node.heard()
         super().frame_received(conn, segs)

@@ -21,21 +21,26 @@ import logging
 import os
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import psutil
 
-from .. import config, process, rpc, runtime_env, shm_store
-from ..address import split_address
-from ..connection import connect, serve
+from .. import config, process, runtime_env, shm_store
 from ..errors import ConnectionLostError, DDLFError
-from ..messages import ActorCreation, ActorStarted, LeaseGrant, LogBatch, WorkerDied
-from ..remote_error import encode_error
 from ..states import WorkerState
-from ..taskgroup import TaskGroup
+from ..wire import rpc
+from ..wire.address import split_address
+from ..wire.connection import connect, serve
+from ..wire.messages import ActorCreation, ActorStarted, LeaseGrant, LogBatch, WorkerDied
+from ..wire.remote_error import encode_error
+from ..wire.taskgroup import TaskGroup
 from .gpus import GpuAllocator, detect_gpus
 from .launcher import ForkserverLauncher
 from .logs import LogTailer
 from .pool import WorkerPool, WorkerProc
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["NodeDaemon"]
 
@@ -70,9 +75,9 @@ class NodeDaemon:
         os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
         self.packages = runtime_env.PackageCache(os.path.join(self.log_dir, "runtime_env"),
                                                  self._fetch_package)
-        self.head_conn = None
-        self.server = None
-        self.address = None
+        self.head_conn: Connection | None = None
+        self.server: asyncio.Server | None = None
+        self.address: str | None = None
         self.stopping = False
         self.stopped = loop.create_future()
         self.background = TaskGroup(loop, "node")
@@ -207,11 +212,11 @@ class NodeDaemon:
         return (host, port, self.token, self.node_id, w.worker_id, self.head_address,
                 self.host, w.log_prefix, env, os.getpid())
 
-    def rpc_worker_ready(self, conn, worker_id, pid, port):
+    def rpc_worker_ready(self, conn: Connection, worker_id, pid, port):
         if worker_id not in self.pool.workers:
             conn.close()   # a worker this node did not start (or one that exited)
             return None
-        conn.info["worker"] = self.pool.ready(worker_id, pid, f"{self.host}:{port}", conn)
+        conn.info.worker = self.pool.ready(worker_id, pid, f"{self.host}:{port}", conn)
         return None
 
     def _worker_exited(self, w: WorkerProc, prev: WorkerState, code) -> None:
@@ -249,8 +254,8 @@ class NodeDaemon:
         return setup
 
     # -- requests from the head --------------------------------------------------------------
-    async def rpc_start_actor(self, conn, creation: dict):
-        creation = ActorCreation.from_wire(creation)
+    async def rpc_start_actor(self, conn: Connection, wire: dict):
+        creation = ActorCreation.from_wire(wire)
         gpus = float(creation.demand.get("GPU", 0))
         share = GpuAllocator.share(gpus)
         gpu_ids = await self.gpus.claim(gpus)
@@ -291,7 +296,7 @@ class NodeDaemon:
             raise DDLFError("the head connection closed while the actor was starting")
         return ActorStarted(True, address=w.address, pid=w.pid, worker_id=w.worker_id).to_wire()
 
-    async def rpc_lease_worker(self, conn, demand: dict | None = None, env: dict | None = None):
+    async def rpc_lease_worker(self, conn: Connection, demand: dict | None = None, env: dict | None = None):
         gpus = float((demand or {}).get("GPU", 0))
         share = GpuAllocator.share(gpus)
         gpu_ids = await self.gpus.claim(gpus)
@@ -318,35 +323,35 @@ class NodeDaemon:
             raise DDLFError("the head connection closed while leasing a worker")
         return LeaseGrant(w.address, w.worker_id, w.pid, self.node_id).to_wire()
 
-    def rpc_release_worker(self, conn, worker_id):
+    def rpc_release_worker(self, conn: Connection, worker_id):
         w = self.pool.workers.get(worker_id)
         if w is not None and w.state is WorkerState.TASK:
             self._give_gpus(w)
             self.pool.park_task_worker(w)
         return None
 
-    def rpc_kill_worker(self, conn, worker_id):
+    def rpc_kill_worker(self, conn: Connection, worker_id):
         # The head ends a leased worker whose placement group went away (head.py).
         w = self.pool.workers.get(worker_id)
         if w is not None:
             self.pool.kill(w)
         return None
 
-    def rpc_kill_actor(self, conn, actor_id):
+    def rpc_kill_actor(self, conn: Connection, actor_id):
         self.pool.kill_actor(actor_id)
         return None
 
-    async def rpc_shutdown(self, conn):
+    async def rpc_shutdown(self, conn: Connection):
         self.loop.call_soon(lambda: self.background.spawn(self.shutdown()))
         return None
 
-    def on_push(self, conn, event, data):
-        w = conn.info.get("worker")
+    def on_push(self, conn: Connection, event, data):
+        w = conn.info.worker
         if event == "exiting_on_purpose" and w is not None:
             w.on_purpose = True
 
-    def on_closed(self, conn, exc):
-        w = conn.info.pop("worker", None)
+    def on_closed(self, conn: Connection, exc):
+        w, conn.info.worker = conn.info.worker, None
         if w is not None and not w.exited and not self.stopping:
             # A worker that closed its control connection is on its way out; make sure.
             self.pool.kill(w)
@@ -359,10 +364,10 @@ class _HeadLink:
     def __init__(self, node: NodeDaemon):
         self.node = node
 
-    def on_push(self, conn, event, data):
+    def on_push(self, conn: Connection, event, data):
         pass
 
-    def on_closed(self, conn, exc):
+    def on_closed(self, conn: Connection, exc):
         node = self.node
         if not node.stopping and conn is node.head_conn:
             log.warning("lost the head connection (%s); killing this node's workers and "

@@ -102,7 +102,7 @@ def _skip_main_module_in_workers() -> None:
         data.pop("init_main_from_path", None)
         return data
 
-    get_preparation_data._ddlf_no_main = True
+    get_preparation_data._ddlf_no_main = True   # type: ignore[attr-defined]  # our marker
     spawn.get_preparation_data = get_preparation_data
 
 
@@ -125,7 +125,7 @@ def _drop_parent_pipe(process) -> None:
         return
     fin.cancel()
     popen.finalizer = multiprocessing.util.Finalize(
-        popen, multiprocessing.util.close_fds, (sentinel,))
+        popen, multiprocessing.util.close_fds, (sentinel,))   # type: ignore[attr-defined]
     try:
         os.close(args[0])
     except OSError:

@@ -8,9 +8,10 @@ import json
 import os
 import sys
 
-from .. import config, process, rpc
+from .. import config, process
 from ..errors import DDLFError
-from ..eventloop import new_event_loop
+from ..wire import rpc
+from ..wire.eventloop import new_event_loop
 from .daemon import NodeDaemon
 
 __all__ = ["run_node", "main"]

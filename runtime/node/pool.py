@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import DDLFError
 from ..states import WorkerState
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["WorkerProc", "WorkerPool"]
 
@@ -28,9 +32,9 @@ class WorkerProc:
     def __init__(self, worker_id: str, log_prefix: str):
         self.worker_id = worker_id
         self.process = None
-        self.pid = None
-        self.address = None
-        self.conn = None              # its control connection, once it is ready
+        self.pid: int | None = None
+        self.address: str | None = None
+        self.conn: Connection | None = None              # its control connection, once it is ready
         self.state = WorkerState.STARTING
         self.actor_id = None
         self.ready: asyncio.Future | None = None   # settles when it announces itself
@@ -90,7 +94,7 @@ class WorkerPool:
                 w.ready.set_exception(e if isinstance(e, DDLFError) else DDLFError(
                     f"could not start a worker process: {e}"))
 
-    def ready(self, worker_id: str, pid: int, address: str, conn) -> WorkerProc | None:
+    def ready(self, worker_id: str, pid: int, address: str, conn: Connection) -> WorkerProc | None:
         """A worker announced itself (``worker_ready``); None if this pool never started it."""
         w = self.workers.get(worker_id)
         if w is None:
@@ -191,7 +195,7 @@ class WorkerPool:
         code = self.launcher.reap(w)
         prev, w.state = w.state, WorkerState.DEAD
         self.workers.pop(w.worker_id, None)
-        for pool in (self.idle_fresh, self.idle_task.get(w.env_key, ())):
+        for pool in (self.idle_fresh, self.idle_task.get(w.env_key, [])):
             if w in pool:
                 pool.remove(w)
         if not w.ready.done():
@@ -207,13 +211,13 @@ class WorkerPool:
         """Free what an exited worker holds: its process handle's pipe and its connection.
 
         Left to the garbage collector, they would linger: the worker and its control
-        connection refer to each other (``w.conn``, ``conn.info["worker"]``), and only a
+        connection refer to each other (``w.conn``, ``conn.info.worker``), and only a
         full collection frees such cycles, which a quiet daemon seldom runs. Each one held
         two pipe descriptors and the connection's 256 KiB receive buffer.
         """
         conn, w.conn = w.conn, None
         if conn is not None:
-            conn.info.pop("worker", None)
+            conn.info.worker = None
             conn.close()
         if close_process:
             self.launcher.close(w)

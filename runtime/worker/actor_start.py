@@ -6,10 +6,10 @@ import asyncio
 import inspect
 
 from .. import context
-from ..dependencies import resolve_args
-from ..messages import ActorCreation, ActorStarted
-from ..remote_error import encode_error
-from ..serialization import loads
+from ..client.dependencies import resolve_args
+from ..wire.messages import ActorCreation, ActorStarted
+from ..wire.remote_error import encode_error
+from ..wire.serialization import loads
 from .env import apply_env, apply_sys_path
 from .executor import Executor
 from .output import log_marker

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import context
-from ..callspec import CallSpec, TaskSpec
 from ..states import CallState
+from ..wire.callspec import CallSpec, TaskSpec
 from .output import log_marker
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
+    from .stream_out import StreamOut
 
 __all__ = ["Call"]
 
@@ -24,8 +30,9 @@ class Call(context.CallContext):
 
     __slots__ = ("msg_id", "spec", "args", "kwargs", "where", "is_task", "streaming",
                  "num_returns", "out")
+    out: StreamOut   # a streaming call's, set by the runner when it starts
 
-    def __init__(self, conn, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs,
+    def __init__(self, conn: Connection, msg_id: int, spec: CallSpec | TaskSpec, fn, args, kwargs,
                  name: str, where: str, is_task: bool, is_async: bool):
         # CallContext's fields, set here rather than through its __init__: this runs for
         # every call (test_unit_worker_calls checks that none is missed).
@@ -62,6 +69,7 @@ class Call(context.CallContext):
         if not self.is_task:
             return
         spec = self.spec
+        assert isinstance(spec, TaskSpec)   # is_task: a task's spec
         context.current.job_id = spec.job_id
         context.current.placement = spec.placement
         log_marker(f"task:{spec.fn_name}:{spec.job_id or ''}")

@@ -1,5 +1,5 @@
 """From a ``CALL`` frame to a :class:`~call.Call`: the body decoded once into its spec
-(runtime/callspec.py), the code to run found, the arguments resolved.
+(runtime/wire/callspec.py), the code to run found, the arguments resolved.
 
 Arguments are resolved here, on the loop, in frame order: a ``FREE`` frame that follows
 a call on its connection must not drop an object the call still needs.
@@ -8,12 +8,15 @@ a call on its connection must not drop an object the call still needs.
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from ..callspec import CallSpec, TaskSpec
-from ..dependencies import resolve_args
-from ..serialization import loads
+from ..client.dependencies import resolve_args
+from ..wire.callspec import CallSpec, TaskSpec
+from ..wire.serialization import loads
 from .call import Call
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["CallDecoder"]
 
@@ -41,7 +44,7 @@ class CallDecoder:
         self.loaded: dict[bytes, object] = {}    # function id -> the function
         self.methods: dict[str, _Method] = {}    # an actor's methods by name
 
-    def actor_call(self, conn, msg_id: int, segs) -> Call | None:
+    def actor_call(self, conn: Connection, msg_id: int, segs) -> Call | None:
         """The actor method call a CALL frame asks for; None if it cannot run (its error
         is sent)."""
         w = self.worker
@@ -67,7 +70,7 @@ class CallDecoder:
         return _Method(fn, full, f"{full} (pid {w.pid})", inspect.iscoroutinefunction(fn),
                        inspect.isasyncgenfunction(fn))
 
-    def task_call(self, conn, msg_id: int, segs) -> Call | None:
+    def task_call(self, conn: Connection, msg_id: int, segs) -> Call | None:
         """The task a CALL frame asks for; None if it cannot run (its error is sent)."""
         w = self.worker
         fn_name = "task"

@@ -1,16 +1,23 @@
-"""What callers send a worker, frame by frame (runtime/protocol.py), through one table.
+"""What callers send a worker, frame by frame (runtime/wire/protocol.py), through one table.
 
 Calls go to the decoder and the runner; objects and task code to their caches; a
 cancel, a generator's credit, a fetch and the shared-memory hello and acks to their
-owners. Any other kind drops the caller's connection (runtime/frames.py).
+owners. Any other kind drops the caller's connection (runtime/wire/frames.py).
 """
 
 from __future__ import annotations
 
-from .. import oob, protocol, shm_store
-from ..frames import TableFrameHandler
-from ..serialization import loads
+from typing import TYPE_CHECKING
+
+from .. import shm_store
+from ..client import oob
+from ..wire import protocol
+from ..wire.frames import TableFrameHandler
+from ..wire.serialization import loads
 from .env import apply_sys_path
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["CallerFrames"]
 
@@ -23,7 +30,7 @@ class CallerFrames(TableFrameHandler):
     def __init__(self, worker):
         self.worker = worker
 
-    def _on_call(self, conn, kind, msg_id, segs):
+    def _on_call(self, conn: Connection, kind, msg_id, segs):
         w = self.worker
         if w.exit_status is not None:
             return  # exiting: the connection closes soon, failing this call
@@ -32,43 +39,44 @@ class CallerFrames(TableFrameHandler):
         if call is not None:
             w.runner.run(call)
 
-    def _on_object(self, conn, kind, msg_id, segs):
+    def _on_object(self, conn: Connection, kind, msg_id, segs):
         obj_id = bytes(segs[1])
         self.worker.objects.add(obj_id, segs[2:])
-        conn.info.setdefault("objects", set()).add(obj_id)
+        _shipped_by(conn).add(obj_id)
 
-    def _on_shm_object(self, conn, kind, msg_id, segs):
+    def _on_shm_object(self, conn: Connection, kind, msg_id, segs):
         obj_id, obj_segs = shm_store.worker_object(conn, segs)
         if obj_segs is not None:
             self.worker.objects.add(obj_id, obj_segs)
-            conn.info.setdefault("objects", set()).add(obj_id)
+            _shipped_by(conn).add(obj_id)
 
-    def _on_free(self, conn, kind, msg_id, segs):
+    def _on_free(self, conn: Connection, kind, msg_id, segs):
         ids = bytes(segs[1])
-        owned = conn.info.get("objects", set())
+        owned = _shipped_by(conn)
         objects = self.worker.objects
         for i in range(0, len(ids), 16):
             obj_id = ids[i : i + 16]
             objects.drop(obj_id)
             owned.discard(obj_id)
 
-    def _on_function(self, conn, kind, msg_id, segs):
+    def _on_function(self, conn: Connection, kind, msg_id, segs):
         self.worker.decoder.functions[bytes(segs[1])] = segs[2:]
 
-    def _on_push(self, conn, kind, msg_id, segs):
+    def _on_push(self, conn: Connection, kind, msg_id, segs):
         event, data = loads(segs[1:])
         if event == "hello":
             apply_sys_path(data.get("sys_path", ()), data.get("cwd"))
-            conn.info["demand"] = data.get("demand")   # a lease's resources, for tasks
-            conn.info["shm_peer"] = shm_store.same_host(data.get("shm"))
+            conn.info.demand = data.get("demand")   # a lease's resources, for tasks
+            conn.info.shm_peer = shm_store.same_host(data.get("shm"))
             shm_store.send_hello(conn)   # the caller waits for ours before its first call
 
-    def _on_shm_ack(self, conn, kind, msg_id, segs):
+    def _on_shm_ack(self, conn: Connection, kind, msg_id, segs):
         shm_store.on_ack(conn, segs)
 
-    def _on_credit(self, conn, kind, msg_id, segs):
+    def _on_credit(self, conn: Connection, kind, msg_id, segs):
         """A STREAM_ITEM from the caller: its backpressure credit for a generator call."""
-        out = conn.info.get("streams", {}).get(msg_id)
+        streams = conn.info.streams
+        out = streams.get(msg_id) if streams is not None else None
         try:
             consumed = protocol.STREAM_CREDIT.unpack(segs[1])[0]
         except Exception:
@@ -77,10 +85,10 @@ class CallerFrames(TableFrameHandler):
         if out is not None:
             out.credit(consumed)
 
-    def _on_fetch(self, conn, kind, msg_id, segs):
+    def _on_fetch(self, conn: Connection, kind, msg_id, segs):
         oob.serve_fetch(conn, msg_id, segs, self.worker.loop)
 
-    def _on_cancel(self, conn, kind, msg_id, segs):
+    def _on_cancel(self, conn: Connection, kind, msg_id, segs):
         flags = bytes(segs[1])[0] if len(segs) > 1 and len(segs[1]) else 0
         self.worker.runner.cancel(conn, msg_id, flags)
 
@@ -90,11 +98,20 @@ class CallerFrames(TableFrameHandler):
               protocol.STREAM_ITEM: _on_credit, protocol.FETCH: _on_fetch,
               protocol.CANCEL: _on_cancel}
 
-    def connection_closed(self, conn, exc):
+    def connection_closed(self, conn: Connection, exc):
         w = self.worker
         w.callers.discard(conn)
-        for out in conn.info.get("streams", {}).values():
+        info = conn.info
+        for out in (info.streams or {}).values():
             out.credit(-1)   # wake paused generators: they see the caller is gone and stop
-        for obj_id in conn.info.get("objects", ()):
+        for obj_id in info.objects or ():
             w.objects.drop(obj_id)
-        conn.info.pop("shm_pins", None)
+        info.shm_pins = None
+
+
+def _shipped_by(conn: Connection) -> set[bytes]:
+    """The ids of the objects the caller on ``conn`` shipped here (dropped when it leaves)."""
+    objects = conn.info.objects
+    if objects is None:
+        objects = conn.info.objects = set()
+    return objects

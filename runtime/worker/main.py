@@ -12,9 +12,10 @@ import time
 
 import psutil
 
-from .. import context, rpc
-from ..connection import connect, serve
-from ..eventloop import new_event_loop
+from .. import context
+from ..wire import rpc
+from ..wire.connection import connect, serve
+from ..wire.eventloop import new_event_loop
 from .output import redirect_output
 from .worker import Worker
 
@@ -95,7 +96,7 @@ def close_inherited_fds() -> list:
         parent = getattr(process, "_parent_process", None)
         if parent is not None and isinstance(getattr(parent, "_sentinel", None), int):
             close(parent._sentinel)
-            process._parent_process = None
+            process._parent_process = None   # type: ignore[attr-defined]  # (private, checked above)
     except Exception:
         pass
     try:

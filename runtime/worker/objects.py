@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .. import core as core_mod
-from ..object_store import OK
-from ..serialization import loads
+from ..client import current
+from ..client.object_store import OK
+from ..wire.serialization import loads
 
 __all__ = ["ObjectCache", "adopt_shipped"]
 
@@ -53,5 +53,5 @@ def adopt_shipped(cache: ObjectCache):
         segs = cache.raw(obj_id)
         if segs is None:
             return None
-        return core_mod.get_core(auto=True).adopt(obj_id, OK, segs)
+        return current.get_core(auto=True).adopt(obj_id, OK, segs)
     return resolve

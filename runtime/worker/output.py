@@ -45,6 +45,6 @@ def redirect_output(log_prefix: str | None) -> None:
         os.close(f)
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)
+            stream.reconfigure(line_buffering=True)   # type: ignore[union-attr]  # a TextIOWrapper, or replaced (caught)
         except Exception:
             pass

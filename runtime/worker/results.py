@@ -1,4 +1,4 @@
-"""A call's return value as the frame that carries it back (``RESULT_*``, runtime/protocol.py).
+"""A call's return value as the frame that carries it back (``RESULT_*``, runtime/wire/protocol.py).
 
 Everything here is pure: a value in, ``(frame kind, segments)`` out. Sync calls encode on
 their execution thread, so a large result is pickled off the event loop.
@@ -11,10 +11,10 @@ import inspect
 import pickle
 import sys
 
-from .. import protocol
+from ..client.object_store import PENDING, bundle_refs, dumps_with_refs
 from ..errors import SerializationError
-from ..object_store import PENDING, bundle_refs, dumps_with_refs
-from ..remote_error import encode_error
+from ..wire import protocol
+from ..wire.remote_error import encode_error
 
 __all__ = ["encode", "encode_result", "encode_yielded", "as_iterator"]
 
@@ -86,7 +86,8 @@ def encode_yielded(gen, nret: int, where: str):
     """A generator called with ``num_returns=k``: its k yielded values are the k returns,
     as in Ray. An exception raised before the k-th value becomes the error of each
     return still missing. Runs on an execution thread; ``SystemExit`` propagates."""
-    parts, error, extra = [], None, 0
+    parts: list = []
+    error, extra = None, 0
     try:
         for item in gen:
             if len(parts) < nret:

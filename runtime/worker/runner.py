@@ -22,17 +22,22 @@ import inspect
 import threading
 from enum import Enum
 from functools import partial
+from typing import TYPE_CHECKING
 
-from .. import context, protocol, shm_store
-from .. import core as core_mod
+from .. import context, shm_store
+from ..client import current
 from ..errors import TaskCancelledError
-from ..remote_error import encode_error
 from ..states import CallState
+from ..wire import protocol
+from ..wire.remote_error import encode_error
 from .call import Call
 from .executor import Executor
 from .interrupt import exit_now, interrupt, settle
 from .results import as_iterator, encode, encode_result, encode_yielded
 from .stream_out import end_stream, open_stream, send_item
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Runner", "Ending"]
 
@@ -147,7 +152,7 @@ class Runner:
                 if call.is_task:
                     context.set_running_task(False)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
-                return encode_yielded(as_iterator(result, where), call.num_returns, where)
+                return encode_yielded(as_iterator(result, where), int(call.num_returns), where)
         except SystemExit as e:
             return self._system_exit(call, e)
         except BaseException as e:
@@ -278,13 +283,13 @@ class Runner:
         elif not conn.closed:
             conn.send_msg(kind, msg_id, segs)
 
-    def fail(self, conn, msg_id: int, exc: BaseException, where: str) -> None:
+    def fail(self, conn: Connection, msg_id: int, exc: BaseException, where: str) -> None:
         """Answer a call that could not start (its frame was malformed, its code missing)."""
         if not conn.closed:
             conn.send_msg(_ERR, msg_id, encode_error(exc, where))
 
     # -- cancel ----------------------------------------------------------------------------
-    def cancel(self, conn, msg_id: int, flags: int) -> None:
+    def cancel(self, conn: Connection, msg_id: int, flags: int) -> None:
         """A CANCEL frame: drop the call if it is queued here; else interrupt it.
 
         A sync task gets a ``KeyboardInterrupt`` in its thread (or, with force, this
@@ -303,7 +308,7 @@ class Runner:
             self._send(call, *self._answer(call, Ending.CANCELLED, None))
             return
         if flags & protocol.CANCEL_RECURSIVE and call.children:
-            core = core_mod.get_core(auto=False)
+            core = current.get_core(auto=False)
             if core is not None:
                 ids = list(call.children)
                 if force:   # this process exits next: send the cancels first

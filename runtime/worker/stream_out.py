@@ -1,9 +1,9 @@
 """Generator calls, worker side: the values a call yields, sent as they come.
 
 Each value goes to the caller in a ``STREAM_ITEM`` frame, the end in a ``STREAM_END``
-frame (runtime/protocol.py). The caller sends back ``STREAM_ITEM`` credits saying how far
+frame (runtime/wire/protocol.py). The caller sends back ``STREAM_ITEM`` credits saying how far
 it has read, which pace a generator called with ``_generator_backpressure_num_objects``.
-A connection's open streams are in ``conn.info["streams"]`` by message id.
+A connection's open streams are in ``conn.info.streams`` by message id.
 """
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from typing import TYPE_CHECKING
 
-from .. import protocol
+from ..wire import protocol
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["StreamOut", "open_stream", "send_item", "end_stream"]
 
@@ -46,7 +50,7 @@ class StreamOut:
     def _ahead(self, sent: int) -> bool:
         return self.limit > 0 and sent - self.consumed >= self.limit
 
-    def wait_credit(self, sent: int, conn) -> bool:
+    def wait_credit(self, sent: int, conn: Connection) -> bool:
         """Block while too far ahead of the caller; False once the caller is gone."""
         if self._ahead(sent):
             with self.cond:
@@ -55,7 +59,7 @@ class StreamOut:
                     self.cond.wait(0.5)
         return not conn.closed
 
-    async def await_credit(self, sent: int, conn) -> bool:
+    async def await_credit(self, sent: int, conn: Connection) -> bool:
         """The same, on the event loop, for an async generator."""
         while self._ahead(sent) and not conn.closed:
             if self.event is None:
@@ -68,21 +72,24 @@ class StreamOut:
         return not conn.closed
 
 
-def open_stream(conn, msg_id: int, limit: int) -> StreamOut:
+def open_stream(conn: Connection, msg_id: int, limit: int) -> StreamOut:
     out = StreamOut(limit)
-    conn.info.setdefault("streams", {})[msg_id] = out
+    if conn.info.streams is None:
+        conn.info.streams = {}
+    conn.info.streams[msg_id] = out
     return out
 
 
-def send_item(conn, msg_id: int, index: int, kind: int, segs) -> None:
+def send_item(conn: Connection, msg_id: int, index: int, kind: int, segs) -> None:
     """On the loop: the ``index``-th value, as a result frame of ``kind``."""
     if not conn.closed:
         conn.send_msg(protocol.STREAM_ITEM, msg_id,
                       [protocol.STREAM_ITEM_HEAD.pack(index, kind), *segs])
 
 
-def end_stream(conn, msg_id: int, count: int) -> None:
+def end_stream(conn: Connection, msg_id: int, count: int) -> None:
     """On the loop: the generator is done after ``count`` values."""
-    conn.info.get("streams", {}).pop(msg_id, None)
+    if conn.info.streams is not None:
+        conn.info.streams.pop(msg_id, None)
     if not conn.closed:
         conn.send_msg(protocol.STREAM_END, msg_id, [protocol.STREAM_COUNT.pack(count)])

@@ -3,23 +3,31 @@ how an actor's process ends when its code calls ``sys.exit`` or ``exit_actor()``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from .. import context, protocol, rpc
+from .. import context
+from ..client import current
+from ..client.core import join_worker_cluster
+from ..client.object_ref import set_default_resolver
 from ..errors import ActorDiedError, ActorExit
-from ..messages import ActorCreation
-from ..object_ref import set_default_resolver
-from ..remote_error import encode_error
-from ..serialization import dumps
-from ..taskgroup import TaskGroup
+from ..wire import protocol, rpc
+from ..wire.messages import ActorCreation
+from ..wire.remote_error import encode_error
+from ..wire.serialization import dumps
+from ..wire.taskgroup import TaskGroup
 from .actor_start import start_actor
 from .decode import CallDecoder
 from .env import apply_env
 from .frames import CallerFrames
 from .objects import ObjectCache, adopt_shipped
 from .runner import Runner
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Worker"]
 
@@ -43,32 +51,34 @@ class Worker:
         self.instance = None
         self.exit_status: int | None = None
         self.callers: set = set()     # open caller connections, flushed before an exit
-        self.node_conn = None
-        self.server = None
+        self.node_conn: Connection | None = None
+        self.server: asyncio.Server | None = None
         self.decoder = CallDecoder(self)
         self.runner = Runner(self)
         self.frames = CallerFrames(self)
         context.current = context.WorkerContext(head_address, token, node_id, worker_id)
+        # Code this worker runs may call other actors: it gets a core on first use.
+        current.set_joiner(join_worker_cluster)
 
     # -- control plane (from the node daemon) ------------------------------------------------
     def rpc_handlers(self) -> dict:
         """What this worker's node daemon may ask of it."""
         return {"setup_env": self.rpc_setup_env, "start_actor": self.rpc_start_actor}
 
-    def rpc_setup_env(self, conn, setup: dict):
+    def rpc_setup_env(self, conn: Connection, setup: dict):
         """A task worker's runtime env, set once, before its first task arrives."""
         apply_env(setup)
         return None
 
-    async def rpc_start_actor(self, conn, creation: dict):
+    async def rpc_start_actor(self, conn: Connection, creation: dict):
         """Become the actor ``creation`` (an :class:`ActorCreation`) describes; return an
         :class:`ActorStarted` (with its init error if that failed)."""
         return await start_actor(self, ActorCreation.from_wire(creation))
 
-    def on_push(self, conn, event, data):
+    def on_push(self, conn: Connection, event, data):
         pass
 
-    def on_closed(self, conn, exc):
+    def on_closed(self, conn: Connection, exc):
         # The node daemon is gone (or shut us down): never outlive it.
         os._exit(0)
 
@@ -95,7 +105,7 @@ class Worker:
         self.exit_status = status
         return encode_error(err, where)
 
-    def exit_reply(self, conn, msg_id, segs) -> None:
+    def exit_reply(self, conn: Connection, msg_id, segs) -> None:
         """On the loop: warn every caller, answer the exiting call, then exit.
 
         The "exiting" push goes out before the reply, so a caller has stopped sending on

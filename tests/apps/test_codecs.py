@@ -379,7 +379,7 @@ def test_payload_bytes_are_its_segments_and_the_header_is_small(spec):
 
 @pytest.mark.parametrize("spec", ["none", "fp16", "int8", "zstd"])
 def test_ddlf_serialization_ships_large_segments_out_of_band(spec):
-    from ddlf_actors.runtime import serialization
+    from ddlf_actors.runtime.wire import serialization
 
     rng = np.random.default_rng(8)
     delta = [rng.standard_normal((7744, 64)).astype(np.float32) * 1e-3,

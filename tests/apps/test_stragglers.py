@@ -23,13 +23,13 @@ from helpers_modules.numpy_trainer import (
 )
 from helpers_modules.util import wait_for
 
-import ddlf_actors as ddlf
 from ddlf_actors.apps import checkpoint, train_async, train_sync
 from ddlf_actors.apps.callbacks import Callback
 from ddlf_actors.apps.config import TrainConfig
 from ddlf_actors.apps.schemes.balance import RateBalancer
 from ddlf_actors.apps.schemes.plan import Plan
 from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
+from ddlf_actors.runtime.client.current import get_core
 from ddlf_actors.runtime.head import runs
 
 MODEL = softmax_model_fn(64, 4)
@@ -47,7 +47,7 @@ class _OpenGate(Callback):
 
     @staticmethod
     def _dead():
-        actors = ddlf.api.get_core().head_call("list_actors")
+        actors = get_core().head_call("list_actors")
         return sum(1 for a in actors if a.get("class_name") == "GatedTrainer"
                    and a.get("state") == "DEAD")
 

@@ -9,6 +9,7 @@ from helpers_modules.util import wait_for
 import ddlf_actors as ddlf
 from ddlf_actors.apps import TrainConfig, train_sync
 from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
+from ddlf_actors.runtime.client import current
 from ddlf_actors.util import placement_group_table
 
 MODEL = softmax_model_fn(64, 4)
@@ -57,7 +58,7 @@ def test_a_run_that_cannot_be_placed_in_time_fails_naming_the_demand(train_clust
                        progress=False, placement_timeout_s=0.5)
         # Nothing was started half-way, and the group is gone.
         assert not _groups("PENDING") and not _groups("CREATED")
-        assert not [a for a in ddlf.api.get_core().head_call("list_actors")
+        assert not [a for a in current.get_core().head_call("list_actors")
                     if a["class_name"] == "NumpyTrainer" and a["state"] != "DEAD"]
     finally:
         ddlf.kill(hog)

@@ -32,6 +32,7 @@ from ddlf_actors.apps import (
     train_sync,
 )
 from ddlf_actors.apps.callbacks import Callback
+from ddlf_actors.runtime.client import current
 
 MODEL = softmax_model_fn(64, 4)
 
@@ -113,7 +114,7 @@ class _WaitForDeadActors(Callback):
         self.n = self._dead() + n   # earlier tests' actors of that class are dead too
 
     def _dead(self):
-        actors = ddlf.api.get_core().head_call("list_actors")
+        actors = current.get_core().head_call("list_actors")
         return sum(1 for a in actors if a.get("class_name") == self.cls_name
                    and a.get("state") == "DEAD")
 

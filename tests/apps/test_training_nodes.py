@@ -16,9 +16,9 @@ from helpers_modules.clusters import no_leaked_processes
 from helpers_modules.numpy_trainer import SigkillOnce, hard_blobs_dataset, softmax_model_fn
 from helpers_modules.util import wait_for
 
-import ddlf_actors as ddlf
 from ddlf_actors.apps import TooFewTrainersError, train_async, train_sync
 from ddlf_actors.apps.callbacks import Callback
+from ddlf_actors.runtime.client import current
 
 MODEL = softmax_model_fn(64, 4)
 SLOW = {"runtime_env": {"env_vars": {"DDLF_TEST_FIT_SLEEP": "0.25"}}}
@@ -54,7 +54,7 @@ def add_node_and_wait_for_trainers(cluster: MultiNodeCluster, live: int) -> None
     cluster.add_node(1)
 
     def alive():
-        actors = ddlf.api.get_core().head_call("list_actors")
+        actors = current.get_core().head_call("list_actors")
         return sum(1 for a in actors if a.get("class_name") == "SigkillOnce"
                    and a.get("state") == "ALIVE") >= live
     assert wait_for(alive, timeout=60)

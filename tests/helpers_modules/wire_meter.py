@@ -1,7 +1,7 @@
 """Counts the bytes that this process's DDLF connections write and read.
 
 Everything a driver exchanges with the head, nodes and workers goes through
-``runtime.connection.Connection``: frames are queued and written in ``Connection.flush``,
+``runtime.wire.connection.Connection``: frames are queued and written in ``Connection.flush``,
 and every read after the handshake is reported to the connection's ``FrameDecoder``
 (``buffer_updated``). Wrapping those two counts what crossed this process's sockets, frame
 headers and control messages included, but not the authentication handshake (nor a frame
@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from ddlf_actors.runtime import connection, framing
+from ddlf_actors.runtime.wire import connection, framing
 
 __all__ = ["WireMeter", "metering"]
 

@@ -17,9 +17,9 @@ import ddlf_actors as _ddlf
 from ddlf_actors import runtime_context as _runtime_context
 from ddlf_actors.api import ClusterInfo as _ClusterInfo
 from ddlf_actors.ids import ActorID, JobID, NodeID, PlacementGroupID, TaskID, WorkerID
-from ddlf_actors.runtime.address import host_of as _host_of
-from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
-from ddlf_actors.runtime.object_ref import ObjectRef
+from ddlf_actors.runtime.client.generators import DynamicObjectRefGenerator, ObjectRefGenerator
+from ddlf_actors.runtime.client.object_ref import ObjectRef
+from ddlf_actors.runtime.wire.address import host_of as _host_of
 
 from . import exceptions
 from ._finder import ENV_VAR as _ENV_VAR

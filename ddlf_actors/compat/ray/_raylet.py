@@ -9,8 +9,8 @@ from ddlf_actors.ids import (
     TaskID,
     WorkerID,
 )
-from ddlf_actors.runtime.generators import DynamicObjectRefGenerator, ObjectRefGenerator
-from ddlf_actors.runtime.object_ref import ObjectRef
+from ddlf_actors.runtime.client.generators import DynamicObjectRefGenerator, ObjectRefGenerator
+from ddlf_actors.runtime.client.object_ref import ObjectRef
 
 from ._missing import missing
 

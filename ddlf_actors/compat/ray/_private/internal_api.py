@@ -7,8 +7,9 @@ gather other processes' objects.
 
 from __future__ import annotations
 
-from ddlf_actors.runtime import object_ref
-from ddlf_actors.runtime.core import LOCAL_ERR, OK, PENDING, get_core
+from ddlf_actors.runtime.client import object_ref
+from ddlf_actors.runtime.client.current import get_core
+from ddlf_actors.runtime.client.object_store import LOCAL_ERR, OK, PENDING
 
 from .._missing import missing
 

@@ -29,9 +29,9 @@ __all__ = ["ActorPool", "queue", "scheduling_strategies", "list_named_actors", "
 
 def list_named_actors(all_namespaces: bool = False) -> list:
     """Names of the live named actors (dicts with ``name``/``namespace`` if ``all_namespaces``)."""
-    from ddlf_actors.api import _core
+    from ddlf_actors import autoinit
 
-    names = sorted({a["name"] for a in _core().head_call("list_actors")
+    names = sorted({a["name"] for a in autoinit.core().head_call("list_actors")
                     if a.get("name") and a.get("state") != ActorState.DEAD})
     if all_namespaces:
         return [{"name": n, "namespace": ""} for n in names]

@@ -15,7 +15,7 @@ import traceback
 
 import cloudpickle
 
-from .errors import TaskError
+from ..errors import TaskError
 from .serialization import dumps, loads
 
 __all__ = ["encode_error", "decode_error"]

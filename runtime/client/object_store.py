@@ -22,12 +22,13 @@ import pickle
 import threading
 import time
 
-from . import context, protocol, shm_store
-from .errors import DDLFError, GetTimeoutError, TaskCancelledError
+from .. import context, shm_store
+from ..errors import DDLFError, GetTimeoutError, TaskCancelledError
+from ..wire import protocol
+from ..wire.remote_error import decode_error, encode_error
+from ..wire.serialization import dumps, loads, snapshot
 from .generators import ObjectRefGenerator
 from .object_ref import ForeignObjectRef, ObjectRef, collect_refs, resolving_refs
-from .remote_error import decode_error, encode_error
-from .serialization import dumps, loads, snapshot
 
 __all__ = ["ObjectStore", "Entry", "PENDING", "OK", "ERR", "LOCAL_ERR", "dumps_with_refs",
            "bundle_refs", "unbundle_refs"]
@@ -62,7 +63,7 @@ def dumps_with_refs(value) -> tuple[list, list]:
     segs, found = collect_refs(dumps, value)
     if not found:
         return segs, found
-    distinct = {}
+    distinct: dict = {}
     for r in found:
         if type(r) is ObjectRef:
             distinct.setdefault(r.id, r)
@@ -302,6 +303,11 @@ class ObjectStore:
         return e is not None and e.state != PENDING and e.state != OK
 
     # -- get / wait / await (user threads) ----------------------------------------------------
+    def pending_among(self, ids: list) -> list:
+        """Those of ``ids`` this store holds and that are still pending, in order."""
+        objects = self.objects
+        return [i for i in ids if (e := objects.get(i)) is not None and e.state == PENDING]
+
     def get(self, refs, timeout: float | None = None):
         entries = [self.entry(r) for r in refs]
         if any(e.state == PENDING for e in entries):
@@ -326,7 +332,8 @@ class ObjectStore:
 
         if not enough():
             self.wait_for(enough, timeout)
-        ready_refs, not_ready = [], []
+        ready_refs: list = []
+        not_ready: list = []
         for r, e in zip(refs, entries):
             (ready_refs if ready(e) and len(ready_refs) < num_returns else not_ready).append(r)
         return ready_refs, not_ready
@@ -377,7 +384,7 @@ class ObjectStore:
             fut = loop.create_future()
 
             def wake():
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+                loop.call_soon_threadsafe(_settle, fut)
 
             if self.on_done(e, wake):
                 await fut
@@ -386,7 +393,7 @@ class ObjectStore:
     def concurrent_future(self, ref):
         import concurrent.futures
 
-        f = concurrent.futures.Future()
+        f: concurrent.futures.Future = concurrent.futures.Future()
         e = self.entry(ref)
 
         def settle():
@@ -446,3 +453,8 @@ def unbundle_refs(store, segs):
         contained.append(store.adopt(bytes(obj_id), state, segs[pos:pos + n]))
         pos += n
     return contained, segs[pos:]
+
+
+def _settle(fut) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -11,12 +11,17 @@ the items came from.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from . import protocol, shm_store
+from .. import shm_store
+from ..wire import protocol
+from ..wire.serialization import dumps
 from .generators import DYNAMIC, STREAMING, DynamicObjectRefGenerator, ObjectRefGenerator, Stream
 from .object_ref import ObjectRef
 from .object_store import OK, ObjectStore, dumps_with_refs
-from .serialization import dumps
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Streams"]
 
@@ -54,7 +59,7 @@ class Streams:
         return ObjectRefGenerator(ref, stream, self) if nret == STREAMING else ref
 
     # -- frames (I/O thread) --------------------------------------------------------------------
-    def frame(self, conn, kind: int, msg_id: int, obj_id: bytes, segs) -> None:
+    def frame(self, conn: Connection, kind: int, msg_id: int, obj_id: bytes, segs) -> None:
         """A STREAM_ITEM or STREAM_END frame of the generator call ``obj_id`` (I/O thread)."""
         stream = self.streams.get(obj_id)
         if kind == protocol.STREAM_END:

@@ -8,13 +8,17 @@ and while unpickling turns each id back into a ref through :func:`resolving_refs
 A ref pickled anywhere else (``pickle.dumps(ref)``, ``cloudpickle.dump(ref, f)``) is
 *out of band*: as in Ray, its object is then pinned in the owning process until
 :func:`free` (or the owner's exit), and the pickle names the owner, so the ref stays
-fetchable from any process of the cluster while its owner lives. See ``runtime/oob.py``.
+fetchable from any process of the cluster while its owner lives. See ``runtime/client/oob.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+
+from .. import context
+from ..errors import DDLFError
+from . import current
 
 __all__ = ["ObjectRef", "ForeignObjectRef", "collect_refs", "resolving_refs",
            "set_default_resolver", "free", "pinned"]
@@ -103,8 +107,6 @@ class ForeignObjectRef(ObjectRef):
         pass
 
     def _error(self):
-        from .errors import DDLFError
-
         return DDLFError(f"ObjectRef {self.id.hex()} cannot be fetched in this process: "
                          f"{self.why}.")
 
@@ -134,19 +136,32 @@ def pinned(obj_id: bytes):
     return _pinned.get(obj_id)
 
 
-def _owner_address():
-    from .oob import owner_address
+def _owner_address() -> str | None:
+    """Where this process serves the objects it pins: a worker's server, the driver's fetch
+    server (started on first use), or None (no cluster)."""
+    ctx = context.current
+    if ctx is not None:
+        return getattr(ctx, "address", None)
+    core = current.get_core(auto=False)
+    return core.pinned_objects_address() if core is not None else None
 
-    return owner_address()
 
-
-def _out_of_band_ref(obj_id: bytes, owner):
+def _out_of_band_ref(obj_id: bytes, owner: str | None) -> ObjectRef:
+    """Unpickling a ref pickled out of band: a ref of this process's core, fetched from its
+    owner (see oob.py), or a ``ForeignObjectRef`` saying why it cannot be fetched."""
     ref = _resolve_local(obj_id)
     if ref is not None:
         return ref
-    from .oob import fetch
-
-    return fetch(obj_id, owner)
+    if owner is None:
+        return ForeignObjectRef(obj_id, (
+            "it was pickled out of band (pickle.dumps, cloudpickle.dump) by a process that "
+            "was not connected to a DDLF cluster, so no owner serves its object"))
+    core = current.get_core()   # in a worker, joins its cluster; in a driver, needs init()
+    if core is None:
+        return ForeignObjectRef(obj_id, (
+            f"it was pickled out of band by the worker at {owner}, and this process is not "
+            "connected to a DDLF cluster: call ddlf.init(address=...) before unpickling it"))
+    return core.fetch_pinned(obj_id, owner)
 
 
 def _shipped(obj_id: bytes):
@@ -160,9 +175,7 @@ def _resolve_local(obj_id: bytes):
     ref = _shipped(obj_id)
     if ref is not None:
         return ref
-    from .core import get_core
-
-    core = get_core(auto=False)
+    core = current.get_core(auto=False)
     if core is not None and obj_id in core.objects:
         return ObjectRef(obj_id, core)
     return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .serialization import PLAIN_TYPES
+from ..wire.serialization import PLAIN_TYPES
 
 __all__ = ["ArgRef"]
 

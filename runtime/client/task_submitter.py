@@ -16,23 +16,28 @@ from __future__ import annotations
 
 import collections
 import time
+from typing import TYPE_CHECKING
 
-from . import config, protocol, rpc, shm_store
-from .address import split_address
-from .connection import connect
-from .dependencies import deps_state, ship_deps
-from .errors import (
+from .. import config, shm_store
+from ..errors import (
     DDLFError,
     PlacementGroupRemovedError,
     TaskCancelledError,
     UnschedulableError,
     WorkerCrashedError,
 )
-from .frames import TableFrameHandler
-from .messages import LeaseGrant, MessageError
-from .remote_error import decode_error
-from .scheduling import Scheduling
-from .serialization import dumps, loads
+from ..scheduling import Scheduling
+from ..wire import protocol, rpc
+from ..wire.address import split_address
+from ..wire.connection import connect
+from ..wire.frames import TableFrameHandler
+from ..wire.messages import LeaseGrant, MessageError
+from ..wire.remote_error import decode_error
+from ..wire.serialization import dumps, loads
+from .dependencies import deps_state, ship_deps
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["Task", "Lease", "TaskPool", "LeaseHandler"]
 
@@ -57,14 +62,14 @@ class Lease:
     __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer",
                  "force_cancel")
 
-    def __init__(self, lease_id, worker_id, node_id, conn):
+    def __init__(self, lease_id, worker_id, node_id, conn: Connection):
         self.lease_id = lease_id
         self.worker_id = worker_id
         self.node_id = node_id
         self.conn = conn
         self.inflight: dict[int, Task] = {}
         self.idle_timer = None
-        self.force_cancel = None   # the task cancelled with force=True: its worker may exit
+        self.force_cancel: Task | None = None   # the task cancelled with force=True: its worker may exit
 
 
 class TaskPool:
@@ -162,9 +167,9 @@ class TaskPool:
         if lease.idle_timer is not None:
             lease.idle_timer.cancel()
             lease.idle_timer = None
-        sent = conn.info.get("funcs")
+        sent = conn.info.funcs
         if sent is None:
-            sent = conn.info["funcs"] = set()
+            sent = conn.info.funcs = set()
         if task.fn_id not in sent:
             conn.send_msg(protocol.FUNC, 0, [task.fn_id, *task.fn_segments])
             sent.add(task.fn_id)
@@ -308,7 +313,7 @@ class LeaseHandler(TableFrameHandler):
         self.pool = pool
         self.lease = lease
 
-    def _on_stream(self, conn, kind, msg_id, segs):
+    def _on_stream(self, conn: Connection, kind, msg_id, segs):
         inflight = self.lease.inflight
         task = (inflight.get if kind == protocol.STREAM_ITEM else inflight.pop)(msg_id, None)
         if task is not None:
@@ -316,7 +321,7 @@ class LeaseHandler(TableFrameHandler):
             if kind == protocol.STREAM_END:
                 self.pool.task_done(self.lease)
 
-    def _on_result(self, conn, kind, msg_id, segs):
+    def _on_result(self, conn: Connection, kind, msg_id, segs):
         task = self.lease.inflight.pop(msg_id, None)
         if task is None:
             return
@@ -332,14 +337,14 @@ class LeaseHandler(TableFrameHandler):
         self.pool.store.complete_result(task.obj_id, kind, segs)
         self.pool.task_done(self.lease)
 
-    def _on_shm_result(self, conn, kind, msg_id, segs):
+    def _on_shm_result(self, conn: Connection, kind, msg_id, segs):
         kind, segs = shm_store.client_result(conn, segs)
         self._on_result(conn, kind, msg_id, segs)
 
-    def _on_shm_ack(self, conn, kind, msg_id, segs):
+    def _on_shm_ack(self, conn: Connection, kind, msg_id, segs):
         shm_store.on_ack(conn, segs)
 
-    def _on_push(self, conn, kind, msg_id, segs):
+    def _on_push(self, conn: Connection, kind, msg_id, segs):
         event, data = loads(segs[1:])
         if event == "hello":
             shm_store.client_hello(conn, data)
@@ -350,7 +355,7 @@ class LeaseHandler(TableFrameHandler):
               protocol.RESULT_SHM: _on_shm_result, protocol.SHM_ACK: _on_shm_ack,
               protocol.PUSH: _on_push}
 
-    def connection_closed(self, conn, exc):
+    def connection_closed(self, conn: Connection, exc):
         self.pool.lost(self.lease)
 
 

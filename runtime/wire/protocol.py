@@ -40,7 +40,7 @@ STREAM_END = 17   # worker -> caller: the generator finished. seg1 = STREAM_COUN
 STREAM_ITEM_HEAD = struct.Struct("!QB")
 STREAM_CREDIT = struct.Struct("!q")
 STREAM_COUNT = struct.Struct("!Q")
-# A ref pickled out of band, fetched from the worker that pinned it (runtime/oob.py).
+# A ref pickled out of band, fetched from the worker that pinned it (runtime/client/oob.py).
 FETCH = 24        # seg1 = object id
 FETCH_REPLY = 25  # seg1 = outcome byte (oob.VALUE/REFS/ERROR/MISSING), then the object's segments
 CANCEL = 18      # cancel the CALL with this message id: seg1 = one byte of CANCEL_* flags

@@ -21,11 +21,14 @@ import logging
 import socket
 import ssl
 import time
+from typing import Any
 
-from . import auth, config, protocol, tls
-from .errors import AuthenticationError, ConnectionLostError, FrameError
+from .. import config
+from ..errors import AuthenticationError, ConnectionLostError, FrameError
+from ..states import ConnectionState
+from . import auth, protocol, tls
+from .conninfo import ConnInfo
 from .framing import FrameDecoder, encode_frame
-from .states import ConnectionState
 
 __all__ = ["Connection", "connect", "serve", "RejectionLog"]
 
@@ -127,7 +130,7 @@ class Connection(asyncio.BufferedProtocol):
         self.on_open = on_open
         self.decoder = FrameDecoder(max_frame_bytes)
         self.transport: asyncio.Transport | None = None
-        self.loop = None
+        self.loop: asyncio.AbstractEventLoop = None   # set in connection_made
         self.peer = None
         self.state = _AUTH_SERVER_RESPONSE if server else _AUTH_CLIENT_CHALLENGE
         self._auth_buf = bytearray()
@@ -139,7 +142,7 @@ class Connection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self.closed = False
         self.close_exc: BaseException | None = None
-        self.info: dict = {}  # free-form per-connection state owned by the handler
+        self.info = ConnInfo()   # what the handlers keep about this connection
         self._auth_timer: asyncio.TimerHandle | None = None
         # A server's factory runs when the socket is accepted, before any TLS handshake:
         # the handshake deadline counts from here, so TLS and token together get one
@@ -359,7 +362,7 @@ async def connect(host: str, port: int, token, handler, *, timeout: float = 10.0
     """
     loop = asyncio.get_running_loop()
     ctx = tls.client_context() if tls_context is _FROM_ENV else tls_context
-    extra = {} if ctx is None else {"ssl": ctx, "ssl_handshake_timeout": timeout}
+    extra: dict[str, Any] = {} if ctx is None else {"ssl": ctx, "ssl_handshake_timeout": timeout}
     try:
         _, conn = await asyncio.wait_for(
             loop.create_connection(
@@ -374,7 +377,7 @@ async def connect(host: str, port: int, token, handler, *, timeout: float = 10.0
 
 
 async def serve(host: str, port: int, token, handler, *, on_open=None,
-                max_frame_bytes: int | None = None, tls_context=_FROM_ENV) -> asyncio.AbstractServer:
+                max_frame_bytes: int | None = None, tls_context=_FROM_ENV) -> asyncio.Server:
     """Listen on ``host:port`` (port 0 picks a free one); each peer must authenticate.
 
     With TLS (``tls_context``, by default from ``DDLF_TLS_*``) a peer must first complete a
@@ -382,8 +385,8 @@ async def serve(host: str, port: int, token, handler, *, on_open=None,
     """
     loop = asyncio.get_running_loop()
     ctx = tls.server_context() if tls_context is _FROM_ENV else tls_context
-    extra = {} if ctx is None else {"ssl": ctx,
-                                    "ssl_handshake_timeout": config.HANDSHAKE_TIMEOUT_S}
+    extra: dict[str, Any] = {} if ctx is None else {
+        "ssl": ctx, "ssl_handshake_timeout": config.HANDSHAKE_TIMEOUT_S}
     return await loop.create_server(
         lambda: Connection(token, handler, server=True, max_frame_bytes=max_frame_bytes,
                            on_open=on_open),

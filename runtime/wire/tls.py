@@ -27,7 +27,7 @@ import os
 import ssl
 from dataclasses import dataclass
 
-from .errors import TLSConfigError
+from ..errors import TLSConfigError
 
 __all__ = ["ENV_CERT", "ENV_KEY", "ENV_CA", "TLSFiles", "files_from_env", "files_from_args",
            "check", "server_context", "client_context", "to_env", "describe_ssl_error"]
@@ -128,7 +128,7 @@ def _load_pair(ctx: ssl.SSLContext, files: TLSFiles) -> None:
     try:
         ctx.load_cert_chain(files.cert, files.key, password=_no_passphrase)
     except ssl.SSLError as e:
-        if "KEY_VALUES_MISMATCH" in str(e) or "key values mismatch" in str(e):
+        if getattr(e, "reason", None) == "KEY_VALUES_MISMATCH":   # OpenSSL's code, not its text
             raise TLSConfigError(
                 f"the TLS private key {files.key} (from {kname}) does not belong to the "
                 f"certificate {files.cert} (from {cname}): give the key that was generated "

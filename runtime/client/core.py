@@ -32,39 +32,37 @@ import itertools
 import logging
 import os
 import sys
-import threading
+from typing import TYPE_CHECKING, Any
 
-from . import context, oob, placement, process, rpc, runtime_env, shm_store
+from .. import context, placement, process, runtime_env, shm_store
+from ..errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
+from ..scheduling import Scheduling
+from ..wire import rpc
+from ..wire.address import split_address
+from ..wire.callspec import CallSpec, TaskSpec
+from ..wire.connection import connect
+from ..wire.eventloop import LoopThread
+from ..wire.messages import ActorCreation, ActorLost, LogBatch
+from ..wire.serialization import dumps
+from ..wire.taskgroup import TaskGroup
+from . import oob
 from .actor_submitter import ActorCall, ActorClient, ActorCreations
-from .address import split_address
-from .callspec import CallSpec, TaskSpec
-from .connection import connect
 from .dependencies import split_refs, with_nested
-from .errors import ActorDiedError, DDLFError, HeadUnreachableError, UnschedulableError
-from .eventloop import LoopThread
 from .generators import DYNAMIC, STREAMING
-from .messages import ActorCreation, ActorLost, LogBatch
 from .object_ref import ObjectRef
 from .object_store import (
-    ERR,
-    LOCAL_ERR,
     OK,
     PENDING,
     ObjectStore,
-    bundle_refs,
     dumps_with_refs,
-    unbundle_refs,
 )
-from .scheduling import Scheduling
-from .serialization import dumps
 from .streams import Streams
 from .task_submitter import Task, TaskPool
-from .taskgroup import TaskGroup
 
-# The object store's names are re-exported: callers imported them from here before the
-# store had a module of its own.
-__all__ = ["Core", "get_core", "set_core", "ActorSpec", "dumps_with_refs", "bundle_refs",
-           "unbundle_refs", "check_backpressure", "PENDING", "OK", "ERR", "LOCAL_ERR"]
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
+
+__all__ = ["Core", "ActorSpec", "check_backpressure", "join_worker_cluster", "ref_from_async"]
 
 log = logging.getLogger("ddlf.core")
 
@@ -142,12 +140,12 @@ class Core:
         self.actors: dict[str, ActorClient] = {}
         self.creations = ActorCreations(self)   # actors on their way to the head
         self.pools: dict[tuple, TaskPool] = {}
-        self.head = None
+        self.head: Connection | None = None
         self.job_id = job_id
         self.node_totals: list[dict] = []
         self.closed = False
         self.closing = False
-        self.hello = {"sys_path": list(sys.path), "cwd": os.getcwd()}
+        self.hello: dict[str, Any] = {"sys_path": list(sys.path), "cwd": os.getcwd()}
         self.runtime_env: dict | None = None   # the job's, set by init (wire form)
         self.hello["shm"] = shm_store.local_info()   # same host: objects go through shared memory
 
@@ -173,7 +171,7 @@ class Core:
         self._check_open()
         return self.io.run(rpc.call(self.head, method, *args), timeout)
 
-    def on_push(self, conn, event, data):
+    def on_push(self, conn: Connection, event, data):
         # A malformed push raises MessageError, which the RPC handler logs and drops.
         if event == "logs":
             if self.is_driver:
@@ -193,7 +191,7 @@ class Core:
                     if lease.node_id == data["node_id"] and lease.conn is not None:
                         lease.conn.abort()
 
-    def on_closed(self, conn, exc):
+    def on_closed(self, conn: Connection, exc):
         # Only a head link that was up: one refused during connect() is reported as the
         # error connect() raises, not also as a lost connection.
         if conn is self.head and not (self.closed or self.closing):
@@ -465,26 +463,16 @@ class Core:
             pool = self.pools[key] = TaskPool(self, demand, sched, env)
         pool.add(task)
 
-    # -- refs settled by the I/O loop ------------------------------------------------------
-    def ref_from_async(self, make_coro) -> ObjectRef:
-        """A ref settled by the coroutine ``make_coro()`` run on the I/O loop: its return
-        value, or the exception it raises (e.g. a placement group's ``ready()``)."""
-        self._check_open()
-        ref = self.new_ref()
-        obj_id = ref.id
+    # -- refs pickled out of band (see oob.py) --------------------------------------------
+    def pinned_objects_address(self) -> str | None:
+        """Where this driver serves the objects it pinned by pickling refs out of band (its
+        fetch server, started on first use), or None if it cannot serve them."""
+        return oob.owner_address(self)
 
-        async def run():
-            try:
-                value = await make_coro()
-            except BaseException as e:
-                self.store.fail(obj_id, e)
-                return
-            try:
-                self.store.complete(obj_id, OK, dumps(value))
-            except BaseException as e:
-                self.store.fail(obj_id, e)
-
-        self.submit_io(lambda: self.background.spawn(run()))
+    def fetch_pinned(self, obj_id: bytes, owner: str) -> ObjectRef:
+        """A pending ref for ``obj_id``, completed from the process at ``owner``."""
+        ref = self.adopt(obj_id, PENDING, None)
+        self.submit_io(oob.start_fetch, self, obj_id, owner)
         return ref
 
     # -- shutdown --------------------------------------------------------------------------
@@ -565,26 +553,36 @@ def _fits(demand: dict, total: dict) -> bool:
     return all(total.get(k, 0.0) + 1e-9 >= v for k, v in demand.items())
 
 
-# -- the process-wide core -----------------------------------------------------------------
-_core: Core | None = None
-_core_lock = threading.Lock()
+def ref_from_async(core: Core, make_coro) -> ObjectRef:
+    """A ref of ``core`` settled by the coroutine ``make_coro()`` run on its I/O loop: its
+    return value, or the exception it raises (e.g. a placement group's ``ready()``)."""
+    core._check_open()
+    ref = core.new_ref()
+    obj_id = ref.id
+
+    async def run():
+        try:
+            value = await make_coro()
+        except BaseException as e:
+            core.store.fail(obj_id, e)
+            return
+        try:
+            core.store.complete(obj_id, OK, dumps(value))
+        except BaseException as e:
+            core.store.fail(obj_id, e)
+
+    core.submit_io(lambda: core.background.spawn(run()))
+    return ref
 
 
-def set_core(core: Core | None) -> None:
-    global _core
-    _core = core
-
-
-def get_core(auto: bool = True) -> Core | None:
-    """The current core; inside a worker, connect one on first use (as Ray workers are)."""
-    if _core is not None or not auto:
-        return _core
+# -- joining a worker's cluster --------------------------------------------------------------
+def join_worker_cluster() -> Core | None:
+    """A connected core for code running in this worker (what ``current.get_core`` calls on
+    first use inside a worker); None when no worker context is set (it is read now, not
+    when the worker installed this, so clearing ``context.current`` turns joining off)."""
     ctx = context.current
     if ctx is None:
         return None
-    with _core_lock:
-        if _core is None:
-            core = Core(ctx.head_address, ctx.token, is_driver=False, job_id=ctx.job_id)
-            core.connect()
-            set_core(core)
-    return _core
+    core = Core(ctx.head_address, ctx.token, is_driver=False, job_id=ctx.job_id)
+    core.connect()
+    return core

@@ -22,7 +22,7 @@ import hmac
 import os
 import secrets
 
-from .errors import AuthenticationError
+from ..errors import AuthenticationError
 
 __all__ = [
     "CHALLENGE_SIZE",

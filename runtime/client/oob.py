@@ -21,12 +21,20 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
-from . import protocol
-from .errors import DDLFError
-from .frames import TableFrameHandler
+from ..errors import DDLFError
+from ..wire import protocol
+from ..wire.connection import connect
+from ..wire.frames import TableFrameHandler
+from ..wire.remote_error import encode_error
+from .object_ref import pinned
+from .object_store import ERR, OK, bundle_refs, unbundle_refs
 
-__all__ = ["ObjectFetchError", "fetch", "serve_fetch", "owner_address",
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
+
+__all__ = ["ObjectFetchError", "start_fetch", "serve_fetch", "owner_address",
            "close_driver_server"]
 
 log = logging.getLogger("ddlf.oob")
@@ -39,17 +47,11 @@ class ObjectFetchError(DDLFError):
     """The owner of an out-of-band ref could not give its object (gone, or freed it)."""
 
 
-def owner_address():
-    """Where this process serves its pinned objects: a worker's server, or the driver's
-    fetch server (started here on first use); None if it cannot serve."""
-    from . import context
-    from .core import get_core
-
-    ctx = context.current
-    if ctx is not None:
-        return getattr(ctx, "address", None)
-    core = get_core(auto=False)
-    if core is None or core.head is None or core.closed:
+def owner_address(core) -> str | None:
+    """Where the driver whose core is ``core`` serves its pinned objects: its fetch server
+    (started here on first use); None if it cannot serve. (A worker serves them on its own
+    server, whose address its context holds.)"""
+    if core.head is None or core.closed:
         return None
     server = _driver_servers.get(id(core))
     if server is None:
@@ -68,7 +70,7 @@ _lock = threading.Lock()
 
 
 async def _serve_driver(core):
-    from .connection import serve
+    from ..wire.connection import serve
 
     # The interface this driver reaches the head from is the one the cluster can reach.
     host = core.head.transport.get_extra_info("sockname")[0]
@@ -87,42 +89,21 @@ class _DriverServer(TableFrameHandler):
     def __init__(self, core):
         self.core = core
 
-    def _on_fetch(self, conn, kind, msg_id, segs):
+    def _on_fetch(self, conn: Connection, kind, msg_id, segs):
         serve_fetch(conn, msg_id, segs, self.core.loop)
 
     FRAMES = {protocol.FETCH: _on_fetch}
 
-    def connection_closed(self, conn, exc):
+    def connection_closed(self, conn: Connection, exc):
         pass
 
 
-def fetch(obj_id: bytes, owner: str | None):
-    """A ref for ``obj_id`` of this process's core, completed from ``owner``; a
-    ``ForeignObjectRef`` saying why when it cannot be fetched."""
-    from .core import PENDING, get_core
-    from .object_ref import ForeignObjectRef
-
-    if owner is None:
-        return ForeignObjectRef(obj_id, (
-            "it was pickled out of band (pickle.dumps, cloudpickle.dump) by a process that "
-            "was not connected to a DDLF cluster, so no owner serves its object"))
-    core = get_core()   # in a worker, joins its cluster; in a driver, needs init()
-    if core is None:
-        return ForeignObjectRef(obj_id, (
-            f"it was pickled out of band by the worker at {owner}, and this process is not "
-            "connected to a DDLF cluster: call ddlf.init(address=...) before unpickling it"))
-    ref = core.adopt(obj_id, PENDING, None)
-    core.submit_io(_start, core, obj_id, owner)
-    return ref
-
-
-def _start(core, obj_id: bytes, owner: str) -> None:
+def start_fetch(core, obj_id: bytes, owner: str) -> None:
+    """Ask ``owner`` for ``obj_id`` (on the core's I/O loop); its answer settles the ref."""
     core.background.spawn(_fetch(core, obj_id, owner))
 
 
 async def _fetch(core, obj_id: bytes, owner: str) -> None:
-    from .connection import connect
-
     handler = _Requester(core, obj_id, owner)
     host, _, port = owner.rpartition(":")
     try:
@@ -146,10 +127,7 @@ class _Requester(TableFrameHandler):
         self.core.store.fail(self.obj_id, ObjectFetchError(
             f"ObjectRef {self.obj_id.hex()} (pickled out of band) could not be fetched: {why}"))
 
-    def _on_reply(self, conn, kind, msg_id, segs):
-        from .core import ERR as ENTRY_ERR
-        from .core import OK as ENTRY_OK
-
+    def _on_reply(self, conn: Connection, kind, msg_id, segs):
         if self.done or len(segs) < 2 or len(segs[1]) != 1:
             conn.abort()
             return
@@ -157,20 +135,18 @@ class _Requester(TableFrameHandler):
         body = segs[2:]
         if outcome == VALUE:
             self.done = True
-            self.core.store.complete(self.obj_id, ENTRY_OK, body)
+            self.core.store.complete(self.obj_id, OK, body)
         elif outcome == REFS:
-            from .core import unbundle_refs
-
             try:
                 contained, rest = unbundle_refs(self.core, body)
             except Exception as e:
                 self.fail(f"its owner sent a malformed object ({e!r})")
             else:
                 self.done = True
-                self.core.store.complete(self.obj_id, ENTRY_OK, rest, contained=contained)
+                self.core.store.complete(self.obj_id, OK, rest, contained=contained)
         elif outcome == ERROR:
             self.done = True
-            self.core.store.complete(self.obj_id, ENTRY_ERR, body)
+            self.core.store.complete(self.obj_id, ERR, body)
         else:
             self.fail(f"its owner, the worker at {self.owner}, no longer pins it (it was "
                       "freed with free(), or pickled in another process)")
@@ -178,16 +154,14 @@ class _Requester(TableFrameHandler):
 
     FRAMES = {protocol.FETCH_REPLY: _on_reply}
 
-    def connection_closed(self, conn, exc):
+    def connection_closed(self, conn: Connection, exc):
         if not self.done:
             self.fail(f"the connection to its owner, the worker at {self.owner}, closed "
                       f"before the object arrived ({exc or 'the owner exited'})")
 
 
-def serve_fetch(conn, msg_id: int, segs, loop) -> None:
+def serve_fetch(conn: Connection, msg_id: int, segs, loop) -> None:
     """Answer a FETCH frame on a worker's server (on its event loop ``loop``)."""
-    from .object_ref import pinned
-
     if len(segs) != 2:
         conn.abort()
         return
@@ -204,8 +178,6 @@ def serve_fetch(conn, msg_id: int, segs, loop) -> None:
             body = _outcome(core, entry)
         except Exception as e:   # never leave the requester waiting
             log.exception("could not encode a fetched object")
-            from .remote_error import encode_error
-
             body = [bytes([ERROR]), *encode_error(DDLFError(f"encoding failed: {e!r}"), "fetch")]
         loop.call_soon_threadsafe(_send, conn, msg_id, body)
 
@@ -213,21 +185,16 @@ def serve_fetch(conn, msg_id: int, segs, loop) -> None:
         reply()
 
 
-def _send(conn, msg_id, body) -> None:
+def _send(conn: Connection, msg_id, body) -> None:
     if not conn.closed:
         conn.send_msg(protocol.FETCH_REPLY, msg_id, body)
 
 
 def _outcome(core, entry) -> list:
-    from .core import ERR as ENTRY_ERR
-    from .core import OK as ENTRY_OK
-    from .core import bundle_refs
-    from .remote_error import encode_error
-
-    if entry.state == ENTRY_OK:
+    if entry.state == OK:
         if entry.contained:
             return [bytes([REFS]), *bundle_refs(entry.contained, entry.segments)]
         return [bytes([VALUE]), *entry.segments]
-    if entry.state == ENTRY_ERR:
+    if entry.state == ERR:
         return [bytes([ERROR]), *entry.segments]
     return [bytes([ERROR]), *encode_error(entry.value, "an object pickled out of band")]

@@ -23,8 +23,8 @@ import struct
 
 import numpy as np
 
-from . import config
-from .errors import FrameError
+from .. import config
+from ..errors import FrameError
 
 __all__ = ["encode_frame", "FrameDecoder", "PREFIX_SIZE", "MAGIC"]
 
@@ -177,7 +177,7 @@ class FrameDecoder:
                     # Receive the rest of this segment straight into its final buffer.
                     # np.empty, unlike bytearray(size), does not zero-fill: that would be
                     # a whole extra pass over a 100 MB buffer that recv overwrites anyway.
-                    big = memoryview(np.empty(size, dtype=np.uint8))
+                    big = np.empty(size, dtype=np.uint8).data   # a memoryview of it
                     big[:avail] = buf[off:end]
                     off = end
                     self._big = big

@@ -8,15 +8,18 @@ function named in the table, and a kind the role does not expect ends the connec
 (a peer that sends one is broken or hostile, and the stream cannot be trusted further).
 
 The functions take ``(handler, conn, kind, msg_id, segs)``: ``segs[0]`` is the header
-(runtime/protocol.py), ``segs[1:]`` the frame's body.
+(runtime/wire/protocol.py), ``segs[1:]`` the frame's body.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
+from ..errors import FrameError
 from . import protocol
-from .errors import FrameError
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 __all__ = ["FrameHandler", "FrameFn", "TableFrameHandler"]
 
@@ -47,7 +50,7 @@ class TableFrameHandler:
     __slots__ = ()
     FRAMES: ClassVar[Mapping[int, FrameFn]] = {}
 
-    def frame_received(self, conn, segs) -> None:
+    def frame_received(self, conn: Connection, segs) -> None:
         kind, msg_id = _parse(segs[0])
         fn = self.FRAMES.get(kind)
         if fn is None:
@@ -55,6 +58,6 @@ class TableFrameHandler:
             return
         fn(self, conn, kind, msg_id, segs)
 
-    def unexpected_frame(self, conn, kind: int) -> None:
+    def unexpected_frame(self, conn: Connection, kind: int) -> None:
         """A kind this role never receives: drop the peer quietly (no traceback per frame)."""
         conn.abort(FrameError(f"unexpected frame kind {kind} for {type(self).__name__}"))

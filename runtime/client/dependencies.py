@@ -10,10 +10,16 @@ none failed), then ``ship_deps`` sends each value once per connection. The calle
 
 from __future__ import annotations
 
-from . import protocol, shm_store
+from typing import TYPE_CHECKING
+
+from .. import shm_store
+from ..wire import protocol
 from .object_ref import ObjectRef
 from .object_store import OK, PENDING, Entry, ObjectStore
 from .refs import ArgRef
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["split_refs", "with_nested", "deps_state", "ship_deps", "deps_objects",
            "await_deps", "resolve_args"]
@@ -56,7 +62,7 @@ def deps_state(store: ObjectStore, refs) -> tuple[Entry | None, Entry | None]:
     return None, None
 
 
-def ship_deps(store: ObjectStore, conn, refs) -> None:
+def ship_deps(store: ObjectStore, conn: Connection, refs) -> None:
     """Send each dependency's value on ``conn`` unless it was sent there already; the
     objects a value contains go first, so the callee has them when it unpickles it."""
     for ref in refs:

@@ -7,7 +7,7 @@
   :class:`DynamicObjectRefGenerator` (a list of refs, one per yielded value).
 
 The worker sends one ``STREAM_ITEM`` frame per value and a ``STREAM_END`` frame at the
-end (runtime/protocol.py). The core's I/O thread turns each item into a ref and appends
+end (runtime/wire/protocol.py). The core's I/O thread turns each item into a ref and appends
 it to the call's :class:`Stream`; user threads read the stream. The call's own ref
 (``gen.completed()``) settles when the stream ends: with None, or with the error that
 ended it early (the worker died, a dependency failed).
@@ -16,6 +16,11 @@ ended it early (the worker died, a dependency failed).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
+    from .object_ref import ObjectRef
 
 __all__ = ["ObjectRefGenerator", "DynamicObjectRefGenerator", "Stream", "STREAMING", "DYNAMIC"]
 
@@ -27,7 +32,7 @@ class Stream:
     """One generator call's items as the caller receives them.
 
     Written by the core's I/O thread (``items``, ``ended``), read by user threads;
-    ``Streams.cb_lock`` (runtime/streams.py) orders an arrival against a waiter registering (``wakers``).
+    ``Streams.cb_lock`` (runtime/client/streams.py) orders an arrival against a waiter registering (``wakers``).
     """
 
     __slots__ = ("parent_id", "mode", "items", "ended", "limit", "consumed", "conn",
@@ -40,11 +45,11 @@ class Stream:
         self.ended = False           # the call's ref has settled: no more items
         self.limit = limit           # backpressure: unconsumed items allowed (-1: off)
         self.consumed = 0
-        self.conn = None             # where the items come from (credits go back there)
+        self.conn: Connection | None = None   # where the items come from (credits go back there)
         self.msg_id = 0
         self.wakers: list = []       # callables run (on the I/O thread) at the next change
         self.released = False        # backpressure lifted: the caller dropped the stream
-        self.call_ref = None         # the call's ObjectRef, held until the call ends
+        self.call_ref: ObjectRef | None = None   # the call's ObjectRef, held until the call ends
 
 
 class ObjectRefGenerator:
@@ -62,7 +67,7 @@ class ObjectRefGenerator:
     def __init__(self, generator_ref, stream: Stream, streams):
         self._generator_ref = generator_ref
         self._stream = stream
-        self._streams = streams   # runtime/streams.py's Streams of the owning core
+        self._streams = streams   # runtime/client/streams.py's Streams of the owning core
         self._next = 0
         self._error_given = False
 

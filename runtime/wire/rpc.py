@@ -16,13 +16,17 @@ import inspect
 import itertools
 import logging
 import traceback
+from typing import TYPE_CHECKING
 
+from ..errors import ConnectionLostError, DDLFError, FrameError
 from . import protocol
-from .errors import ConnectionLostError, DDLFError, FrameError
 from .frames import TableFrameHandler
 from .messages import MessageError
 from .serialization import dumps, loads
 from .taskgroup import TaskGroup
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 __all__ = ["RpcHandler", "call", "push", "RemoteRpcError"]
 
@@ -34,14 +38,14 @@ class RemoteRpcError(DDLFError):
     """A control-plane request failed on the peer; carries the peer's traceback text."""
 
 
-def _pending(conn) -> dict:
-    p = conn.info.get("rpc_pending")
+def _pending(conn: Connection) -> dict:
+    p = conn.info.rpc_pending
     if p is None:
-        p = conn.info["rpc_pending"] = {}
+        p = conn.info.rpc_pending = {}
     return p
 
 
-async def call(conn, method: str, *args, timeout: float | None = None):
+async def call(conn: Connection, method: str, *args, timeout: float | None = None):
     """Send ``method(*args)`` to the peer and return its reply (re-raising its error)."""
     msg_id = next(_ids)
     fut = conn.loop.create_future()
@@ -59,7 +63,7 @@ async def call(conn, method: str, *args, timeout: float | None = None):
         _pending(conn).pop(msg_id, None)
 
 
-def push(conn, event: str, data) -> None:
+def push(conn: Connection, event: str, data) -> None:
     """Send a one-way event (no reply). Silently dropped if the connection is closed."""
     if not conn.closed:
         conn.send_msg(protocol.PUSH, 0, dumps((event, data)))
@@ -75,8 +79,8 @@ class RpcHandler(TableFrameHandler):
         self.handlers = dict(handlers or {})
         self._requests: TaskGroup | None = None   # async requests being answered
 
-    # -- frames (dispatched through FRAMES, runtime/frames.py) ---------------------------------
-    def _on_request(self, conn, kind, msg_id, segs):
+    # -- frames (dispatched through FRAMES, runtime/wire/frames.py) ---------------------------------
+    def _on_request(self, conn: Connection, kind, msg_id, segs):
         method, args = loads(segs[1:])
         fn = self.handlers.get(method) if isinstance(method, str) else None
         if fn is None:
@@ -96,7 +100,7 @@ class RpcHandler(TableFrameHandler):
         else:
             self._reply_ok(conn, msg_id, result)
 
-    def _on_reply(self, conn, kind, msg_id, segs):
+    def _on_reply(self, conn: Connection, kind, msg_id, segs):
         fut = _pending(conn).pop(msg_id, None)
         if fut is None or fut.done():
             return
@@ -110,7 +114,7 @@ class RpcHandler(TableFrameHandler):
         else:
             fut.set_exception(value)
 
-    def _on_push(self, conn, kind, msg_id, segs):
+    def _on_push(self, conn: Connection, kind, msg_id, segs):
         try:
             event, data = loads(segs[1:])
         except Exception as e:
@@ -130,12 +134,12 @@ class RpcHandler(TableFrameHandler):
     FRAMES = {protocol.REQUEST: _on_request, protocol.REPLY_OK: _on_reply,
               protocol.REPLY_ERR: _on_reply, protocol.PUSH: _on_push}
 
-    def unexpected_frame(self, conn, kind: int) -> None:
+    def unexpected_frame(self, conn: Connection, kind: int) -> None:
         # A data-plane frame on a control port: a confused or hostile peer. Drop the
         # connection quietly instead of logging a traceback per frame.
         conn.abort(FrameError(f"unexpected frame kind {kind} on a control connection"))
 
-    def _reply_task(self, conn, msg_id, task):
+    def _reply_task(self, conn: Connection, msg_id, task):
         if task.cancelled():
             self._reply_err(conn, msg_id, DDLFError("request cancelled"))
         elif task.exception() is not None:
@@ -143,11 +147,11 @@ class RpcHandler(TableFrameHandler):
         else:
             self._reply_ok(conn, msg_id, task.result())
 
-    def _reply_ok(self, conn, msg_id, value):
+    def _reply_ok(self, conn: Connection, msg_id, value):
         if not conn.closed:
             conn.send_msg(protocol.REPLY_OK, msg_id, dumps(value))
 
-    def _reply_err(self, conn, msg_id, exc):
+    def _reply_err(self, conn: Connection, msg_id, exc):
         if conn.closed:
             return
         if not isinstance(exc, DDLFError):
@@ -159,8 +163,8 @@ class RpcHandler(TableFrameHandler):
             payload = dumps(RemoteRpcError(f"{type(exc).__name__}: {exc}"))
         conn.send_msg(protocol.REPLY_ERR, msg_id, payload)
 
-    def connection_closed(self, conn, exc):
-        pending = conn.info.pop("rpc_pending", {})
+    def connection_closed(self, conn: Connection, exc):
+        pending, conn.info.rpc_pending = conn.info.rpc_pending or {}, None
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionLostError(f"connection to {conn.peer} closed"))

@@ -1,13 +1,13 @@
 """The control plane's messages: what drivers, the head, node daemons and workers send
 each other as request arguments, replies and push data.
 
-On the wire each message stays the plain dict it has always been (``to_wire()``), so a
-peer of another DDLF release, a process that still builds the dicts by hand, and the
-wire fuzzer all keep working. ``from_wire()`` checks a received dict and raises
+On the wire each message is a plain dict (``to_wire()``), which the wire fuzzer and
+hand-built test messages also use. ``from_wire()`` checks a received dict and raises
 :class:`MessageError` (a ``DDLFError``, so the RPC layer answers it as a bad request
-instead of failing the server) when a field is missing or of the wrong type. Keys a
-message does not know are kept in ``extra`` and sent on unchanged: a newer driver's
-field survives an older head on its way to the worker.
+instead of failing the server) when a field is missing, of the wrong type, or unknown.
+Every peer runs the same release (the head refuses a version mismatch when a process
+says hello), so a key this release does not know is a malformed message, not a newer
+peer's field.
 
 Who sends what:
 
@@ -33,14 +33,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from .errors import (
+from ..errors import (
     ActorDiedError,
     ActorPlacementGroupRemovedError,
     MessageError,
     PlacementGroupRemovedError,
     UnschedulableError,
 )
-from .scheduling import Scheduling
+from ..scheduling import Scheduling
 
 __all__ = ["MessageError", "ActorCreation", "ActorStarted", "LeaseGrant", "ActorDeath",
            "ActorView", "WorkerDied", "ActorLost", "LogBatch", "Heartbeat"]
@@ -130,7 +130,7 @@ class _Message:
     A subclass is a dataclass whose fields are its wire keys, with ``CHECKS`` giving each
     field's check, ``REQUIRED`` the fields a peer must send, and ``OMIT_IF_NONE`` the
     optional fields that are left off the wire when unset (they were only ever sent
-    when present). ``extra`` holds keys this release does not know.
+    when present).
     """
 
     __slots__ = ()
@@ -149,27 +149,26 @@ class _Message:
         missing = [k for k in cls.REQUIRED if k not in data]
         if missing:
             raise MessageError(f"a {what} message lacks {', '.join(map(repr, missing))}")
-        known, extra = {}, {}
+        known = {}
         for key, value in data.items():
             check = cls.CHECKS.get(key)
             if check is None:
-                extra[key] = value
-            else:
-                known[key] = check(value, f"{what}.{key}")
-        return cls(**known, extra=extra)
+                raise MessageError(f"a {what} message has an unknown key {key!r:.60}: every "
+                                   "peer runs the same DDLF release, which does not send it")
+            known[key] = check(value, f"{what}.{key}")
+        return cls(**known)
 
     def to_wire(self, only: tuple | None = None) -> dict:
         """The plain dict sent on the wire (what a peer's ``from_wire`` reads); with
         ``only``, just those keys (a short answer that has always been sent short)."""
         out = {}
-        for f in dataclasses.fields(self):
-            if f.name == "extra" or (only is not None and f.name not in only):
+        for f in dataclasses.fields(self):   # type: ignore[arg-type]  # subclasses are dataclasses
+            if only is not None and f.name not in only:
                 continue
             value = getattr(self, f.name)
             if value is None and f.name in self.OMIT_IF_NONE:
                 continue
             out[f.name] = value.to_wire() if isinstance(value, Scheduling) else value
-        out.update(self.extra)
         return out
 
 
@@ -204,7 +203,6 @@ class ActorCreation(_Message):
     objects: dict | None = None
     # What the node set up for its runtime env and GPUs (env vars, paths), for the worker.
     env_setup: dict | None = None
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {
         "actor_id": _ID, "class_name": _STR, "class_segments": _SEGMENTS,
@@ -242,7 +240,6 @@ class ActorStarted(_Message):
     address: str | None = None
     pid: int | None = None
     worker_id: str | None = None
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {
         "ok": _BOOL, "error": _optional(_SEGMENTS), "address": _optional(_STR),
@@ -258,8 +255,8 @@ class ActorStarted(_Message):
                                "address and worker_id")
         return self
 
-    def to_wire(self) -> dict:
-        out = _Message.to_wire(self)   # (no bare super(): slots dataclasses are rebuilt classes)
+    def to_wire(self, only: tuple | None = None) -> dict:
+        out = _Message.to_wire(self, only)   # (no bare super(): slots dataclasses are rebuilt classes)
         if self.ok:
             out.pop("error", None)   # only a failure carries an error
         return out
@@ -273,7 +270,6 @@ class ActorDeath(_Message):
     creation_error: list | None = None   # encode_error segments of a failed __init__
     unschedulable: bool = False          # it could never be placed
     pg_removed: bool = False             # its placement group was removed
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {
         "reason": _STR, "creation_error": _optional(_SEGMENTS), "unschedulable": _BOOL,
@@ -338,7 +334,6 @@ class ActorView(_Message):
     node_id: str | None = None
     methods: dict | None = None
     max_task_retries: int | None = 0
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {
         "actor_id": _ID, "state": _STR, "epoch": _INT, "address": _optional(_STR),
@@ -364,7 +359,6 @@ class LeaseGrant(_Message):
     pid: int | None = None
     node_id: str | None = None
     lease_id: str | None = None   # set by the head
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {
         "lease_id": _optional(_ID), "address": _ID, "pid": _optional(_INT),
@@ -373,8 +367,8 @@ class LeaseGrant(_Message):
     REQUIRED: ClassVar[tuple] = ("address", "worker_id")
     OMIT_IF_NONE: ClassVar[frozenset] = frozenset({"lease_id"})
 
-    def to_wire(self) -> dict:
-        out = _Message.to_wire(self)   # (no bare super(): slots dataclasses are rebuilt classes)
+    def to_wire(self, only: tuple | None = None) -> dict:
+        out = _Message.to_wire(self, only)   # (no bare super(): slots dataclasses are rebuilt classes)
         if self.lease_id is not None:   # first, as the head always sent it
             out = {"lease_id": self.lease_id, **out}
         return out
@@ -391,7 +385,6 @@ class WorkerDied(_Message):
     state: str | None = None      # the WorkerState it was in
     pid: int | None = None
     on_purpose: bool = False      # the actor announced exit_actor() / sys.exit(0)
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {
         "worker_id": _STR, "actor_id": _optional(_STR), "exitcode": _optional(_INT),
@@ -408,7 +401,6 @@ class ActorLost(_Message):
     actor_id: str
     epoch: int
     why: str
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {"actor_id": _STR, "epoch": _INT, "why": _STR}
     REQUIRED: ClassVar[tuple] = ("actor_id", "epoch", "why")
@@ -421,7 +413,6 @@ class LogBatch(_Message):
     records: list   # (job_id, worker name, pid, "out" | "err", line)
     host: str | None = None
     node_id: str | None = None
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {"records": _list_of(_log_record, "log records"),
                               "host": _optional(_STR), "node_id": _optional(_STR)}
@@ -436,7 +427,6 @@ class Heartbeat(_Message):
     cpu_percent: float | None = None
     mem_available: int | None = None
     rss: int | None = None
-    extra: dict = field(default_factory=dict, repr=False)
 
     CHECKS: ClassVar[dict] = {"node_id": _STR, "cpu_percent": _optional(_NUM),
                               "mem_available": _optional(_INT), "rss": _optional(_INT)}

@@ -22,17 +22,22 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from typing import TYPE_CHECKING
 
-from . import config, protocol, rpc, shm_store
-from .address import split_address
-from .connection import connect
+from .. import config, shm_store
+from ..errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
+from ..states import ActorClientState, ActorState
+from ..wire import protocol, rpc
+from ..wire.address import split_address
+from ..wire.connection import connect
+from ..wire.frames import TableFrameHandler
+from ..wire.messages import ActorCreation, ActorDeath, ActorView, MessageError
+from ..wire.serialization import dumps, loads
 from .dependencies import await_deps, deps_objects, deps_state, ship_deps
-from .errors import ActorDiedError, ConnectionLostError, DDLFError, TaskCancelledError
-from .frames import TableFrameHandler
-from .messages import ActorCreation, ActorDeath, ActorView, MessageError
 from .object_store import Entry
-from .serialization import dumps, loads
-from .states import ActorClientState, ActorState
+
+if TYPE_CHECKING:
+    from ..wire.connection import Connection
 
 __all__ = ["ActorCall", "ActorClient", "ActorCreations"]
 
@@ -61,7 +66,7 @@ class ActorClient(TableFrameHandler):
         self.actor_id = actor_id
         self.class_name = class_name
         self.state = RESOLVING
-        self.conn = None
+        self.conn: Connection | None = None
         self.queue: collections.deque = collections.deque()
         # msg id -> object id, or the ActorCall itself when the actor retries calls
         # (max_task_retries): only then is the payload kept until the reply.
@@ -284,8 +289,8 @@ class ActorClient(TableFrameHandler):
                     self.conn.send_msg(protocol.CANCEL, msg_id, [bytes((flags,))])
                 return
 
-    # -- frames from the actor (dispatched through FRAMES, runtime/frames.py) -----------------
-    def _on_push(self, conn, kind, msg_id, segs):
+    # -- frames from the actor (dispatched through FRAMES, runtime/wire/frames.py) -----------------
+    def _on_push(self, conn: Connection, kind, msg_id, segs):
         event, data = loads(segs[1:])
         if event == "hello":
             shm_store.client_hello(conn, data)
@@ -304,14 +309,14 @@ class ActorClient(TableFrameHandler):
                 del self.inflight[data["msg_id"]]
                 self._retry([call])
 
-    def _on_stream(self, conn, kind, msg_id, segs):
+    def _on_stream(self, conn: Connection, kind, msg_id, segs):
         entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
             msg_id, None)
         if entry is not None:
             self.core.streams.frame(conn, kind, msg_id, entry.obj_id if isinstance(
                 entry, ActorCall) else entry, segs)
 
-    def _on_result(self, conn, kind, msg_id, segs):
+    def _on_result(self, conn: Connection, kind, msg_id, segs):
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
@@ -320,11 +325,11 @@ class ActorClient(TableFrameHandler):
             self.cancelled.discard(obj_id)
         self.store.complete_result(obj_id, kind, segs)
 
-    def _on_shm_result(self, conn, kind, msg_id, segs):
+    def _on_shm_result(self, conn: Connection, kind, msg_id, segs):
         kind, segs = shm_store.client_result(conn, segs)
         self._on_result(conn, kind, msg_id, segs)
 
-    def _on_shm_ack(self, conn, kind, msg_id, segs):
+    def _on_shm_ack(self, conn: Connection, kind, msg_id, segs):
         shm_store.on_ack(conn, segs)
 
     FRAMES = {protocol.PUSH: _on_push, protocol.STREAM_ITEM: _on_stream,
@@ -340,7 +345,7 @@ class ActorClient(TableFrameHandler):
                 call.retries -= 1
         self.queue.extendleft(reversed(calls))
 
-    def connection_closed(self, conn, exc):
+    def connection_closed(self, conn: Connection, exc):
         if conn is not self.conn:
             return
         self.conn = None

@@ -17,7 +17,7 @@ import types
 
 import cloudpickle
 
-from .errors import CodeShippingError, SerializationError
+from ..errors import CodeShippingError, SerializationError
 
 __all__ = ["dumps", "loads", "snapshot", "find_unpicklable", "explain_import_error"]
 
@@ -66,7 +66,7 @@ def dumps(obj) -> list:
 
     try:
         if _is_plain(obj):
-            payload = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+            payload: bytes | memoryview = pickle.dumps(obj, protocol=5, buffer_callback=keep)
         else:
             f = io.BytesIO()
             _CodePickler(f, protocol=5, buffer_callback=keep).dump(obj)
@@ -109,7 +109,7 @@ def snapshot(segments: list) -> list:
     pages: about 4x faster than ``bytes()`` for 100 MB (14 ms against 57 ms here),
     almost all of it page faults. The copies are read-only, as Ray's ``put`` values are.
     """
-    out = []
+    out: list = []
     for seg in segments:
         mv = memoryview(seg).cast("B")
         if mv.nbytes >= _OOB_MIN:
@@ -117,7 +117,7 @@ def snapshot(segments: list) -> list:
 
             buf = np.empty(mv.nbytes, dtype=np.uint8)
             np.copyto(buf, np.frombuffer(mv, dtype=np.uint8))
-            out.append(memoryview(buf).toreadonly())
+            out.append(buf.data.toreadonly())
         else:
             out.append(bytes(mv))
     return out
