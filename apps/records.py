@@ -22,6 +22,8 @@ class TrainStats(TypedDict, total=False):
     loss: float             # mean training loss of the last local epoch
     index: int              # the trainer's slot
     optimizer_state: List[Any] | None   # only when the driver asked for it
+    codec_s: float          # decoding the weights and encoding the delta (compression=)
+    wire_residual: List[Any] | None     # the error-feedback residual, when asked for
 
 
 class HistoryRow(TypedDict, total=False):

@@ -132,7 +132,7 @@ def weights_digest(layers: Sequence) -> int:
     for layer in layers:
         a = np.ascontiguousarray(layer)
         crc = zlib.crc32(a.dtype.str.encode(), crc)
-        crc = zlib.crc32(memoryview(a).cast("B"), crc)
+        crc = zlib.crc32(a.data.cast("B"), crc)
     return crc
 
 

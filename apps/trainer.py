@@ -82,7 +82,7 @@ class TrainerActor(ClusterWorker, WireMethods):
         self._eval_s = 0.0  # evaluation time since the last train call, reported by train
         # Allreduce (schemes/allreduce.py): this round's delta, kept here, and the chunks
         # the ring neighbours send.
-        self._held = None
+        self._held: tuple | None = None
         self._mailbox = ring.Mailbox()
         self._ring_sends: list = []
 

@@ -24,6 +24,7 @@ This module is numpy only; the driver's side is ``schemes/wire.py``.
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -160,6 +161,12 @@ class WireMethods:
     """The trainer's remote methods for a run with ``compression=`` (``TrainerActor``
     inherits them): :meth:`train` and :meth:`evaluate` with a :class:`Weights` message in
     place of the weights, and an encoded delta in place of the delta."""
+
+    # What the class it is mixed into (TrainerActor) provides.
+    train: Callable[..., Any]
+    evaluate: Callable[..., Any]
+    get_weights: Callable[[], list]
+    _last_call_end: float | None
 
     def _wire_end(self) -> TrainerWire:
         end = getattr(self, "_ddlf_wire", None)

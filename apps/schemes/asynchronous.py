@@ -67,7 +67,7 @@ class AsyncScheme(Scheme):
         self.evaluations: list = []                 # [row, ShardedEvaluation | None], in order
         self.weights_at: dict[int, list] = {}       # row round -> the weights it reports
         self.w: list = []
-        self._w_ref = None
+        self._w_ref: Any = None   # a wire Broadcast of the weights of round _w_ref_version
         self._w_ref_version = -1
         self._pieces: dict = {}
 

@@ -137,7 +137,7 @@ class SyncScheme(Scheme):
         # Work is attributed by interval: only what falls inside this round counts (a
         # trainer's first call can report evaluations of an earlier run, see stragglers.py).
         now = time.perf_counter()
-        row_stats = [within_window(s, t_round, now) for s in stats]
+        row_stats: list = [within_window(s, t_round, now) for s in stats]
         late = self.late.fold(self.round_no + 1, t_round)
         for j, d, s, s_row, staleness in late:
             slots.append(j)

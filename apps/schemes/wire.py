@@ -35,6 +35,7 @@ import numpy as np
 import ddlf_actors as ddlf
 
 from .. import codecs
+from ..records import TrainStats
 from ..trainer import nbytes
 from ..wire import CHANGE, SET, Weights, apply_change, difference
 
@@ -79,7 +80,7 @@ class Broadcast:
         self._message = message            # the ref every trainer is sent (plain, whole, change)
         self._message_bytes = message_bytes
         self._full = full                  # CHANGES: the replica, for a trainer without the base
-        self._full_ref = None
+        self._full_ref: Any = None
         self._given: dict = {}             # (slot, its trainer's start) -> the ref it was sent
         self._bytes = 0
 
@@ -219,7 +220,7 @@ class Wire:
         return codecs.decode(delta), delta.nbytes
 
     # -- membership and checkpoints ------------------------------------------------------------
-    def keep(self, slot_index: int, stats: dict) -> int:
+    def keep(self, slot_index: int, stats: TrainStats) -> int:
         """Take a reported residual out of ``stats``; return its bytes (they crossed too)."""
         if "wire_residual" not in stats:
             return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import math
 import time
+from typing import Any
 
 from ..errors import MessageError
 
@@ -172,7 +173,7 @@ def _clean_dict(d, what: str) -> dict:
         raise MessageError(f"publish_run: {what} must be a dict, got {type(d).__name__}")
     if len(d) > _MAX_KEYS:
         raise MessageError(f"publish_run: {what} has {len(d)} keys, at most {_MAX_KEYS}")
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in d.items():
         if not isinstance(k, str) or not 0 < len(k) <= _MAX_KEY:
             raise MessageError(f"publish_run: {what} has a key that is not a str of 1 to "

@@ -3,8 +3,13 @@ the requests and pushes about them, and the web server when one is asked for."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...errors import MessageError
 from ..runs import RunStore
+
+if TYPE_CHECKING:
+    from .app import Dashboard
 
 __all__ = ["DashboardService"]
 
@@ -18,7 +23,7 @@ class DashboardService:
         self.spec = spec
         self.warn = warn          # the head's rate-limited warning
         self.runs = RunStore()
-        self.server = None        # app.Dashboard, once started
+        self.server: Dashboard | None = None   # once started
 
     def rpc_handlers(self) -> dict:
         return {"publish_run": self.rpc_publish_run, "dashboard_url": self.rpc_dashboard_url}
