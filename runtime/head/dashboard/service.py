@@ -9,6 +9,7 @@ from ...errors import MessageError
 from ..runs import RunStore
 
 if TYPE_CHECKING:
+    from ...wire.connection import Connection
     from .app import Dashboard
 
 __all__ = ["DashboardService"]
@@ -49,17 +50,17 @@ class DashboardService:
     def owner_gone(self, owner_id: str) -> None:
         self.runs.owner_gone(owner_id)
 
-    def rpc_publish_run(self, conn, data: dict) -> None:
+    def rpc_publish_run(self, conn: Connection, data: dict) -> None:
         """Record a run's description, rows, events or end (``RunStore.publish``:
         ``MessageError`` for a malformed one)."""
-        self.runs.publish(data, conn.info.get("owner_id"))
+        self.runs.publish(data, conn.info.owner_id)
 
-    def on_publish_run(self, conn, data) -> None:
+    def on_publish_run(self, conn: Connection, data) -> None:
         # A push has no reply to carry an error: the driver checked it before sending.
         try:
-            self.runs.publish(data, conn.info.get("owner_id"))
+            self.runs.publish(data, conn.info.owner_id)
         except MessageError as e:
             self.warn("publish_run", "ignored a publish_run push from %s: %s", conn.peer, e)
 
-    def rpc_dashboard_url(self, conn) -> str | None:
+    def rpc_dashboard_url(self, conn: Connection) -> str | None:
         return self.url
