@@ -1,0 +1,149 @@
+"""The scheme pieces that need no cluster: the outer optimizer, learning rates and the
+work ledger."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddlf_actors.apps.schemes.averaging import apply_delta
+from ddlf_actors.apps.schemes.ledger import WorkLedger
+from ddlf_actors.apps.schemes.outer import OuterOptimizer
+from ddlf_actors.apps.schemes.rates import InnerRate, evaluate, k_multiplier, steps_in
+
+
+def _w(v):
+    return [np.full((3, 2), v, np.float32), np.full(2, v, np.float32)]
+
+
+# -- the outer optimizer -----------------------------------------------------------------------
+def test_plain_outer_step_is_plain_averaging_bit_for_bit():
+    rng = np.random.default_rng(0)
+    w = [rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)]
+    g = [rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)]
+    opt = OuterOptimizer()
+    assert opt.plain
+    for a, b in zip(opt.step(w, g, k=3), apply_delta(w, g)):
+        np.testing.assert_array_equal(a, b)
+    assert opt.state() == []
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_outer_momentum_follows_its_formula(nesterov):
+    mu, lr = 0.8, 0.5
+    opt = OuterOptimizer(lr, mu, nesterov)
+    w, v = _w(0.0), 0.0
+    for t, g in enumerate([1.0, 2.0, -1.0, 0.5]):
+        w = opt.step(w, _w(g))
+        v = mu * v + g
+        expected = -sum(lr * ((gi + mu * vi) if nesterov else vi)
+                        for gi, vi in _history(mu, [1.0, 2.0, -1.0, 0.5][:t + 1]))
+        np.testing.assert_allclose(w[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(opt.state()[0], v, rtol=1e-6)
+
+
+def _history(mu, grads):
+    v, out = 0.0, []
+    for g in grads:
+        v = mu * v + g
+        out.append((g, v))
+    return out
+
+
+def test_outer_rate_scales_with_k_after_a_linear_warm_up():
+    opt = OuterOptimizer(1.0, scale_with_k=True, warmup_rounds=4)
+    rates = []
+    w = _w(0.0)
+    for _ in range(6):
+        rates.append(opt.rate(3))
+        w = opt.step(w, _w(1.0), k=3)
+    assert rates == pytest.approx([1.0, 1.5, 2.0, 2.5, 3.0, 3.0])
+    np.testing.assert_allclose(w[0], -sum(rates), rtol=1e-6)
+    # A schedule of the round replaces the constant rate.
+    sched = OuterOptimizer(lambda t: 1.0 / (t + 1))
+    sched.step(_w(0.0), _w(1.0))
+    assert sched.rate(1) == pytest.approx(0.5)
+
+
+def test_outer_state_round_trip_continues_bit_equal():
+    rng = np.random.default_rng(1)
+    grads = [[rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
+             for _ in range(6)]
+    whole = OuterOptimizer(0.7, 0.9, True)
+    w = _w(0.0)
+    for g in grads:
+        w = whole.step(w, g, 2)
+    first = OuterOptimizer(0.7, 0.9, True)
+    w2 = _w(0.0)
+    for g in grads[:3]:
+        w2 = first.step(w2, g, 2)
+    resumed = OuterOptimizer(0.7, 0.9, True)
+    resumed.load_state(first.state(), first.steps)
+    for g in grads[3:]:
+        w2 = resumed.step(w2, g, 2)
+    for a, b in zip(w, w2):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- learning rates ----------------------------------------------------------------------------
+def test_rates_schedules_and_the_linear_scaling_rule():
+    assert k_multiplier(0, 4, 3) == 1.0 and k_multiplier(3, 4, 3) == 4.0
+    assert k_multiplier(1, 4, 3) == pytest.approx(2.0) and k_multiplier(0, 4, 0) == 4.0
+    assert k_multiplier(5, 1, 3) == 1.0
+    assert steps_in(100, 32) == 4 and steps_in(96, 32, 2) == 6
+    assert evaluate(0.1, 7) == 0.1 and evaluate(lambda s: 0.1 * s, 3) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="gave 0.0 at step 0"):
+        evaluate(lambda s: 0.1 * s, 0)
+    assert InnerRate().at(0, 0, 2) is None                     # trainers keep their own
+    inner = InnerRate(scale_with_k=True, warmup_rounds=2, base=0.01)
+    assert [inner.at(r, 0, 2) for r in range(3)] == pytest.approx([0.01, 0.015, 0.02])
+    with pytest.raises(ValueError, match="report none"):
+        InnerRate(scale_with_k=True).at(0, 0, 2)
+
+
+def test_a_keras_schedule_is_evaluated_on_the_driver():
+    keras = pytest.importorskip("keras")
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    assert evaluate(decay, 10) == pytest.approx(0.05)
+    assert InnerRate(decay).at(0, 20, 2) == pytest.approx(0.025)
+
+
+# -- the work ledger ---------------------------------------------------------------------------
+def test_work_straddling_a_row_boundary_is_split_by_time():
+    ledger = WorkLedger(start=0.0)
+    ledger.dispatched("a", 0, 0.0)
+    ledger.dispatched("b", 1, 0.0)
+    ledger.finished("a", compute_s=3.0, eval_s=1.0, when=5.0)   # busy 1..5
+    first = ledger.close(6.0)            # b still running: 0..6 counted as compute
+    assert first == {0: (3.0, 1.0), 1: (6.0, 0.0)}
+    ledger.finished("b", compute_s=9.5, eval_s=0.0, when=10.0)  # busy 0.5..10
+    second = ledger.close(12.0)
+    assert second == {1: (4.0, 0.0)}     # only its part after 6 s
+    # A call that began before the window and finished in it counts from the window.
+    ledger.dispatched("c", 0, 11.0)
+    ledger.finished("c", 5.0, 0.0, when=13.0)   # says 5 s of work, but left at 11
+    assert ledger.close(14.0) == {0: (1.0, 0.0)}
+
+
+def test_no_trainer_is_ever_busier_than_the_window():
+    rng = np.random.default_rng(3)
+    ledger, now, rows = WorkLedger(0.0), 0.0, []
+    running = {}
+    for i in range(400):
+        now += float(rng.exponential(0.3))
+        for j in (0, 1, 2):
+            if j not in running:
+                running[j] = (f"call{i}-{j}", now)
+                ledger.dispatched(running[j][0], j, now)
+        j = int(rng.integers(0, 3))
+        call, started = running.pop(j)
+        # The trainer's own figure may exceed what the driver saw (clock, queueing).
+        ledger.finished(call, compute_s=(now - started) * float(rng.uniform(0.5, 1.5)),
+                        eval_s=float(rng.uniform(0, 0.2)), when=now)
+        if i % 7 == 0:
+            start = ledger.start
+            rows.append((now - start, ledger.close(now)))
+    assert rows
+    for wall, work in rows:
+        assert all(c + e <= wall + 1e-9 for c, e in work.values())
+
