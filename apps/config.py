@@ -11,15 +11,38 @@ import difflib
 import os
 from typing import Any
 
-__all__ = ["TrainConfig", "ASYNC_ONLY"]
+__all__ = ["TrainConfig", "SCHEME_OPTIONS", "ASYNC_ONLY", "LR_SCALINGS", "describe_schedule"]
 
-# Options that only the asynchronous scheme reads (a sync run refuses them).
+# Settings that belong to a scheme: None means "the scheme's own default", and a scheme
+# refuses one it does not read (each Scheme class lists the ones it reads in ``options``).
+SCHEME_OPTIONS = ("rounds_per_epoch", "staleness_bound", "staleness_scaling", "outer_lr",
+                  "outer_momentum", "nesterov", "lr_scaling", "warmup_rounds", "lr_schedule",
+                  "alpha", "tau", "n_fetch", "n_push")
+# Kept for callers of the first version: the options only asynchronous schemes read.
 ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
+# Where the linear scaling rule for K trainers applies (Goyal et al. 2017): nowhere, to the
+# trainers' learning rate, or to the driver's outer learning rate.
+LR_SCALINGS = ("none", "inner", "outer")
 
 
 def _int_at_least(name: str, v, low: int = 1) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+
+
+def _number(name: str, v, low: float, high: float, *, low_open=False, high_open=False) -> None:
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and v == v
+          and (v > low if low_open else v >= low) and (v < high if high_open else v <= high))
+    if not ok:
+        span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a number in {span}, got {v!r}")
+
+
+def _rate(name: str, v) -> None:
+    """A learning rate: a number > 0, or a schedule (a Keras one, or any f(step) -> rate)."""
+    if callable(v):
+        return
+    _number(name, v, 0.0, float("inf"), low_open=True, high_open=True)
 
 
 def _seconds(name: str, v) -> None:
@@ -37,6 +60,13 @@ class TrainConfig:
     ``rounds_per_epoch`` splits each epoch into that many rounds, averaging after each
     (local SGD: more rounds, more communication, usually better accuracy per epoch).
 
+    Scheme-level settings (``rounds_per_epoch``, the outer optimizer ``outer_lr``,
+    ``outer_momentum`` and ``nesterov``, the K-scaling rule ``lr_scaling`` with its
+    ``warmup_rounds``, the trainers' ``lr_schedule``, EASGD's ``alpha`` and ``tau``,
+    Downpour's ``n_fetch`` and ``n_push``, SSP's ``staleness_bound`` and
+    ``staleness_scaling``) default to None: the scheme's own default. A scheme refuses a
+    setting it does not read; see ``docs/training.md`` for which reads what.
+
     Fault tolerance: a lost trainer is replaced in its reserved slot when it can be, and
     the run goes on without it meanwhile, down to ``min_workers``; below that it waits up
     to ``rejoin_timeout_s`` for capacity, then fails. ``workers=(lo, hi)`` is elastic:
@@ -49,7 +79,7 @@ class TrainConfig:
     master_epochs: int = 1
     worker_epochs: int = 1
     batch_size: int = 32
-    rounds_per_epoch: int = 1
+    rounds_per_epoch: int | None = None
     num_cpus: float = 1
     # The fewest trainers a run goes on with; default 1, or the low end of workers=(lo, hi).
     min_workers: int | None = None
@@ -64,9 +94,29 @@ class TrainConfig:
     # best test loss.
     target_accuracy: float | None = None
     patience: int | None = None
-    # Asynchronous scheme only.
+    # Asynchronous schemes (async, downpour, easgd): SSP's bound, and dividing a delta by
+    # its staleness + 1.
     staleness_bound: int | None = None
-    staleness_scaling: bool = False
+    staleness_scaling: bool | None = None
+    # The driver's outer optimizer on the averaged delta, treated as a gradient (SlowMo,
+    # DiLoCo): w <- w - outer_lr * (momentum or Nesterov update). outer_lr may be a schedule
+    # of the round (a Keras schedule or f(round) -> rate).
+    outer_lr: Any = None
+    outer_momentum: float | None = None
+    nesterov: bool | None = None
+    # The linear scaling rule for K trainers: "outer" multiplies the outer rate by K,
+    # "inner" the trainers' rate; either ramps up linearly from 1x over warmup_rounds.
+    lr_scaling: str | None = None
+    warmup_rounds: int | None = None
+    # The trainers' learning rate per round: a Keras schedule or f(step) -> rate, step
+    # being the optimizer steps a trainer has taken in the run so far.
+    lr_schedule: Any = None
+    # EASGD: the elastic coefficient and the communication period in local steps.
+    alpha: float | None = None
+    tau: int | None = None
+    # Downpour: fetch the weights every n_fetch local steps, push every n_push.
+    n_fetch: int | None = None
+    n_push: int | None = None
     seed: int | None = 0
     progress: bool = True
     trainer_cls: Any = None
@@ -81,9 +131,9 @@ class TrainConfig:
         if isinstance(self.workers, (tuple, list)):
             self._take_range(self.workers)
         _int_at_least("workers", self.workers)
-        for name in ("master_epochs", "worker_epochs", "batch_size", "rounds_per_epoch",
-                     "keep_checkpoints"):
+        for name in ("master_epochs", "worker_epochs", "batch_size", "keep_checkpoints"):
             _int_at_least(name, getattr(self, name))
+        self._check_scheme_options()
         if self.min_workers is None:
             self.min_workers = 1
         _int_at_least("min_workers", self.min_workers)
@@ -114,6 +164,30 @@ class TrainConfig:
                 raise ValueError("checkpoint_every needs checkpoint_dir= (where to write them)")
         if self.seed is not None:
             _int_at_least("seed", self.seed, 0)
+
+    def _check_scheme_options(self) -> None:
+        """Values of the scheme-level settings that are given (None: the scheme's default)."""
+        for name in ("rounds_per_epoch", "tau", "n_fetch", "n_push"):
+            if getattr(self, name) is not None:
+                _int_at_least(name, getattr(self, name))
+        if self.warmup_rounds is not None:
+            _int_at_least("warmup_rounds", self.warmup_rounds, 0)
+        if self.outer_lr is not None:
+            _rate("outer_lr", self.outer_lr)
+        if self.outer_momentum is not None:
+            _number("outer_momentum", self.outer_momentum, 0.0, 1.0, high_open=True)
+        if self.alpha is not None:
+            _number("alpha", self.alpha, 0.0, 1.0, low_open=True)
+        for name in ("nesterov", "staleness_scaling"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"{name} must be True or False, got {v!r}")
+        if self.lr_scaling is not None and self.lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"lr_scaling must be one of {', '.join(map(repr, LR_SCALINGS))}, "
+                             f"got {self.lr_scaling!r}")
+        if self.lr_schedule is not None and not callable(self.lr_schedule):
+            raise ValueError("lr_schedule must be a Keras LearningRateSchedule or a function "
+                             f"of the step returning a rate, got {self.lr_schedule!r}")
 
     def _take_range(self, pair) -> None:
         if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)
@@ -160,5 +234,19 @@ class TrainConfig:
                 v = None if v is None else f"{v.__module__}.{v.__qualname__}"
             elif f.name == "trainer_options":
                 v = {k: repr(x) for k, x in v.items()}
+            elif callable(v) and f.name in SCHEME_OPTIONS:
+                v = describe_schedule(v)
             out[f.name] = v
         return out
+
+
+def describe_schedule(schedule) -> str:
+    """A schedule as a checkpoint records it: its class and, for a Keras one, its config."""
+    name = getattr(schedule, "__qualname__", None) or type(schedule).__qualname__
+    get_config = getattr(schedule, "get_config", None)
+    if callable(get_config):
+        try:
+            return f"{name}({get_config()})"
+        except Exception:   # a schedule whose config is not serialisable
+            pass
+    return name

@@ -7,9 +7,10 @@ Algorithm 6: the master shuffles and partitions indices, never the data).
 
 The schemes need only lists of numpy arrays and the methods below. To train with
 another framework, subclass and override the hooks (``configure_threads``,
-``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``, and for
-checkpoints of optimizer state ``get_optimizer_state``/``set_optimizer_state``) and pass
-``trainer_cls=`` to ``train_sync``/``train_async``.
+``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``; for
+checkpoints of optimizer state ``get_optimizer_state``/``set_optimizer_state``; for
+learning-rate schedules ``get_learning_rate``/``set_learning_rate``) and pass
+``trainer_cls=`` to ``train``/``train_sync``/``train_async``.
 
 It subclasses the Cluster API's worker, so ``run_method``, ``add_method`` and
 ``run_code`` work on trainers too: the App API has one set of workers, not two.
@@ -142,6 +143,32 @@ class TrainerActor(ClusterWorker):
         for v, a in zip(variables, state):
             v.assign(a)
 
+    def get_learning_rate(self) -> float | None:
+        """The optimizer's learning rate now, or None if it has no settable one."""
+        opt = getattr(self.model, "optimizer", None)
+        rate = getattr(opt, "learning_rate", None)
+        if rate is None:
+            return None
+        try:
+            return float(np.asarray(rate))
+        except (TypeError, ValueError):
+            return None
+
+    def set_learning_rate(self, rate: float) -> None:
+        """Set the optimizer's learning rate (the driver's schedule, once per round).
+
+        Raises ``TypeError`` when the model was compiled with a schedule of its own: one
+        schedule has to give way, and the run's is the one that sees every trainer.
+        """
+        opt = self.model.optimizer
+        try:
+            opt.learning_rate = float(rate)   # a variable's assign: no retracing
+        except TypeError as e:
+            raise TypeError(
+                "this model's optimizer was built with a LearningRateSchedule, so the run's "
+                "lr_schedule/lr_scaling cannot set its rate: compile the model with a number "
+                "as learning_rate and pass the schedule as lr_schedule= instead") from e
+
     def evaluate_arrays(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         """Return ``(loss, accuracy)`` of the current model on ``x, y``."""
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
@@ -160,16 +187,26 @@ class TrainerActor(ClusterWorker):
                 "partitioned": self.partitioned, "node": _node_id(),
                 "num_test": 0 if self.x_test is None else int(len(self.x_test)),
                 "weights_bytes": nbytes(weights),
-                "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights]}
+                "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights],
+                "learning_rate": self.get_learning_rate()}
 
-    def train(self, weights, indices, epochs: int, batch_size: int, return_state: bool = False):
+    def train(self, weights, indices, epochs: int, batch_size: int, return_state: bool = False,
+              learning_rate: float | None = None):
         """Train from ``weights`` (None: the current ones) on rows ``indices`` of this
-        trainer's data. Return ``(delta, stats)``: delta is old − new weights; stats holds
-        ``compute_s``, ``idle_s`` (since this trainer's previous call ended), ``samples``
-        and ``loss``, and with ``return_state`` the optimizer's state afterwards (what
-        a checkpoint keeps)."""
+        trainer's data, at ``learning_rate`` if given (it stays set). Return
+        ``(delta, stats)``: delta is old − new weights; stats holds ``compute_s``,
+        ``idle_s`` (since this trainer's previous call ended), ``samples`` and ``loss``,
+        and with ``return_state`` the optimizer's state afterwards (what a checkpoint
+        keeps)."""
         start = time.perf_counter()
-        idle = 0.0 if self._last_call_end is None else start - self._last_call_end
+        old, new, loss, samples = self._run(weights, indices, epochs, batch_size, learning_rate)
+        delta = [o - n for o, n in zip(old, new)]
+        return delta, self._stats(start, samples, loss, return_state)
+
+    def _run(self, weights, indices, epochs, batch_size, learning_rate):
+        """Train on ``indices``: ``(weights before, weights after, loss, samples)``."""
+        if learning_rate is not None:
+            self.set_learning_rate(learning_rate)
         if weights is not None:
             self.set_weights(weights)
         old = self.get_weights()
@@ -178,16 +215,19 @@ class TrainerActor(ClusterWorker):
         # inside the partition is restored by the permutation, so SGD sees it shuffled.
         x, y = self.x[idx], self.y[idx]
         loss = self.fit(x, y, int(epochs), int(batch_size))
-        new = self.get_weights()
-        delta = [o - n for o, n in zip(old, new)]
+        return old, self.get_weights(), loss, int(len(idx))
+
+    def _stats(self, start: float, samples: int, loss: float, return_state: bool) -> dict:
+        """A call's stats, ending now; its idle time runs from the previous call's end."""
+        idle = 0.0 if self._last_call_end is None else start - self._last_call_end
         end = time.perf_counter()
         self._last_call_end = end
         eval_s, self._eval_s = self._eval_s, 0.0
         stats = {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
-                 "samples": int(len(idx)), "loss": loss, "index": self._ddlf_index}
+                 "samples": samples, "loss": loss, "index": self._ddlf_index}
         if return_state:
             stats["optimizer_state"] = self.get_optimizer_state()
-        return delta, stats
+        return stats
 
     def evaluate(self, weights=None, shard=None):
         """``(loss, accuracy)`` of ``weights`` (None: the current ones) on the test set,

@@ -1,9 +1,24 @@
-"""The training schemes: synchronous (Algorithm 6) and asynchronous (Algorithm 3, SSP)."""
+"""The training schemes, by name (``registry.py``), and ``train()`` for any of them.
 
+- ``sync``: Algorithm 6, averaging in rounds, with an outer optimizer (``sync.py``);
+- ``async``: Algorithm 3 with SSP (``asynchronous.py``).
+
+A new scheme is one module with a ``Scheme`` subclass and one ``register`` line below.
+"""
+
+from . import registry
+from .api import train
 from .asynchronous import AsyncScheme, train_async
 from .base import Scheme, TooFewTrainersError
+from .outer import OuterOptimizer
 from .pool import TrainerPool, TrainerStartError
+from .registry import UnknownSchemeError, register
 from .sync import SyncScheme, train_sync
 
-__all__ = ["train_sync", "train_async", "Scheme", "SyncScheme", "AsyncScheme",
-           "TrainerPool", "TrainerStartError", "TooFewTrainersError"]
+register("sync", SyncScheme)
+register("async", AsyncScheme)
+# register("allreduce", AllreduceScheme)   <- the allreduce scheme's line goes here
+
+__all__ = ["train", "train_sync", "train_async", "register", "registry", "Scheme",
+           "SyncScheme", "AsyncScheme", "OuterOptimizer",
+           "TrainerPool", "TrainerStartError", "TooFewTrainersError", "UnknownSchemeError"]

@@ -5,6 +5,12 @@ partition, waits for their deltas and applies their mean weighted by samples,
 ``w ← w − Σ_j (n_j / Σn) delta_j``. ``rounds_per_epoch = r`` averages r times per
 epoch, each on 1/r of the epoch's permutation (local SGD).
 
+The driver's step on the averaged delta is an outer optimizer (``outer.py``): plain
+averaging by default-free arithmetic (``outer_lr=1``, no momentum), or momentum/Nesterov
+with a rate that may follow a schedule and the linear scaling rule for K
+(``lr_scaling='outer'``, warmed up over ``warmup_rounds``). The trainers' own rate can
+follow ``lr_schedule`` (or ``lr_scaling='inner'``), set by the driver each round.
+
 A trainer lost mid-round costs only its own share of that round: the round completes
 with the deltas that arrived, each weighted by its samples, and the lost trainer's
 replacement (started at once, in its reserved slot) joins at the next round with the
@@ -18,38 +24,92 @@ from __future__ import annotations
 
 import time
 
-from ..config import ASYNC_ONLY, TrainConfig
+from ..config import TrainConfig
 from ..trainer import nbytes
-from .averaging import apply_delta, weighted_mean
+from .averaging import weighted_mean
 from .base import Scheme
+from .outer import OuterOptimizer
+from .rates import InnerRate, steps_in
 
-__all__ = ["SyncScheme", "train_sync"]
+__all__ = ["SyncScheme", "train_sync", "AVERAGING_OPTIONS", "averaging_defaults",
+           "check_averaging", "outer_optimizer", "inner_rate"]
+
+# The settings of a scheme that averages deltas in rounds (sync, allreduce).
+AVERAGING_OPTIONS = ("rounds_per_epoch", "outer_lr", "outer_momentum", "nesterov",
+                     "lr_scaling", "warmup_rounds", "lr_schedule")
+
+
+def averaging_defaults(config: TrainConfig, defaults: dict) -> dict:
+    """``defaults`` adjusted to what the run set itself: with ``outer_momentum=0`` Nesterov
+    is off, and with ``lr_scaling='none'`` there is nothing to warm up."""
+    out = dict(defaults)
+    if config.outer_momentum == 0:
+        out["nesterov"] = False
+    if config.lr_scaling == "none":
+        out["warmup_rounds"] = 0
+    return out
+
+
+def check_averaging(config: TrainConfig) -> None:
+    """``ValueError`` for averaging settings that contradict each other."""
+    if config.warmup_rounds and config.lr_scaling == "none":
+        raise ValueError(f"warmup_rounds={config.warmup_rounds} ramps up the linear scaling "
+                         "rule for K: set lr_scaling='outer' or 'inner' too, or leave it out")
+    if config.nesterov and not config.outer_momentum:
+        raise ValueError("nesterov=True needs outer_momentum > 0")
+
+
+def outer_optimizer(config: TrainConfig) -> OuterOptimizer:
+    """The driver's outer step for a resolved ``config``."""
+    return OuterOptimizer(config.outer_lr, config.outer_momentum, config.nesterov,
+                          scale_with_k=config.lr_scaling == "outer",
+                          warmup_rounds=config.warmup_rounds)
+
+
+def inner_rate(config: TrainConfig, base: float | None) -> InnerRate:
+    """The trainers' rate per round for a resolved ``config``; ``base``: their own rate."""
+    return InnerRate(config.lr_schedule, scale_with_k=config.lr_scaling == "inner",
+                     warmup_rounds=config.warmup_rounds, base=base)
 
 
 class SyncScheme(Scheme):
     name = "sync"
+    options = AVERAGING_OPTIONS
+    defaults = {"rounds_per_epoch": 1, "outer_lr": 1.0, "outer_momentum": 0.0,
+                "nesterov": False, "lr_scaling": "none", "warmup_rounds": 0}
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
-        defaults = TrainConfig()
-        for option in ASYNC_ONLY:
-            if getattr(config, option) != getattr(defaults, option):
-                raise ValueError(f"{option}= applies to train_async only; train_sync "
-                                 "waits for every trainer each round")
         super().__init__(model_fn, dataset, config, trainers)
+        self.outer = outer_optimizer(self.config)
+        self.inner: InnerRate | None = None     # needs the trainers' rate: set in loop
+        self.inner_steps = 0        # a trainer's optimizer steps so far (lr_schedule's step)
         self.pending_row = None     # the last row, whose weights the next round evaluates
+
+    @classmethod
+    def scheme_defaults(cls, config: TrainConfig) -> dict:
+        return averaging_defaults(config, cls.defaults)
+
+    @classmethod
+    def validate(cls, config: TrainConfig) -> None:
+        check_averaging(config)
 
     def total_rows(self) -> int:
         return self.config.master_epochs * self.config.rounds_per_epoch
 
     def position(self) -> dict:
-        return {"pending_row": self.pending_row}
+        return {"pending_row": self.pending_row, "outer_steps": self.outer.steps,
+                "inner_steps": self.inner_steps}
 
     def restore_position(self, ckpt) -> None:
-        self.pending_row = ckpt.meta["position"].get("pending_row")
+        pos = ckpt.meta["position"]
+        self.pending_row = pos.get("pending_row")
+        self.outer.load_state(ckpt.arrays.get("outer", []), pos.get("outer_steps", self.round_no))
+        self.inner_steps = int(pos.get("inner_steps", 0))
 
     def loop(self, w: list) -> list:
         cfg = self.config
         R = cfg.rounds_per_epoch
+        self.inner = inner_rate(cfg, self.pool.live()[0].info.get("learning_rate"))
         while self.round_no < self.total_rows():
             epoch, r = divmod(self.round_no, R)
             stopped, w = self._round(w, epoch + 1, r)
@@ -81,10 +141,12 @@ class SyncScheme(Scheme):
                 evaluation.submit(live)
             self.pending_row = None
         want_state = self.checkpoint_due(self.round_no + 1)
+        rate = self.inner.at(self.round_no, self.inner_steps, len(live))
+        extra = {} if rate is None else {"learning_rate": rate}
         calls = {}
         for slot in live:
             ref = slot.handle.train.remote(w_ref, pieces[slot.index], cfg.worker_epochs,
-                                           cfg.batch_size, return_state=want_state)
+                                           cfg.batch_size, return_state=want_state, **extra)
             calls[ref] = slot
         self.bytes_sent += len(live) * nbytes(w) + sum(p.nbytes for p in pieces.values())
         results: dict = {}
@@ -100,12 +162,19 @@ class SyncScheme(Scheme):
         for j, s in zip(slots, stats):
             self.keep_state(j, s)
         self.bytes_received += sum(nbytes(d) for d in deltas)
-        w = apply_delta(w, weighted_mean(deltas, [s["samples"] for s in stats]))
+        w = self.outer.step(w, weighted_mean(deltas, [s["samples"] for s in stats]), len(deltas))
+        self.inner_steps += steps_in(max(len(p) for p in pieces.values()), cfg.batch_size,
+                                     cfg.worker_epochs)
         self.round_no += 1
         self.pending_row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
                                         stats, time.perf_counter() - t_round)
+        if rate is not None:
+            self.pending_row["learning_rate"] = rate
+        if not self.outer.plain:
+            self.pending_row["outer_lr"] = self.outer.last_rate
         if self.checkpoint_due(self.round_no):
-            self.save_checkpoint(w)
+            state = self.outer.state()
+            self.save_checkpoint(w, {"outer": state} if state else None)
         return False, w
 
     def _gather(self, calls: dict, evaluation, results: dict) -> bool:
@@ -163,7 +232,7 @@ def train_sync(model_fn, dataset, *, trainers=None, initial_weights=None, resume
     ``rejoin_timeout_s``, ``FileNotFoundError``/``CheckpointMismatchError`` for a
     ``resume`` directory without a checkpoint or of another model or dataset.
     """
-    if resume is not None and options.get("checkpoint_dir") is None:
-        options["checkpoint_dir"] = resume
-    config = TrainConfig.from_options(options, caller="train_sync")
-    return SyncScheme(model_fn, dataset, config, trainers).run(initial_weights, resume)
+    from .api import train
+
+    return train(model_fn, dataset, "sync", trainers=trainers, initial_weights=initial_weights,
+                 resume=resume, **options)

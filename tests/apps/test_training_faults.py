@@ -199,11 +199,21 @@ class _Abort(Callback):
             raise KeyboardInterrupt("driver stopped")
 
 
-@pytest.mark.parametrize("trainer,model", [(NumpyTrainer, MODEL),
-                                           (MomentumTrainer, momentum_model_fn(64, 4))])
-def test_sync_resume_is_continuous_and_bit_equal(train_cluster, tmp_path, trainer, model):
+# Outer Nesterov momentum, the K rule's warm-up and a trainers' schedule: the velocity,
+# the outer step count and the trainers' step count travel in the checkpoint.
+_OUTER = dict(outer_lr=0.6, outer_momentum=0.8, nesterov=True, lr_scaling="outer",
+              warmup_rounds=4, lr_schedule=lambda step: 0.4 / (1 + 0.05 * step))
+
+
+@pytest.mark.parametrize("trainer,model,options", [
+    (NumpyTrainer, MODEL, dict(outer_momentum=0.0, lr_scaling="none")),
+    (MomentumTrainer, momentum_model_fn(64, 4), dict(outer_momentum=0.0, lr_scaling="none")),
+    (NumpyTrainer, MODEL, _OUTER),
+], ids=["plain", "optimizer-state", "outer-momentum-and-schedules"])
+def test_sync_resume_is_continuous_and_bit_equal(train_cluster, tmp_path, trainer, model,
+                                                 options):
     common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, trainer_cls=trainer,
-                  progress=False, seed=5)
+                  progress=False, seed=5, **options)
     whole = train_sync(model, hard_blobs_dataset, **common)
     with pytest.raises(KeyboardInterrupt):
         train_sync(model, hard_blobs_dataset, checkpoint_dir=str(tmp_path),
@@ -264,3 +274,4 @@ def test_progress_bar_shows_a_loss_and_a_rejoin(train_cluster, tmp_path, capfd):
     err = capfd.readouterr().err
     assert "trainer 1 lost on node" in err and "trainer 1 joined on node" in err
     assert "K=1" in err and "K=2" in err
+

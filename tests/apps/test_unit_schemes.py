@@ -1,19 +1,93 @@
-"""The scheme pieces that need no cluster: the outer optimizer, learning rates and the
-work ledger."""
+"""The scheme pieces that need no cluster: the registry, scheme settings, the outer
+optimizer, learning rates, the work ledger, EASGD's exchange and sized pieces."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from ddlf_actors.apps import TrainConfig, UnknownSchemeError, train
+from ddlf_actors.apps.schemes import (
+    AsyncScheme,
+    OuterOptimizer,
+    Scheme,
+    SyncScheme,
+    registry,
+)
 from ddlf_actors.apps.schemes.averaging import apply_delta
 from ddlf_actors.apps.schemes.ledger import WorkLedger
-from ddlf_actors.apps.schemes.outer import OuterOptimizer
 from ddlf_actors.apps.schemes.rates import InnerRate, evaluate, k_multiplier, steps_in
 
 
 def _w(v):
     return [np.full((3, 2), v, np.float32), np.full(2, v, np.float32)]
+
+
+# -- the registry ------------------------------------------------------------------------------
+def test_the_registry_holds_every_scheme_by_name():
+    assert registry.names()[:2] == ["sync", "async"]
+    assert registry.get("sync") is SyncScheme and registry.get("async") is AsyncScheme
+    with pytest.raises(UnknownSchemeError, match="unknown scheme 'sinc'.*sync, async"):
+        registry.get("sinc")
+    # train() refuses it before it starts anything (no cluster here).
+    with pytest.raises(ValueError, match="unknown scheme 'sinc': the registered schemes are"):
+        train(None, "fashion-mnist", scheme="sinc")
+
+
+def test_register_adds_a_scheme_and_refuses_a_taken_name():
+    class Mine(Scheme):
+        name = "mine-test"
+        options = ("rounds_per_epoch",)
+
+    registry.register("mine-test", Mine)
+    try:
+        assert registry.get("mine-test") is Mine and "mine-test" in registry.names()
+        assert "mine-test" in registry.accepting("rounds_per_epoch")
+        with pytest.raises(ValueError, match="already registered to"):
+            registry.register("sync", Mine)
+    finally:
+        registry._SCHEMES.pop("mine-test")
+
+
+# -- scheme-level settings ---------------------------------------------------------------------
+def test_a_setting_another_scheme_reads_is_refused_naming_who_reads_it():
+    with pytest.raises(ValueError, match="alpha= does not apply to the 'sync' scheme; it is "
+                                         "read by no scheme"):
+        SyncScheme.resolve(TrainConfig(alpha=0.5))
+    with pytest.raises(ValueError, match="outer_momentum= does not apply to the 'async'"):
+        AsyncScheme.resolve(TrainConfig(outer_momentum=0.9))
+    with pytest.raises(ValueError, match="staleness_bound=.*read by 'async'"):
+        SyncScheme.resolve(TrainConfig(staleness_bound=1))
+
+
+def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
+    sync = SyncScheme.resolve(TrainConfig())
+    assert sync.rounds_per_epoch == SyncScheme.defaults["rounds_per_epoch"]
+    assert sync.outer_momentum == SyncScheme.defaults["outer_momentum"]
+    # Without momentum there is no Nesterov; without scaling nothing to warm up.
+    plain = SyncScheme.resolve(TrainConfig(outer_momentum=0.0, lr_scaling="none"))
+    assert plain.nesterov is False and plain.warmup_rounds == 0
+    assert AsyncScheme.resolve(TrainConfig()).staleness_scaling is False
+
+
+def test_settings_that_contradict_each_other():
+    with pytest.raises(ValueError, match="warmup_rounds=3 ramps up the linear scaling rule"):
+        SyncScheme.resolve(TrainConfig(warmup_rounds=3, lr_scaling="none"))
+    with pytest.raises(ValueError, match="nesterov=True needs outer_momentum > 0"):
+        SyncScheme.resolve(TrainConfig(nesterov=True, outer_momentum=0.0))
+    for bad in (dict(outer_momentum=1.0), dict(alpha=0), dict(outer_lr=-1), dict(tau=0),
+                dict(lr_scaling="both"), dict(nesterov="yes"), dict(lr_schedule=0.1),
+                dict(warmup_rounds=-1)):
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)
+
+
+def test_a_schedule_is_recorded_by_name_in_a_checkpoint():
+    def halving(step):
+        return 0.5 ** step
+
+    saved = TrainConfig(outer_lr=halving).to_json()
+    assert saved["outer_lr"].endswith("halving") and saved["outer_momentum"] is None
 
 
 # -- the outer optimizer -----------------------------------------------------------------------
@@ -108,6 +182,24 @@ def test_a_keras_schedule_is_evaluated_on_the_driver():
     assert InnerRate(decay).at(0, 20, 2) == pytest.approx(0.025)
 
 
+def test_a_keras_trainer_sets_its_optimizers_rate():
+    keras = pytest.importorskip("keras")
+    from ddlf_actors.apps import TrainerActor
+
+    trainer = TrainerActor.__new__(TrainerActor)     # the hooks only, no dataset or actor
+    trainer.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    trainer.model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    assert trainer.get_learning_rate() == pytest.approx(0.01)
+    trainer.set_learning_rate(0.25)
+    assert trainer.get_learning_rate() == pytest.approx(0.25)
+    scheduled = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    scheduled.compile(optimizer=keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)), loss="mse")
+    trainer.model = scheduled
+    with pytest.raises(TypeError, match="pass the schedule as lr_schedule= instead"):
+        trainer.set_learning_rate(0.1)
+
+
 # -- the work ledger ---------------------------------------------------------------------------
 def test_work_straddling_a_row_boundary_is_split_by_time():
     ledger = WorkLedger(start=0.0)
@@ -146,4 +238,3 @@ def test_no_trainer_is_ever_busier_than_the_window():
     assert rows
     for wall, work in rows:
         assert all(c + e <= wall + 1e-9 for c, e in work.values())
-

@@ -56,6 +56,12 @@ class NumpyTrainer(TrainerActor):
     def set_weights(self, weights):
         self.model.set_weights(weights)
 
+    def get_learning_rate(self):
+        return float(self.model.lr)
+
+    def set_learning_rate(self, rate):
+        self.model.lr = float(rate)
+
     def fit(self, x, y, epochs, batch_size):
         x = np.asarray(x, np.float32)
         y = np.asarray(y)
@@ -251,3 +257,13 @@ class FailsWhenReplaced(SigkillOnce):
         if index == 1 and where and os.path.exists(os.path.join(where, "killed")):
             raise RuntimeError("replacement refuses to start")
         super().__init__(model_fn, dataset, index, num_cpus)
+
+
+class RateEchoTrainer(NumpyTrainer):
+    """Trains as NumpyTrainer but reports the learning rate it trained at as its loss, so
+    a history row's train_loss shows the rate the trainers really used."""
+
+    def fit(self, x, y, epochs, batch_size):
+        super().fit(x, y, epochs, batch_size)
+        return float(self.model.lr)
+

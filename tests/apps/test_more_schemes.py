@@ -1,0 +1,111 @@
+"""The schemes behind ``train(..., scheme=...)`` with the numpy trainer: sync's outer
+optimizer and learning-rate schedules, and the rows' time accounting."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from helpers_modules.numpy_trainer import (
+    ConstantDeltaTrainer,
+    NumpyTrainer,
+    RateEchoTrainer,
+    SlowFirstTrainer,
+    hard_blobs_dataset,
+    softmax_model_fn,
+)
+
+from ddlf_actors.apps import train, train_async, train_sync
+
+MODEL = softmax_model_fn(64, 4)
+N_TRAIN = 600     # hard_blobs_dataset
+
+
+def _zeros():
+    return [np.zeros((64, 4), np.float32), np.zeros(4, np.float32)]
+
+
+@pytest.mark.parametrize("scheme,options", [
+    ("sync", dict(outer_momentum=0.5, nesterov=True, rounds_per_epoch=2)),
+    ("async", dict()),
+])
+def test_every_scheme_learns_through_train(train_cluster, scheme, options):
+    result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=3,
+                   batch_size=16, trainer_cls=NumpyTrainer, progress=False, **options)
+    assert result.scheme == scheme
+    h = result.history
+    assert math.ceil(h[-1]["epoch"]) == 3 and h[-1]["test_accuracy"] > 0.5   # chance 0.25
+    assert h[-1]["train_loss"] < h[0]["train_loss"]
+    assert sum(r["samples"] for r in h) == 3 * N_TRAIN     # each sample once per epoch
+
+
+def test_sync_outer_nesterov_with_the_k_rule_and_warm_up(train_cluster):
+    # Every delta is all ones, so the averaged delta is 1 in every round and the weights
+    # follow the outer optimizer's formula alone.
+    mu, lr, warm, rounds = 0.5, 0.8, 3, 6
+    result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=3,
+                        rounds_per_epoch=2, outer_lr=lr, outer_momentum=mu, nesterov=True,
+                        lr_scaling="outer", warmup_rounds=warm, progress=False,
+                        trainer_cls=ConstantDeltaTrainer, initial_weights=_zeros())
+    w, v, rates = 0.0, 0.0, []
+    for t in range(rounds):
+        rate = lr * (1 + (2 - 1) * min(t, warm) / warm)
+        v = mu * v + 1.0
+        w -= rate * (1.0 + mu * v)
+        rates.append(rate)
+    for a in result.weights:
+        np.testing.assert_allclose(a, w, rtol=1e-5)
+    assert [r["outer_lr"] for r in result.history] == pytest.approx(rates)
+
+
+@pytest.mark.parametrize("scheme", ["sync", "async"])
+def test_a_learning_rate_schedule_reaches_the_trainers(train_cluster, scheme):
+    def schedule(step):
+        return 0.5 / (1 + step)
+
+    options = {"sync": dict(rounds_per_epoch=3), "async": dict(rounds_per_epoch=3)}[scheme]
+    result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=2,
+                   batch_size=20, lr_schedule=schedule, trainer_cls=RateEchoTrainer,
+                   progress=False, **options)
+    losses = [r["train_loss"] for r in result.history]    # the rate each trainer used
+    assert all(0 < x <= 0.5 for x in losses)
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
+    if scheme == "sync":
+        # Round t starts at step t * (steps per trainer per round) = t * 5 here
+        # (600 samples / 3 rounds / 2 trainers / batch 20).
+        for t, row in enumerate(result.history):
+            assert row["learning_rate"] == pytest.approx(schedule(5 * t))
+            assert row["train_loss"] == pytest.approx(schedule(5 * t))
+
+
+def test_the_inner_k_rule_scales_the_trainers_own_rate(train_cluster):
+    result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=2,
+                        rounds_per_epoch=2, lr_scaling="inner", warmup_rounds=2,
+                        trainer_cls=RateEchoTrainer, progress=False)
+    base = MODEL().lr   # the numpy model's own rate, reported by the trainers
+    assert [r["learning_rate"] for r in result.history] == pytest.approx(
+        [base, 1.5 * base, 2 * base, 2 * base])
+
+
+@pytest.mark.parametrize("scheme,options", [
+    ("async", dict(rounds_per_epoch=4)),
+])
+def test_no_row_has_negative_overhead(train_cluster, scheme, options):
+    # Trainer 0 is 8x slower, so calls straddle epoch ends all the time.
+    result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=4,
+                   batch_size=16, trainer_cls=SlowFirstTrainer, progress=False, **options)
+    assert len(result.history) == 4
+    for row in result.history:
+        assert row["overhead_s"] >= 0, row
+        assert row["compute_s"] <= row["wall_s"] and row["eval_s"] <= row["wall_s"], row
+    assert sum(r["compute_s"] for r in result.history) <= result.history[-1]["time_s"]
+
+
+def test_train_refuses_an_unknown_scheme_and_a_setting_it_does_not_read(train_cluster):
+    with pytest.raises(ValueError, match="unknown scheme 'elastic'.*sync, async"):
+        train(MODEL, hard_blobs_dataset, "elastic", trainer_cls=NumpyTrainer)
+    with pytest.raises(ValueError, match="outer_lr= does not apply to the 'async' scheme"):
+        train_async(MODEL, hard_blobs_dataset, outer_lr=2.0, trainer_cls=NumpyTrainer)
+    with pytest.raises(TypeError, match="unknown option 'outer_lrs'; did you mean 'outer_lr'"):
+        train(MODEL, hard_blobs_dataset, "sync", outer_lrs=4, trainer_cls=NumpyTrainer)
