@@ -1,7 +1,8 @@
 """The training schemes, by name (``registry.py``), and ``train()`` for any of them.
 
 - ``sync``: Algorithm 6, averaging in rounds, with an outer optimizer (``sync.py``);
-- ``async``: Algorithm 3 with SSP (``asynchronous.py``).
+- ``async``: Algorithm 3 with SSP (``asynchronous.py``);
+- ``easgd``: elastic averaging SGD (``easgd.py``).
 
 A new scheme is one module with a ``Scheme`` subclass and one ``register`` line below.
 """
@@ -10,6 +11,7 @@ from . import registry
 from .api import train
 from .asynchronous import AsyncScheme, train_async
 from .base import Scheme, TooFewTrainersError
+from .easgd import EasgdScheme
 from .outer import OuterOptimizer
 from .pool import TrainerPool, TrainerStartError
 from .registry import UnknownSchemeError, register
@@ -17,8 +19,9 @@ from .sync import SyncScheme, train_sync
 
 register("sync", SyncScheme)
 register("async", AsyncScheme)
+register("easgd", EasgdScheme)
 # register("allreduce", AllreduceScheme)   <- the allreduce scheme's line goes here
 
 __all__ = ["train", "train_sync", "train_async", "register", "registry", "Scheme",
-           "SyncScheme", "AsyncScheme", "OuterOptimizer",
+           "SyncScheme", "AsyncScheme", "EasgdScheme", "OuterOptimizer",
            "TrainerPool", "TrainerStartError", "TooFewTrainersError", "UnknownSchemeError"]

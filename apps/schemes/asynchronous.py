@@ -16,8 +16,8 @@ of the slowest live trainer.
 A call can start in one epoch and end in the next: its work is given to each epoch's row
 by time interval (``ledger.py``), so a row's ``compute_s`` never exceeds its wall time.
 
-What a call does (``_call``) and how its result is applied (``_absorb``) are hooks, so
-other asynchronous schemes can subclass this one.
+``easgd.py`` is asynchronous too: it subclasses this scheme and changes what a call
+does (``_call``) and how its result is applied (``_absorb``).
 """
 
 from __future__ import annotations

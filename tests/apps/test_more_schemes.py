@@ -1,5 +1,5 @@
-"""The schemes behind ``train(..., scheme=...)`` with the numpy trainer: sync's outer
-optimizer and learning-rate schedules, and the rows' time accounting."""
+"""The schemes behind ``train(..., scheme=...)`` with the numpy trainer: EASGD,
+sync's outer optimizer and learning-rate schedules, and the rows' time accounting."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def _zeros():
 
 
 @pytest.mark.parametrize("scheme,options", [
+    ("easgd", dict(tau=4)),
     ("sync", dict(outer_momentum=0.5, nesterov=True, rounds_per_epoch=2)),
     ("async", dict()),
 ])
@@ -38,6 +39,24 @@ def test_every_scheme_learns_through_train(train_cluster, scheme, options):
     assert math.ceil(h[-1]["epoch"]) == 3 and h[-1]["test_accuracy"] > 0.5   # chance 0.25
     assert h[-1]["train_loss"] < h[0]["train_loss"]
     assert sum(r["samples"] for r in h) == 3 * N_TRAIN     # each sample once per epoch
+
+
+def test_easgd_center_follows_the_elastic_rule(train_cluster):
+    alpha = 0.3
+    result = train(MODEL, hard_blobs_dataset, "easgd", workers=2, master_epochs=2,
+                   batch_size=16, tau=8, alpha=alpha, trainer_cls=ConstantDeltaTrainer,
+                   progress=False, initial_weights=_zeros())
+    # Replay the exchanges in the order the driver applied them: each call moved its
+    # trainer's own weights by -1 from what the driver last sent it.
+    center, local = 0.0, {}
+    for u in result.updates:
+        x = local.get(u["trainer"], 0.0) - 1.0
+        e = alpha * (x - center)
+        center, local[u["trainer"]] = center + e, x - e
+    assert len(result.updates) == 2 * math.ceil(N_TRAIN / (8 * 16))
+    for w in result.weights:
+        np.testing.assert_allclose(w, center, rtol=1e-5)
+    assert len(set(local)) == 2
 
 
 def test_sync_outer_nesterov_with_the_k_rule_and_warm_up(train_cluster):
@@ -59,12 +78,13 @@ def test_sync_outer_nesterov_with_the_k_rule_and_warm_up(train_cluster):
     assert [r["outer_lr"] for r in result.history] == pytest.approx(rates)
 
 
-@pytest.mark.parametrize("scheme", ["sync", "async"])
+@pytest.mark.parametrize("scheme", ["sync", "async", "easgd"])
 def test_a_learning_rate_schedule_reaches_the_trainers(train_cluster, scheme):
     def schedule(step):
         return 0.5 / (1 + step)
 
-    options = {"sync": dict(rounds_per_epoch=3), "async": dict(rounds_per_epoch=3)}[scheme]
+    options = {"sync": dict(rounds_per_epoch=3), "async": dict(rounds_per_epoch=3),
+               "easgd": dict(tau=3)}[scheme]
     result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=2,
                    batch_size=20, lr_schedule=schedule, trainer_cls=RateEchoTrainer,
                    progress=False, **options)
@@ -90,6 +110,7 @@ def test_the_inner_k_rule_scales_the_trainers_own_rate(train_cluster):
 
 @pytest.mark.parametrize("scheme,options", [
     ("async", dict(rounds_per_epoch=4)),
+    ("easgd", dict(tau=2)),
 ])
 def test_no_row_has_negative_overhead(train_cluster, scheme, options):
     # Trainer 0 is 8x slower, so calls straddle epoch ends all the time.
@@ -103,9 +124,9 @@ def test_no_row_has_negative_overhead(train_cluster, scheme, options):
 
 
 def test_train_refuses_an_unknown_scheme_and_a_setting_it_does_not_read(train_cluster):
-    with pytest.raises(ValueError, match="unknown scheme 'elastic'.*sync, async"):
+    with pytest.raises(ValueError, match="unknown scheme 'elastic'.*easgd"):
         train(MODEL, hard_blobs_dataset, "elastic", trainer_cls=NumpyTrainer)
-    with pytest.raises(ValueError, match="outer_lr= does not apply to the 'async' scheme"):
-        train_async(MODEL, hard_blobs_dataset, outer_lr=2.0, trainer_cls=NumpyTrainer)
-    with pytest.raises(TypeError, match="unknown option 'outer_lrs'; did you mean 'outer_lr'"):
-        train(MODEL, hard_blobs_dataset, "sync", outer_lrs=4, trainer_cls=NumpyTrainer)
+    with pytest.raises(ValueError, match="alpha= does not apply to the 'async' scheme"):
+        train_async(MODEL, hard_blobs_dataset, alpha=0.5, trainer_cls=NumpyTrainer)
+    with pytest.raises(TypeError, match="unknown option 'taus'; did you mean 'tau'"):
+        train(MODEL, hard_blobs_dataset, "easgd", taus=4, trainer_cls=NumpyTrainer)

@@ -28,6 +28,7 @@ from ddlf_actors.apps import (
     CheckpointMismatchError,
     TooFewTrainersError,
     checkpoint,
+    train,
     train_async,
     train_sync,
 )
@@ -274,4 +275,51 @@ def test_progress_bar_shows_a_loss_and_a_rejoin(train_cluster, tmp_path, capfd):
     err = capfd.readouterr().err
     assert "trainer 1 lost on node" in err and "trainer 1 joined on node" in err
     assert "K=1" in err and "K=2" in err
+
+
+# -- easgd: lost trainers and resume -------------------------------------------------
+_ASYNC_KINDS = [("easgd", dict(tau=4))]
+
+
+@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd"])
+def test_easgd_survives_a_sigkilled_trainer(train_cluster, tmp_path, scheme,
+                                                        options):
+    result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=3,
+                   batch_size=16, trainer_cls=SigkillOnce, progress=False,
+                   trainer_options=_kill_env(tmp_path, sleep=0.05, call=3), **options)
+    assert (tmp_path / "killed").exists()
+    h = result.history
+    assert [r["epoch"] for r in h] == [1, 2, 3]
+    lost = _kinds(result, "trainer_lost")
+    assert len(lost) == 1 and lost[0]["trainer"] == 1
+    # The lost trainer's piece was trained again: every sample counts once per epoch.
+    assert sum(r["samples"] for r in h) == 3 * 600
+    assert h[-1]["test_accuracy"] > 0.5
+
+
+class _AbortAfterRows(Callback):
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def on_row(self, row, run):
+        self.seen += 1
+        if self.seen == self.n:
+            raise KeyboardInterrupt("driver stopped")
+
+
+@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd"])
+def test_easgd_resumes_to_the_last_epoch(train_cluster, tmp_path, scheme, options):
+    common = dict(workers=2, master_epochs=4, batch_size=16, trainer_cls=NumpyTrainer,
+                  progress=False, **options)
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, hard_blobs_dataset, scheme, checkpoint_dir=str(tmp_path),
+              callbacks=[_AbortAfterRows(2)], **common)
+    ckpt = checkpoint.load(str(tmp_path))
+    assert ckpt.meta["scheme"] == scheme and ckpt.round > 0
+    if scheme == "easgd":   # each trainer's own weights are in the checkpoint
+        assert sorted(ckpt.arrays) >= ["local0", "local1"]
+    resumed = train(MODEL, hard_blobs_dataset, scheme, resume=str(tmp_path), **common)
+    assert [r["epoch"] for r in resumed.history] == [1, 2, 3, 4]
+    assert sum(r["samples"] for r in resumed.history) == 4 * 600
+    assert resumed.history[-1]["test_accuracy"] > 0.5
 

@@ -9,13 +9,16 @@ import pytest
 from ddlf_actors.apps import TrainConfig, UnknownSchemeError, train
 from ddlf_actors.apps.schemes import (
     AsyncScheme,
+    EasgdScheme,
     OuterOptimizer,
     Scheme,
     SyncScheme,
     registry,
 )
 from ddlf_actors.apps.schemes.averaging import apply_delta
+from ddlf_actors.apps.schemes.easgd import elastic_exchange
 from ddlf_actors.apps.schemes.ledger import WorkLedger
+from ddlf_actors.apps.schemes.plan import Plan
 from ddlf_actors.apps.schemes.rates import InnerRate, evaluate, k_multiplier, steps_in
 
 
@@ -25,9 +28,9 @@ def _w(v):
 
 # -- the registry ------------------------------------------------------------------------------
 def test_the_registry_holds_every_scheme_by_name():
-    assert registry.names()[:2] == ["sync", "async"]
-    assert registry.get("sync") is SyncScheme and registry.get("async") is AsyncScheme
-    with pytest.raises(UnknownSchemeError, match="unknown scheme 'sinc'.*sync, async"):
+    assert registry.names()[:3] == ["sync", "async", "easgd"]
+    assert registry.get("easgd") is EasgdScheme
+    with pytest.raises(UnknownSchemeError, match="unknown scheme 'sinc'.*sync, async, easgd"):
         registry.get("sinc")
     # train() refuses it before it starts anything (no cluster here).
     with pytest.raises(ValueError, match="unknown scheme 'sinc': the registered schemes are"):
@@ -52,11 +55,11 @@ def test_register_adds_a_scheme_and_refuses_a_taken_name():
 # -- scheme-level settings ---------------------------------------------------------------------
 def test_a_setting_another_scheme_reads_is_refused_naming_who_reads_it():
     with pytest.raises(ValueError, match="alpha= does not apply to the 'sync' scheme; it is "
-                                         "read by no scheme"):
+                                         "read by 'easgd'"):
         SyncScheme.resolve(TrainConfig(alpha=0.5))
     with pytest.raises(ValueError, match="outer_momentum= does not apply to the 'async'"):
         AsyncScheme.resolve(TrainConfig(outer_momentum=0.9))
-    with pytest.raises(ValueError, match="staleness_bound=.*read by 'async'"):
+    with pytest.raises(ValueError, match="staleness_bound=.*'async', 'easgd'"):
         SyncScheme.resolve(TrainConfig(staleness_bound=1))
 
 
@@ -67,7 +70,9 @@ def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
     # Without momentum there is no Nesterov; without scaling nothing to warm up.
     plain = SyncScheme.resolve(TrainConfig(outer_momentum=0.0, lr_scaling="none"))
     assert plain.nesterov is False and plain.warmup_rounds == 0
-    assert AsyncScheme.resolve(TrainConfig()).staleness_scaling is False
+    assert EasgdScheme.resolve(TrainConfig(workers=3)).alpha == pytest.approx(0.3)
+    assert EasgdScheme.resolve(TrainConfig(workers=3, alpha=0.1)).alpha == 0.1
+    assert EasgdScheme.resolve(TrainConfig()).rounds_per_epoch is None
 
 
 def test_settings_that_contradict_each_other():
@@ -238,3 +243,19 @@ def test_no_trainer_is_ever_busier_than_the_window():
     assert rows
     for wall, work in rows:
         assert all(c + e <= wall + 1e-9 for c, e in work.values())
+
+
+# -- easgd pieces -----------------------------------------------------------------
+def test_elastic_exchange_moves_both_by_alpha_of_their_gap():
+    center, local = _w(0.0), _w(10.0)
+    c, x = elastic_exchange(center, local, 0.25)
+    np.testing.assert_allclose(c[0], 2.5)
+    np.testing.assert_allclose(x[0], 7.5)
+    assert c[0].dtype == np.float32
+
+
+def test_sized_pieces_cover_the_epoch_once():
+    plan = Plan(seed=4, rounds_per_epoch=1, num_train=100)
+    pieces = plan.sized_pieces(1, 32)
+    assert [len(p) for p in pieces] == [32, 32, 32, 4]
+    assert sorted(np.concatenate(pieces).tolist()) == list(range(100))
