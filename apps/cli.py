@@ -72,9 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="sync: average this many times per epoch (default: the scheme's); "
                           "async: pieces per trainer per epoch")
     run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
-    run.add_argument("--staleness-bound", type=int, help="async, easgd: SSP bound")
+    run.add_argument("--staleness-bound", type=int, help="async, easgd, downpour: SSP bound")
     run.add_argument("--staleness-scaling", action="store_true", default=None,
-                     help="async: divide each update by its staleness + 1")
+                     help="async, downpour: divide each update by its staleness + 1")
     outer = run.add_argument_group("sync: the outer optimizer and learning rates (defaults: "
                                    "the scheme's, see docs/training.md)")
     outer.add_argument("--outer-lr", type=float, help="the driver's rate on the averaged delta")
@@ -85,10 +85,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="the linear scaling rule for K: on the outer rate or the trainers'")
     outer.add_argument("--warmup-rounds", type=int,
                        help="ramp the K-scaling up linearly over this many rounds")
-    other = run.add_argument_group("easgd")
+    other = run.add_argument_group("easgd and downpour")
     other.add_argument("--alpha", type=float, help="easgd: elastic coefficient (0.9/K)")
     other.add_argument("--tau", type=int, help="easgd: local steps between exchanges")
-
+    other.add_argument("--n-fetch", type=int, help="downpour: fetch every N local steps")
+    other.add_argument("--n-push", type=int, help="downpour: push every N local steps")
     run.add_argument("--target-accuracy", type=float,
                      help="stop at the first evaluation with this test accuracy")
     run.add_argument("--patience", type=int)
@@ -114,7 +115,7 @@ _SCHEME_FLAGS = {"rounds_per_epoch": "--rounds-per-epoch", "staleness_bound": "-
                  "staleness_scaling": "--staleness-scaling", "outer_lr": "--outer-lr",
                  "outer_momentum": "--outer-momentum", "nesterov": "--nesterov",
                  "lr_scaling": "--lr-scaling", "warmup_rounds": "--warmup-rounds",
-                 "alpha": "--alpha", "tau": "--tau"}
+                 "alpha": "--alpha", "tau": "--tau", "n_fetch": "--n-fetch", "n_push": "--n-push"}
 
 
 def _scheme_names() -> list[str]:

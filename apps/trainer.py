@@ -78,6 +78,7 @@ class TrainerActor(ClusterWorker):
         self.model = self.build_model(model_fn)
         self._last_call_end: float | None = None
         self._eval_s = 0.0  # evaluation time since the last train call, reported by train
+        self._accumulated: dict | None = None   # Downpour: the update not pushed yet
 
     # -- hooks: override these for another framework ----------------------------------------
     def configure_threads(self, n: int) -> None:
@@ -202,6 +203,45 @@ class TrainerActor(ClusterWorker):
         old, new, loss, samples = self._run(weights, indices, epochs, batch_size, learning_rate)
         delta = [o - n for o, n in zip(old, new)]
         return delta, self._stats(start, samples, loss, return_state)
+
+    def run_steps(self, weights, indices, epochs: int, batch_size: int, push: bool,
+                  fresh: bool = False, return_state: bool = False,
+                  learning_rate: float | None = None):
+        """Downpour's trainer side: train from ``weights`` (a fetch; None: carry on from
+        this trainer's own weights) on rows ``indices``, adding the change to an
+        accumulated update. With ``push``, return ``(update, stats)`` and start a new
+        accumulation: ``update`` is old − new summed over every call since the last push,
+        ``stats["samples"]`` and ``stats["loss"]`` cover those calls. Without, return
+        ``(None, stats)`` with ``samples`` 0. ``fresh`` drops an accumulation left from
+        another run. ``stats["trained"]`` is this call's own samples."""
+        start = time.perf_counter()
+        if fresh:
+            self._accumulated = None
+        acc = self._accumulated or {"update": None, "samples": 0, "loss": 0.0}
+        if len(indices):
+            old, new, loss, samples = self._run(weights, indices, epochs, batch_size,
+                                                learning_rate)
+            change = [o - n for o, n in zip(old, new)]
+            acc["update"] = change if acc["update"] is None else [
+                a + c for a, c in zip(acc["update"], change)]
+            acc["samples"] += samples
+            acc["loss"] += loss * samples
+        elif weights is not None:
+            self.set_weights(weights)
+        trained = int(len(indices))
+        if not push:
+            self._accumulated = acc
+            stats = self._stats(start, 0, 0.0, return_state)
+            stats["trained"] = trained
+            return None, stats
+        self._accumulated = None
+        update = acc["update"]
+        if update is None:   # nothing trained since the last push
+            update = [np.zeros_like(w) for w in self.get_weights()]
+        stats = self._stats(start, acc["samples"],
+                            acc["loss"] / acc["samples"] if acc["samples"] else 0.0, return_state)
+        stats["trained"] = trained
+        return update, stats
 
     def _run(self, weights, indices, epochs, batch_size, learning_rate):
         """Train on ``indices``: ``(weights before, weights after, loss, samples)``."""

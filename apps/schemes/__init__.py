@@ -2,7 +2,8 @@
 
 - ``sync``: Algorithm 6, averaging in rounds, with an outer optimizer (``sync.py``);
 - ``async``: Algorithm 3 with SSP (``asynchronous.py``);
-- ``easgd``: elastic averaging SGD (``easgd.py``).
+- ``easgd``: elastic averaging SGD (``easgd.py``);
+- ``downpour``: Downpour SGD (``downpour.py``).
 
 A new scheme is one module with a ``Scheme`` subclass and one ``register`` line below.
 """
@@ -11,6 +12,7 @@ from . import registry
 from .api import train
 from .asynchronous import AsyncScheme, train_async
 from .base import Scheme, TooFewTrainersError
+from .downpour import DownpourScheme
 from .easgd import EasgdScheme
 from .outer import OuterOptimizer
 from .pool import TrainerPool, TrainerStartError
@@ -20,8 +22,9 @@ from .sync import SyncScheme, train_sync
 register("sync", SyncScheme)
 register("async", AsyncScheme)
 register("easgd", EasgdScheme)
+register("downpour", DownpourScheme)
 # register("allreduce", AllreduceScheme)   <- the allreduce scheme's line goes here
 
 __all__ = ["train", "train_sync", "train_async", "register", "registry", "Scheme",
-           "SyncScheme", "AsyncScheme", "EasgdScheme", "OuterOptimizer",
+           "SyncScheme", "AsyncScheme", "EasgdScheme", "DownpourScheme", "OuterOptimizer",
            "TrainerPool", "TrainerStartError", "TooFewTrainersError", "UnknownSchemeError"]

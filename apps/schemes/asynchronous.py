@@ -16,8 +16,8 @@ of the slowest live trainer.
 A call can start in one epoch and end in the next: its work is given to each epoch's row
 by time interval (``ledger.py``), so a row's ``compute_s`` never exceeds its wall time.
 
-``easgd.py`` is asynchronous too: it subclasses this scheme and changes what a call
-does (``_call``) and how its result is applied (``_absorb``).
+``easgd.py`` and ``downpour.py`` are asynchronous too: they subclass this scheme and
+change what a call does (``_call``) and how its result is applied (``_absorb``).
 """
 
 from __future__ import annotations

@@ -159,10 +159,11 @@ def _closed_port() -> int:
     (["--target-accuracy", "5"], "--target-accuracy must be in (0, 1]"),
     (["--scheme", "sync", "--staleness-bound", "1"], "applies to --scheme async"),
     (["--scheme", "allreduce-nope"], "unknown scheme 'allreduce-nope': the registered"),
+    (["--scheme", "downpour", "--n-fetch", "3", "--n-push", "4"], "multiple of the smaller"),
     (["--token-file", "{missing}"], "--token-file {missing}: No such file"),
     (["--address", "127.0.0.1:{port}"], "could not reach a DDLF head at 127.0.0.1:{port}"),
 ], ids=["out-is-a-file", "tensorboard-is-a-file", "unknown-dataset", "workers-0",
-        "target-accuracy", "staleness-with-sync", "unknown-scheme",
+        "target-accuracy", "staleness-with-sync", "unknown-scheme", "downpour-periods",
         "token-file-missing", "no-head-there"])
 def test_a_user_mistake_is_one_line_exit_2_before_any_fetch(tmp_path, args, says):
     """cifar10 is in no cache here, so checking after the dataset would start a download

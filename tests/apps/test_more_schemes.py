@@ -1,4 +1,4 @@
-"""The schemes behind ``train(..., scheme=...)`` with the numpy trainer: EASGD,
+"""The schemes behind ``train(..., scheme=...)`` with the numpy trainer: EASGD, Downpour,
 sync's outer optimizer and learning-rate schedules, and the rows' time accounting."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def _zeros():
 
 @pytest.mark.parametrize("scheme,options", [
     ("easgd", dict(tau=4)),
+    ("downpour", dict(n_fetch=2, n_push=4)),
     ("sync", dict(outer_momentum=0.5, nesterov=True, rounds_per_epoch=2)),
     ("async", dict()),
 ])
@@ -39,6 +40,30 @@ def test_every_scheme_learns_through_train(train_cluster, scheme, options):
     assert math.ceil(h[-1]["epoch"]) == 3 and h[-1]["test_accuracy"] > 0.5   # chance 0.25
     assert h[-1]["train_loss"] < h[0]["train_loss"]
     assert sum(r["samples"] for r in h) == 3 * N_TRAIN     # each sample once per epoch
+
+
+@pytest.mark.parametrize("n_fetch,n_push", [(2, 4), (4, 2)])
+def test_downpour_applies_every_pieces_update_once_at_full_rate(train_cluster, n_fetch, n_push):
+    # ConstantDeltaTrainer moves its weights by -1 per call: a piece of min(n_fetch, n_push)
+    # steps. Every piece's update must reach the weights exactly once, unscaled.
+    batch = 16
+    pieces = 3 * math.ceil(N_TRAIN / (min(n_fetch, n_push) * batch))
+    result = train(MODEL, hard_blobs_dataset, "downpour", workers=2, master_epochs=3,
+                   batch_size=batch, n_fetch=n_fetch, n_push=n_push, progress=False,
+                   trainer_cls=ConstantDeltaTrainer, initial_weights=_zeros())
+    for w in result.weights:
+        np.testing.assert_allclose(w, -pieces)
+    pushes = len(result.updates)
+    per_push = max(1, n_push // n_fetch)
+    # A trainer pushes every n_push steps, and once more with what it holds at the end.
+    assert pieces / per_push <= pushes <= pieces / per_push + 2
+    weights_bytes = sum(w.nbytes for w in _zeros())
+    assert sum(r["bytes_received"] for r in result.history) == pushes * weights_bytes
+    # Fetches follow n_fetch: bytes sent are fetches of the weights plus the indices
+    # (and the evaluations' weights, one per trainer and row).
+    fetches_max = pieces / max(1, n_fetch // n_push) + 2 + 2 * (3 + 1)
+    assert sum(r["bytes_sent"] for r in result.history) < (fetches_max + 1) * weights_bytes + \
+        3 * N_TRAIN * 4
 
 
 def test_easgd_center_follows_the_elastic_rule(train_cluster):
@@ -78,13 +103,13 @@ def test_sync_outer_nesterov_with_the_k_rule_and_warm_up(train_cluster):
     assert [r["outer_lr"] for r in result.history] == pytest.approx(rates)
 
 
-@pytest.mark.parametrize("scheme", ["sync", "async", "easgd"])
+@pytest.mark.parametrize("scheme", ["sync", "async", "downpour"])
 def test_a_learning_rate_schedule_reaches_the_trainers(train_cluster, scheme):
     def schedule(step):
         return 0.5 / (1 + step)
 
     options = {"sync": dict(rounds_per_epoch=3), "async": dict(rounds_per_epoch=3),
-               "easgd": dict(tau=3)}[scheme]
+               "downpour": dict(n_fetch=2, n_push=2)}[scheme]
     result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=2,
                    batch_size=20, lr_schedule=schedule, trainer_cls=RateEchoTrainer,
                    progress=False, **options)
@@ -110,6 +135,7 @@ def test_the_inner_k_rule_scales_the_trainers_own_rate(train_cluster):
 
 @pytest.mark.parametrize("scheme,options", [
     ("async", dict(rounds_per_epoch=4)),
+    ("downpour", dict(n_fetch=2, n_push=2)),
     ("easgd", dict(tau=2)),
 ])
 def test_no_row_has_negative_overhead(train_cluster, scheme, options):
@@ -126,7 +152,7 @@ def test_no_row_has_negative_overhead(train_cluster, scheme, options):
 def test_train_refuses_an_unknown_scheme_and_a_setting_it_does_not_read(train_cluster):
     with pytest.raises(ValueError, match="unknown scheme 'elastic'.*easgd"):
         train(MODEL, hard_blobs_dataset, "elastic", trainer_cls=NumpyTrainer)
-    with pytest.raises(ValueError, match="alpha= does not apply to the 'async' scheme"):
-        train_async(MODEL, hard_blobs_dataset, alpha=0.5, trainer_cls=NumpyTrainer)
+    with pytest.raises(ValueError, match="n_push= does not apply to the 'async' scheme"):
+        train_async(MODEL, hard_blobs_dataset, n_push=4, trainer_cls=NumpyTrainer)
     with pytest.raises(TypeError, match="unknown option 'taus'; did you mean 'tau'"):
         train(MODEL, hard_blobs_dataset, "easgd", taus=4, trainer_cls=NumpyTrainer)

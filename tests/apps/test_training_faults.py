@@ -12,6 +12,8 @@ import os
 import numpy as np
 import pytest
 from helpers_modules.numpy_trainer import (
+    ConstantDeltaSigkillOnce,
+    ConstantDeltaTrainer,
     FailsWhenReplaced,
     MomentumTrainer,
     NumpyTrainer,
@@ -277,12 +279,12 @@ def test_progress_bar_shows_a_loss_and_a_rejoin(train_cluster, tmp_path, capfd):
     assert "K=1" in err and "K=2" in err
 
 
-# -- easgd: lost trainers and resume -------------------------------------------------
-_ASYNC_KINDS = [("easgd", dict(tau=4))]
+# -- easgd and downpour: lost trainers and resume -------------------------------------------------
+_ASYNC_KINDS = [("easgd", dict(tau=4)), ("downpour", dict(n_fetch=2, n_push=4))]
 
 
-@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd"])
-def test_easgd_survives_a_sigkilled_trainer(train_cluster, tmp_path, scheme,
+@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd", "downpour"])
+def test_easgd_and_downpour_survive_a_sigkilled_trainer(train_cluster, tmp_path, scheme,
                                                         options):
     result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=3,
                    batch_size=16, trainer_cls=SigkillOnce, progress=False,
@@ -292,9 +294,24 @@ def test_easgd_survives_a_sigkilled_trainer(train_cluster, tmp_path, scheme,
     assert [r["epoch"] for r in h] == [1, 2, 3]
     lost = _kinds(result, "trainer_lost")
     assert len(lost) == 1 and lost[0]["trainer"] == 1
-    # The lost trainer's piece was trained again: every sample counts once per epoch.
+    # What the lost trainer had not handed in was trained again: every sample counts once
+    # per epoch.
     assert sum(r["samples"] for r in h) == 3 * 600
     assert h[-1]["test_accuracy"] > 0.5
+
+
+def test_downpour_retrains_what_a_lost_trainer_never_pushed(train_cluster, tmp_path):
+    # Each piece moves the weights by exactly -1 once its update is pushed: after a
+    # SIGKILL with updates held and not pushed, the total is still one per piece.
+    pieces = 3 * -(-600 // (2 * 16))
+    zeros = [np.zeros((64, 4), np.float32), np.zeros(4, np.float32)]
+    result = train(MODEL, hard_blobs_dataset, "downpour", workers=2, master_epochs=3,
+                   batch_size=16, n_fetch=2, n_push=6, trainer_cls=ConstantDeltaSigkillOnce,
+                   progress=False, initial_weights=zeros,
+                   trainer_options=_kill_env(tmp_path, sleep=0.02, call=5))
+    assert (tmp_path / "killed").exists() and len(_kinds(result, "trainer_lost")) == 1
+    for w in result.weights:
+        np.testing.assert_allclose(w, -pieces)
 
 
 class _AbortAfterRows(Callback):
@@ -307,8 +324,8 @@ class _AbortAfterRows(Callback):
             raise KeyboardInterrupt("driver stopped")
 
 
-@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd"])
-def test_easgd_resumes_to_the_last_epoch(train_cluster, tmp_path, scheme, options):
+@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd", "downpour"])
+def test_easgd_and_downpour_resume_to_the_last_epoch(train_cluster, tmp_path, scheme, options):
     common = dict(workers=2, master_epochs=4, batch_size=16, trainer_cls=NumpyTrainer,
                   progress=False, **options)
     with pytest.raises(KeyboardInterrupt):
@@ -323,3 +340,16 @@ def test_easgd_resumes_to_the_last_epoch(train_cluster, tmp_path, scheme, option
     assert sum(r["samples"] for r in resumed.history) == 4 * 600
     assert resumed.history[-1]["test_accuracy"] > 0.5
 
+
+def test_downpour_resume_applies_every_piece_once(train_cluster, tmp_path):
+    pieces = 4 * -(-600 // (2 * 16))
+    zeros = [np.zeros((64, 4), np.float32), np.zeros(4, np.float32)]
+    common = dict(workers=2, master_epochs=4, batch_size=16, n_fetch=2, n_push=6,
+                  trainer_cls=ConstantDeltaTrainer, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, hard_blobs_dataset, "downpour", checkpoint_dir=str(tmp_path),
+              initial_weights=zeros, callbacks=[_AbortAfterRows(2)], **common)
+    resumed = train(MODEL, hard_blobs_dataset, "downpour", resume=str(tmp_path), **common)
+    # Pieces trained but not pushed (or in flight) at the checkpoint were trained again.
+    for w in resumed.weights:
+        np.testing.assert_allclose(w, -pieces)

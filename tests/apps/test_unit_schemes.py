@@ -9,6 +9,7 @@ import pytest
 from ddlf_actors.apps import TrainConfig, UnknownSchemeError, train
 from ddlf_actors.apps.schemes import (
     AsyncScheme,
+    DownpourScheme,
     EasgdScheme,
     OuterOptimizer,
     Scheme,
@@ -28,8 +29,8 @@ def _w(v):
 
 # -- the registry ------------------------------------------------------------------------------
 def test_the_registry_holds_every_scheme_by_name():
-    assert registry.names()[:3] == ["sync", "async", "easgd"]
-    assert registry.get("easgd") is EasgdScheme
+    assert registry.names()[:4] == ["sync", "async", "easgd", "downpour"]
+    assert registry.get("easgd") is EasgdScheme and registry.get("downpour") is DownpourScheme
     with pytest.raises(UnknownSchemeError, match="unknown scheme 'sinc'.*sync, async, easgd"):
         registry.get("sinc")
     # train() refuses it before it starts anything (no cluster here).
@@ -59,7 +60,7 @@ def test_a_setting_another_scheme_reads_is_refused_naming_who_reads_it():
         SyncScheme.resolve(TrainConfig(alpha=0.5))
     with pytest.raises(ValueError, match="outer_momentum= does not apply to the 'async'"):
         AsyncScheme.resolve(TrainConfig(outer_momentum=0.9))
-    with pytest.raises(ValueError, match="staleness_bound=.*'async', 'easgd'"):
+    with pytest.raises(ValueError, match="staleness_bound=.*'async', 'easgd', 'downpour'"):
         SyncScheme.resolve(TrainConfig(staleness_bound=1))
 
 
@@ -72,7 +73,8 @@ def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
     assert plain.nesterov is False and plain.warmup_rounds == 0
     assert EasgdScheme.resolve(TrainConfig(workers=3)).alpha == pytest.approx(0.3)
     assert EasgdScheme.resolve(TrainConfig(workers=3, alpha=0.1)).alpha == 0.1
-    assert EasgdScheme.resolve(TrainConfig()).rounds_per_epoch is None
+    down = DownpourScheme.resolve(TrainConfig())
+    assert down.n_fetch and down.n_push and down.rounds_per_epoch is None
 
 
 def test_settings_that_contradict_each_other():
@@ -80,6 +82,8 @@ def test_settings_that_contradict_each_other():
         SyncScheme.resolve(TrainConfig(warmup_rounds=3, lr_scaling="none"))
     with pytest.raises(ValueError, match="nesterov=True needs outer_momentum > 0"):
         SyncScheme.resolve(TrainConfig(nesterov=True, outer_momentum=0.0))
+    with pytest.raises(ValueError, match="the larger must be a multiple of the smaller.*4 and 8"):
+        DownpourScheme.resolve(TrainConfig(n_fetch=4, n_push=6))
     for bad in (dict(outer_momentum=1.0), dict(alpha=0), dict(outer_lr=-1), dict(tau=0),
                 dict(lr_scaling="both"), dict(nesterov="yes"), dict(lr_schedule=0.1),
                 dict(warmup_rounds=-1)):
@@ -245,7 +249,7 @@ def test_no_trainer_is_ever_busier_than_the_window():
         assert all(c + e <= wall + 1e-9 for c, e in work.values())
 
 
-# -- easgd pieces -----------------------------------------------------------------
+# -- easgd and downpour pieces -----------------------------------------------------------------
 def test_elastic_exchange_moves_both_by_alpha_of_their_gap():
     center, local = _w(0.0), _w(10.0)
     c, x = elastic_exchange(center, local, 0.25)

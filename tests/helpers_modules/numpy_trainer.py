@@ -267,3 +267,6 @@ class RateEchoTrainer(NumpyTrainer):
         super().fit(x, y, epochs, batch_size)
         return float(self.model.lr)
 
+
+class ConstantDeltaSigkillOnce(SigkillOnce, ConstantDeltaTrainer):
+    """ConstantDeltaTrainer's arithmetic, and SigkillOnce's fault (see both)."""
