@@ -15,7 +15,7 @@ __all__ = ["TrainConfig", "SCHEME_OPTIONS", "ASYNC_ONLY", "LR_SCALINGS", "descri
 
 # Settings that belong to a scheme: None means "the scheme's own default", and a scheme
 # refuses one it does not read (each Scheme class lists the ones it reads in ``options``).
-SCHEME_OPTIONS = ("rounds_per_epoch", "staleness_bound", "staleness_scaling", "outer_lr",
+SCHEME_OPTIONS = ("rounds_per_epoch", "eval_every", "staleness_bound", "staleness_scaling", "outer_lr",
                   "outer_momentum", "nesterov", "lr_scaling", "warmup_rounds", "lr_schedule",
                   "alpha", "tau", "n_fetch", "n_push")
 # Kept for callers of the first version: the options only asynchronous schemes read.
@@ -60,7 +60,7 @@ class TrainConfig:
     ``rounds_per_epoch`` splits each epoch into that many rounds, averaging after each
     (local SGD: more rounds, more communication, usually better accuracy per epoch).
 
-    Scheme-level settings (``rounds_per_epoch``, the outer optimizer ``outer_lr``,
+    Scheme-level settings (``rounds_per_epoch``, ``eval_every``, the outer optimizer ``outer_lr``,
     ``outer_momentum`` and ``nesterov``, the K-scaling rule ``lr_scaling`` with its
     ``warmup_rounds``, the trainers' ``lr_schedule``, EASGD's ``alpha`` and ``tau``,
     Downpour's ``n_fetch`` and ``n_push``, SSP's ``staleness_bound`` and
@@ -80,6 +80,9 @@ class TrainConfig:
     worker_epochs: int = 1
     batch_size: int = 32
     rounds_per_epoch: int | None = None
+    # Sync: evaluate every this many rounds (and the last one); the others' rows have no
+    # test accuracy. Default: once per epoch.
+    eval_every: int | None = None
     num_cpus: float = 1
     # The fewest trainers a run goes on with; default 1, or the low end of workers=(lo, hi).
     min_workers: int | None = None
@@ -167,7 +170,7 @@ class TrainConfig:
 
     def _check_scheme_options(self) -> None:
         """Values of the scheme-level settings that are given (None: the scheme's default)."""
-        for name in ("rounds_per_epoch", "tau", "n_fetch", "n_push"):
+        for name in ("rounds_per_epoch", "eval_every", "tau", "n_fetch", "n_push"):
             if getattr(self, name) is not None:
                 _int_at_least(name, getattr(self, name))
         if self.warmup_rounds is not None:

@@ -22,6 +22,7 @@ run resumed from a checkpoint ends with the same weights as one that was never s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..config import TrainConfig
@@ -32,22 +33,49 @@ from .outer import OuterOptimizer
 from .rates import InnerRate, steps_in
 
 __all__ = ["SyncScheme", "train_sync", "AVERAGING_OPTIONS", "averaging_defaults",
-           "check_averaging", "outer_optimizer", "inner_rate"]
+           "check_averaging", "outer_optimizer", "inner_rate", "default_rounds", "fill_rounds",
+           "STEPS_PER_ROUND"]
 
 # The settings of a scheme that averages deltas in rounds (sync, allreduce).
-AVERAGING_OPTIONS = ("rounds_per_epoch", "outer_lr", "outer_momentum", "nesterov",
-                     "lr_scaling", "warmup_rounds", "lr_schedule")
+AVERAGING_OPTIONS = ("rounds_per_epoch", "eval_every", "outer_lr", "outer_momentum",
+                     "nesterov", "lr_scaling", "warmup_rounds", "lr_schedule")
+# Local steps per trainer per round that rounds_per_epoch aims at when left out.
+STEPS_PER_ROUND = 32
+
+
+def default_rounds(per_trainer: float, batch_size: int, steps: int = STEPS_PER_ROUND) -> int:
+    """Rounds per epoch that give a trainer with ``per_trainer`` samples an epoch about
+    ``steps`` local steps per round (at least one round)."""
+    return max(1, round(per_trainer / (batch_size * steps)))
 
 
 def averaging_defaults(config: TrainConfig, defaults: dict) -> dict:
     """``defaults`` adjusted to what the run set itself: with ``outer_momentum=0`` Nesterov
-    is off, and with ``lr_scaling='none'`` there is nothing to warm up."""
+    is off; with ``lr_scaling='none'`` there is nothing to warm up and the outer rate is
+    1 (a plain average, unless ``outer_lr`` or momentum say otherwise)."""
     out = dict(defaults)
     if config.outer_momentum == 0:
         out["nesterov"] = False
+    if config.lr_scaling in ("none", "inner") and config.outer_lr is None:
+        out["outer_lr"] = 1.0
     if config.lr_scaling == "none":
         out["warmup_rounds"] = 0
     return out
+
+
+def fill_rounds(config: TrainConfig, per_trainer: float) -> TrainConfig:
+    """``config`` with the settings that depend on the data's size filled in, where left
+    out: ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch)
+    and ``warmup_rounds`` (half an epoch's rounds when a K rule is on)."""
+    fill = {}
+    rounds = config.rounds_per_epoch
+    if rounds is None:
+        rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
+    if config.eval_every is None:
+        fill["eval_every"] = rounds
+    if config.warmup_rounds is None:
+        fill["warmup_rounds"] = max(1, rounds // 2) if config.lr_scaling != "none" else 0
+    return dataclasses.replace(config, **fill) if fill else config
 
 
 def check_averaging(config: TrainConfig) -> None:
@@ -75,12 +103,17 @@ def inner_rate(config: TrainConfig, base: float | None) -> InnerRate:
 class SyncScheme(Scheme):
     name = "sync"
     options = AVERAGING_OPTIONS
-    defaults = {"rounds_per_epoch": 1, "outer_lr": 1.0, "outer_momentum": 0.0,
-                "nesterov": False, "lr_scaling": "none", "warmup_rounds": 0}
+    # The fastest to a target accuracy that we measured (benchmarks/README.md, "Time to
+    # accuracy"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
+    # data's size), an outer rate of 0.5 x K reached by a linear warm-up over half an
+    # epoch's rounds (warmup_rounds), Nesterov outer momentum 0.9, one evaluation per
+    # epoch (eval_every). Settings left None here are filled in once the data's size is
+    # known (_make_plan).
+    defaults = {"outer_lr": 0.5, "outer_momentum": 0.9, "nesterov": True, "lr_scaling": "outer"}
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
         super().__init__(model_fn, dataset, config, trainers)
-        self.outer = outer_optimizer(self.config)
+        self.outer: OuterOptimizer | None = None   # needs the rounds: set in _make_plan
         self.inner: InnerRate | None = None     # needs the trainers' rate: set in loop
         self.inner_steps = 0        # a trainer's optimizer steps so far (lr_schedule's step)
         self.pending_row = None     # the last row, whose weights the next round evaluates
@@ -95,6 +128,18 @@ class SyncScheme(Scheme):
 
     def total_rows(self) -> int:
         return self.config.master_epochs * self.config.rounds_per_epoch
+
+    def _make_plan(self, infos: list):
+        """Fill in the settings that depend on the data's size (:func:`fill_rounds`),
+        make the outer optimizer, then plan as every scheme does."""
+        cfg = self.config
+        if infos[0].get("partitioned"):
+            per_trainer = max(s.info["num_train"] for s in self.pool.live())
+        else:
+            per_trainer = infos[0]["num_train"] / cfg.workers
+        self.config = fill_rounds(cfg, per_trainer)
+        self.outer = outer_optimizer(self.config)
+        return super()._make_plan(infos)
 
     def position(self) -> dict:
         return {"pending_row": self.pending_row, "outer_steps": self.outer.steps,
@@ -166,12 +211,16 @@ class SyncScheme(Scheme):
         self.inner_steps += steps_in(max(len(p) for p in pieces.values()), cfg.batch_size,
                                      cfg.worker_epochs)
         self.round_no += 1
-        self.pending_row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
-                                        stats, time.perf_counter() - t_round)
+        row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch, stats,
+                           time.perf_counter() - t_round)
         if rate is not None:
-            self.pending_row["learning_rate"] = rate
+            row["learning_rate"] = rate
         if not self.outer.plain:
-            self.pending_row["outer_lr"] = self.outer.last_rate
+            row["outer_lr"] = self.outer.last_rate
+        if self.round_no % cfg.eval_every == 0 or self.round_no == self.total_rows():
+            self.pending_row = row      # evaluated during the next round
+        else:
+            self.finish_row(row)        # the previous row's evaluation is already in
         if self.checkpoint_due(self.round_no):
             state = self.outer.state()
             self.save_checkpoint(w, {"outer": state} if state else None)

@@ -156,3 +156,25 @@ def test_train_refuses_an_unknown_scheme_and_a_setting_it_does_not_read(train_cl
         train_async(MODEL, hard_blobs_dataset, n_push=4, trainer_cls=NumpyTrainer)
     with pytest.raises(TypeError, match="unknown option 'taus'; did you mean 'tau'"):
         train(MODEL, hard_blobs_dataset, "easgd", taus=4, trainer_cls=NumpyTrainer)
+
+
+def test_sync_evaluates_every_eval_every_rounds_and_the_last(train_cluster):
+    result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=2,
+                        rounds_per_epoch=4, eval_every=3, trainer_cls=NumpyTrainer,
+                        progress=False)
+    evaluated = [r["round"] for r in result.history if r["test_accuracy"] is not None]
+    assert [r["round"] for r in result.history] == list(range(1, 9))   # rows stay in order
+    assert evaluated == [3, 6, 8]
+    assert sum(r["eval_s"] > 0 for r in result.history) == 2    # 8's ran after the last round
+
+
+def test_sync_defaults_to_rounds_of_about_32_local_steps_each(train_cluster):
+    from ddlf_actors.apps.schemes.sync import default_rounds
+
+    assert default_rounds(30000, 32) == 29 and default_rounds(100, 32) == 1
+    result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=1,
+                        batch_size=2, trainer_cls=NumpyTrainer, progress=False)
+    # 600 samples, 2 trainers, batch 2: 150 steps each per epoch, about 32 per round.
+    assert result.config.rounds_per_epoch == 5 == len(result.history)
+    assert result.config.eval_every == 5
+    assert [r["test_accuracy"] is not None for r in result.history] == [False] * 4 + [True]
