@@ -12,7 +12,7 @@ TensorFlow is imported only inside trainers and when a result's model is built, 
 when this package is imported.
 """
 
-from . import checkpoint, datasets, models
+from . import checkpoint, codecs, datasets, models
 from .app import App
 from .callbacks import (
     Callback,
@@ -42,6 +42,7 @@ __all__ = [
     "datasets",
     "models",
     "train",
+    "codecs",
     "train_sync",
     "train_async",
     "UnknownSchemeError",

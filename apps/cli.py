@@ -41,6 +41,15 @@ class NamedDataset:
             xt, yt = xt[: max(1, self.limit // 6)], yt[: max(1, self.limit // 6)]
         return (x, y), (xt, yt)
 
+    def source_files(self) -> list:
+        """The files ``__call__`` reads, so ``datasets.load_shared`` keys its cache by them
+        (their path, size and times) and not only by this object's name and folder."""
+        from . import datasets
+
+        if datasets.registry.registered(self.name) is not None:
+            return []  # a registered loader reads what it reads; the cache keys its code
+        return datasets.source_files(self.name, self.data_dir)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddlf-train", description=__doc__.split("\n\n")[0])

@@ -4,9 +4,12 @@
     (x, y), (x_test, y_test) = datasets.load("fashion-mnist")
 
 - ``load`` finds a copy on this node (``$DDLF_DATA_DIR``, the cache, a system copy)
-  or downloads one; ``fetch`` only downloads.
+  or downloads one; ``fetch`` only downloads; ``source_files`` names the files ``load``
+  would read.
 - ``load_shared`` gives the same arrays as read-only memory maps of a node-local cache,
-  so every trainer process on a host shares one copy.
+  so every trainer process on a host shares one copy. Its entries are keyed by what
+  they were built from (``source_files``: the files ``load`` reads), so a changed
+  source is never served from an old entry.
 - ``partitioned`` / ``write_partitions``: a dataset pre-split into per-trainer files.
 - ``read_idx`` / ``write_idx`` and ``read_cifar10``: the on-disk formats.
 
@@ -16,15 +19,16 @@ safe in a forked process.
 
 from .cache import load_shared
 from .cifar import read_cifar10
-from .download import ensure, fetch
+from .download import fetch
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
-from .registry import load, locate, names, normalise_images, register
+from .registry import ensure, load, locate, names, normalise_images, register, source_files
 
 __all__ = [
     "load",
     "locate",
+    "source_files",
     "load_shared",
     "fetch",
     "ensure",

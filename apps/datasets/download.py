@@ -8,17 +8,18 @@ is bookkeeping, so tests replace exactly those two functions.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import urllib.request
+from typing import Iterator
 
 from .atomic import atomic_write
 from .cifar import extract_cifar10
-from .errors import DatasetFormatError, DatasetNotFoundError
+from .errors import DatasetFormatError
 from .idx import read_idx
 from .paths import cache_root
 from .sources import BUILTIN, CifarSource, IdxSource, not_found_error
@@ -61,14 +62,43 @@ def _fetch(name: str, *, force: bool = False):
         os.makedirs(dest, exist_ok=True)
     except OSError as e:
         return None, [f"create cache directory {dest}: {e}"]
-    tried = []
-    fetchers = [_fetch_idx_urls if isinstance(source, IdxSource) else _fetch_cifar_url]
-    if source.name == "fashion-mnist":  # the one dataset Debian packages
-        fetchers.append(_fetch_apt)
-    for fetcher in fetchers:
-        if fetcher(source, dest, tried, force) and source.probe(dest)[0] is not None:
-            return dest, tried
-    return None, tried
+    with _fetch_lock(name):
+        # Another process may have fetched it while we waited for the lock.
+        if not force and source.probe(dest)[0] is not None:
+            return dest, []
+        tried = []
+        fetchers = [_fetch_idx_urls if isinstance(source, IdxSource) else _fetch_cifar_url]
+        if source.name == "fashion-mnist":  # the one dataset Debian packages
+            fetchers.append(_fetch_apt)
+        for fetcher in fetchers:
+            if fetcher(source, dest, tried, force) and source.probe(dest)[0] is not None:
+                return dest, tried
+        return None, tried
+
+
+@contextlib.contextmanager
+def _fetch_lock(name: str) -> Iterator[None]:
+    """Hold ``<cache>/.<name>.fetch.lock``: one process per node downloads a dataset.
+
+    Every trainer on a node resolves its dataset (and fetches it when missing) before
+    ``load_shared`` can name the cache entry, so without this K trainers would download
+    K copies, and one finishing early would see the others' files still in flight and
+    report the dataset missing. Without a writable lock file, fetch unlocked (the
+    downloads are atomic, so the result is still whole).
+    """
+    try:
+        fd = os.open(os.path.join(cache_root(), f".{name}.fetch.lock"),
+                     os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another process fetches
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def _fetch_idx_urls(source: IdxSource, dest: str, tried: list, force: bool) -> bool:
@@ -171,26 +201,3 @@ def _short(error: BaseException) -> str:
     text = f"{type(error).__name__}: {reason if reason is not None else error}"
     return " ".join(text.split())[:300]
 
-
-def ensure(name: str, data_dir: str | None = None) -> None:
-    """Make sure dataset ``name`` is on this machine before trainers look for it.
-
-    Without ``data_dir``: looks it up without downloading (``load``'s order) and, if it
-    is missing, ``fetch``es it into the cache (URLs, then for Fashion-MNIST the Debian
-    package). With ``data_dir``: the files must be there (or in ``data_dir/<name>``); a
-    user who names a folder means that folder, so no other copy is silently used.
-    Raises ``DatasetNotFoundError`` with how to get the files.
-    """
-    from .registry import load, locate
-
-    if data_dir is not None:
-        base = os.path.abspath(os.path.expanduser(data_dir))
-        found = locate(name, data_dir)
-        if found is None or os.path.commonpath([base, os.path.abspath(found)]) != base:
-            raise not_found_error(name, [f"{base} (the data_dir given): no {name} files"])
-        return
-    try:
-        load(name, download=False)
-    except DatasetNotFoundError:
-        print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
-        fetch(name)

@@ -8,23 +8,29 @@ For a built-in name (``fashion-mnist``, ``mnist``, ``cifar10``) ``load`` tries:
 2. the cache ``<cache>/<name>`` (``$DDLF_CACHE_DIR`` or ``~/.cache/ddlf``);
 3. a system-wide copy (``SYSTEM_DIRS``: Debian's ``dataset-fashion-mnist``);
 4. ``fetch`` into the cache (official URLs, then for Fashion-MNIST the Debian package).
+
+``resolve`` is that lookup alone: the directory ``load`` reads, fetched if need be.
+``source_files`` names the files in it, which is how ``load_shared`` keys its cache.
+``ensure`` runs the lookup before a run starts and fetches only what is missing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from .download import _fetch
+from .download import _fetch, fetch
+from .errors import DatasetNotFoundError
 from .paths import cache_root, data_dir_from_env
-from .sources import BUILTIN, FORMAT_VERSION, not_found_error
+from .sources import BUILTIN, not_found_error
 
-__all__ = ["load", "locate", "register", "names", "normalise_images", "SYSTEM_DIRS"]
+__all__ = ["load", "locate", "resolve", "read", "source_files", "ensure", "register",
+           "registered", "Registered", "names", "normalise_images", "SYSTEM_DIRS"]
 
 # Step 3 of the lookup. Tests point this at a temporary directory.
 SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
@@ -33,9 +39,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # it becomes a directory
 
 
 @dataclass(frozen=True)
-class _Registered:
+class Registered:
+    """A dataset added with ``register``: its loader and the caller's version, if given."""
+
     loader: Callable
-    version: str
+    version: str | None
 
 
 _REGISTERED: dict = {}
@@ -51,9 +59,12 @@ def register(name: str, loader: Callable, *, version: str | None = None,
     """Make ``load(name)`` call ``loader()`` (``loader(data_dir=...)`` if a data_dir is given).
 
     ``loader`` must return ``((x, y), (x_test, y_test))``; ``load`` passes it through as
-    is. ``version`` goes into ``load_shared``'s cache key: change it when the data
-    changes. By default it is a hash of the pickled loader. Registration is
-    per process (do it at import time of your module so remote workers have it too).
+    is. ``load_shared`` keys its cache by the ``data_dir`` and, unless ``version`` is
+    given, by the loader (its pickle, the source of the module it is defined in, and the
+    files it names with a ``source_files()`` method, if it has one). ``version`` replaces
+    the loader part: entries are then reused until the version changes, even if the
+    loader's code does. Registration is per process (do it at import time of your module
+    so remote workers have it too).
 
     Raises ``ValueError`` for a name that is taken (built-ins always; registered ones
     unless ``overwrite``) or unusable as a directory name, ``TypeError`` if ``loader``
@@ -66,7 +77,12 @@ def register(name: str, loader: Callable, *, version: str | None = None,
     if name in BUILTIN or (name in _REGISTERED and not overwrite):
         raise ValueError(f"dataset {name!r} is already registered"
                          + ("" if name in BUILTIN else "; pass overwrite=True to replace it"))
-    _REGISTERED[name] = _Registered(loader, version or "h" + callable_digest(loader)[:16])
+    _REGISTERED[name] = Registered(loader, None if version is None else str(version))
+
+
+def registered(name: str) -> Registered | None:
+    """What ``register`` stored for ``name``, or None for a built-in or unknown name."""
+    return _REGISTERED.get(name)
 
 
 def load(name: str, data_dir: str | None = None, *, download: bool = True):
@@ -85,6 +101,18 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
     if name in _REGISTERED:
         loader = _REGISTERED[name].loader
         return loader() if data_dir is None else loader(data_dir=data_dir)
+    if name not in BUILTIN:
+        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
+    return read(name, resolve(name, data_dir, download=download))
+
+
+def resolve(name: str, data_dir: str | None = None, *, download: bool = True) -> str:
+    """The directory ``load(name, data_dir, download=download)`` reads built-in ``name``
+    from: the first place in the lookup order that has it, else the cache after fetching.
+
+    Only ``stat`` calls unless it has to fetch. Raises ``ValueError`` for a name that is
+    not built in, ``DatasetNotFoundError`` as ``load`` does.
+    """
     source = BUILTIN.get(name)
     if source is None:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
@@ -103,7 +131,7 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
             continue
         found, why = source.probe(directory)
         if found is not None:
-            return _normalised(source.read(found))
+            return found
         tried.append(f"{directory} ({label}): {why}")
     if not download:
         tried.append("download: skipped (download=False)")
@@ -112,7 +140,24 @@ def load(name: str, data_dir: str | None = None, *, download: bool = True):
     tried += fetch_tried
     if path is None:
         raise not_found_error(name, tried)
-    return _normalised(source.read(source.probe(path)[0]))
+    return source.probe(path)[0]
+
+
+def read(name: str, directory: str):
+    """Built-in ``name`` read from ``directory`` (as ``resolve`` returns it) and normalised,
+    as ``load`` returns it. Raises ``DatasetFormatError`` for a corrupt file."""
+    return _normalised(BUILTIN[name].read(directory))
+
+
+def source_files(name: str, data_dir: str | None = None, *, download: bool = True) -> list:
+    """The files ``load(name, data_dir)`` would read for built-in ``name``, fetching them
+    first if this node has none (``download=False``: raise instead).
+
+    A dataset callable that wraps ``load`` can return this from a ``source_files()``
+    method, so ``load_shared`` notices when those files change. Raises as ``resolve``.
+    """
+    directory = resolve(name, data_dir, download=download)  # ValueError unless built in
+    return BUILTIN[name].files(directory)
 
 
 def locate(name: str, data_dir: str | None = None) -> str | None:
@@ -121,18 +166,35 @@ def locate(name: str, data_dir: str | None = None) -> str | None:
     Useful to hand trainers an explicit ``data_dir`` when their environment (another
     ``DDLF_CACHE_DIR`` or ``HOME``) differs from the driver's.
     """
-    source = BUILTIN.get(name)
-    if source is None:
+    if name not in BUILTIN:
         raise ValueError(f"locate() knows the built-in datasets only ({', '.join(BUILTIN)}), "
                          f"not {name!r}")
-    for directory, _label in _places(name, data_dir):
-        other = os.path.basename(directory)
-        if not os.path.isdir(directory) or (other != name and other in BUILTIN):
-            continue
-        found, _why = source.probe(directory)
-        if found is not None:
-            return found
-    return None
+    try:
+        return resolve(name, data_dir, download=False)
+    except DatasetNotFoundError:
+        return None
+
+
+def ensure(name: str, data_dir: str | None = None) -> None:
+    """Make sure dataset ``name`` is on this machine before trainers look for it.
+
+    Without ``data_dir``: looks it up without downloading (``load``'s order) and, if it
+    is missing, ``fetch``es it into the cache (URLs, then for Fashion-MNIST the Debian
+    package). With ``data_dir``: the files must be there (or in ``data_dir/<name>``); a
+    user who names a folder means that folder, so no other copy is silently used.
+    Raises ``DatasetNotFoundError`` with how to get the files.
+    """
+    if data_dir is not None:
+        base = os.path.abspath(os.path.expanduser(data_dir))
+        found = locate(name, data_dir)
+        if found is None or os.path.commonpath([base, os.path.abspath(found)]) != base:
+            raise not_found_error(name, [f"{base} (the data_dir given): no {name} files"])
+        return
+    try:
+        load(name, download=False)
+    except DatasetNotFoundError:
+        print(f"ddlf: {name} is not on this machine; fetching it ...", file=sys.stderr)
+        fetch(name)
 
 
 def normalise_images(images: np.ndarray) -> np.ndarray:
@@ -141,22 +203,6 @@ def normalise_images(images: np.ndarray) -> np.ndarray:
     out /= np.float32(255)  # in place: the float copy of CIFAR's train set is 600 MB
     out -= np.float32(0.5)
     return out
-
-
-def callable_digest(fn: Callable) -> str:
-    """sha256 hex of ``cloudpickle.dumps(fn)``: equal in every process for the same function."""
-    import cloudpickle  # a dependency of ddlf_actors; imported here to keep import light
-
-    return hashlib.sha256(cloudpickle.dumps(fn)).hexdigest()
-
-
-def cache_key(name: str) -> str:
-    """The ``load_shared`` cache key of a named dataset. Raises ``ValueError`` if unknown."""
-    if name in _REGISTERED:
-        return f"{name}-{_REGISTERED[name].version}"
-    if name in BUILTIN:
-        return f"{name}-{FORMAT_VERSION}"
-    raise ValueError(f"unknown dataset {name!r}; known: {', '.join(names())}")
 
 
 def _places(name: str, data_dir: str | None):

@@ -50,6 +50,16 @@ class IdxSource:
             return None, "missing " + ", ".join(missing)
         return directory, ""
 
+    def files(self, directory: str) -> list:
+        """The four files ``read(directory)`` reads, in (x, y, x_test, y_test) order.
+
+        Raises ``DatasetNotFoundError`` if one is missing (``probe`` says which).
+        """
+        paths = [find_idx(directory, stem, kind) for stem, kind in _MNIST_FILES]
+        if None in paths:
+            raise DatasetNotFoundError(f"{directory}: {self.probe(directory)[1]}")
+        return paths
+
     def read(self, directory: str):
         """``((x, y), (x_test, y_test))`` as uint8 (N, 28, 28, 1) images and int64 labels."""
         paths = [find_idx(directory, stem, kind) for stem, kind in _MNIST_FILES]
@@ -83,6 +93,14 @@ class CifarSource:
             where = sub if os.path.isdir(sub) else directory
             return None, "missing " + ", ".join(cifar.missing_cifar10(where))
         return found, ""
+
+    def files(self, directory: str) -> list:
+        """The six batch files ``read(directory)`` reads (``directory`` as ``probe`` returns
+        it). Raises ``DatasetNotFoundError`` if one is missing."""
+        missing = cifar.missing_cifar10(directory)
+        if missing:
+            raise DatasetNotFoundError(f"{directory}: missing {', '.join(missing)}")
+        return [os.path.join(directory, b) for b in cifar.CIFAR10_BATCHES]
 
     def read(self, directory: str):
         return cifar.read_cifar10(directory)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import importlib
 import multiprocessing as mp
 import os
 import pickle
@@ -19,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import warnings
 
@@ -511,10 +513,320 @@ def test_load_shared_by_name(tmp_path, monkeypatch):
     assert isinstance(x, np.memmap) and x.shape == (9, 28, 28, 1) and x.dtype == np.float32
     assert y.dtype == np.int64 and xt.shape == (5, 28, 28, 1)
     np.testing.assert_array_equal(x, datasets.load("fashion-mnist")[0][0])
-    assert "fashion-mnist-v1" in x.filename
+    assert os.path.basename(os.path.dirname(x.filename)).startswith("fashion-mnist-")
+    # A new format version (what load returns changed) replaces the entry.
+    monkeypatch.setattr(cache, "FORMAT_VERSION", "v-next")
+    (x2, _), _ = datasets.load_shared("fashion-mnist")
+    assert x2.filename != x.filename and _entries(tmp_path) == [
+        os.path.basename(os.path.dirname(x2.filename))]
     datasets.register("toy", _toy, version="3")
     (tx, _), _ = datasets.load_shared("toy")
-    assert os.path.basename(os.path.dirname(tx.filename)) == "toy-3"
+    assert os.path.basename(os.path.dirname(tx.filename)).startswith("toy-")
+
+
+
+# An entry is named by what it was built from. The entry name used to be the dataset's
+# name and format version only, so a cache built from one directory was served for
+# another: 800 generated images for a run pointed at the real 60,000.
+
+
+def _entries(tmp_path) -> list:
+    return sorted(e for e in os.listdir(tmp_path / "cache" / "arrays") if not e.startswith("."))
+
+
+def _rewrite_in_place(path, array):
+    """Overwrite ``path``'s bytes (same inode) with ``array`` as IDX, gzipped like the file."""
+    staged = str(path) + ".staged" + (".gz" if str(path).endswith(".gz") else "")
+    datasets.write_idx(staged, array)  # gzip with mtime=0, so the bytes are reproducible
+    with open(staged, "rb") as src, open(path, "r+b") as dst:
+        data = src.read()
+        dst.write(data)
+        dst.truncate(len(data))
+    os.unlink(staged)
+
+
+def test_load_shared_follows_the_files_a_name_resolves_to(tmp_path, monkeypatch):
+    make_mnist(tmp_path / "small", n_train=8, seed=1, gz=False)  # sizes follow the shapes
+    make_mnist(tmp_path / "big", n_train=20, seed=2)
+
+    def shared(**kw):
+        return datasets.load_shared("fashion-mnist", **kw)
+
+    def loaded(directory):
+        return datasets.load("fashion-mnist", data_dir=str(directory))
+
+    monkeypatch.setenv("DDLF_DATA_DIR", str(tmp_path / "small"))
+    (x_small, y_small), (xt_small, _) = shared()
+    monkeypatch.setenv("DDLF_DATA_DIR", str(tmp_path / "big"))
+    (x_big, y_big), (xt_big, _) = shared()
+    assert len(x_small) == 8 and len(x_big) == 20  # the big run used to get the 8 images
+    np.testing.assert_array_equal(x_big, loaded(tmp_path / "big")[0][0])
+    np.testing.assert_array_equal(y_small, loaded(tmp_path / "small")[0][1])
+    # The data_dir argument resolves to the same files as the environment did: same entry.
+    (x_arg, _), _ = shared(data_dir=str(tmp_path / "small"))
+    assert x_arg.filename == x_small.filename and len(_entries(tmp_path)) == 2
+    # A file rewritten in place (same inode; new size and mtime) is picked up ...
+    labels = tmp_path / "small" / "train-labels-idx1-ubyte"
+    images = tmp_path / "small" / "train-images-idx3-ubyte"
+    new_x = np.full((11, 28, 28), 255, np.uint8)
+    _rewrite_in_place(images, new_x)
+    _rewrite_in_place(labels, np.arange(11, dtype=np.uint8) % 10)
+    (x_new, y_new), _ = shared(data_dir=str(tmp_path / "small"))
+    assert len(x_new) == 11 and float(x_new.min()) == 0.5
+    np.testing.assert_array_equal(y_new, np.arange(11) % 10)
+    # ... and so is one of the same size whose only change is its content and times.
+    _rewrite_in_place(labels, (np.arange(11, dtype=np.uint8) + 1) % 10)
+    os.utime(labels, ns=(time.time_ns(), os.stat(labels).st_mtime_ns + 10**9))
+    (_, y_same_size), _ = shared(data_dir=str(tmp_path / "small"))
+    np.testing.assert_array_equal(y_same_size, (np.arange(11) + 1) % 10)
+    # ... and one replaced by a same-size file that kept the old mtime (cp -p, rsync -t).
+    old = os.stat(labels)
+    staged = tmp_path / "staged-labels"
+    datasets.write_idx(str(staged), (np.arange(11, dtype=np.uint8) + 2) % 10)
+    os.utime(staged, ns=(old.st_atime_ns, old.st_mtime_ns))
+    os.replace(staged, labels)
+    assert (os.stat(labels).st_size, os.stat(labels).st_mtime_ns) == (old.st_size, old.st_mtime_ns)
+    (_, y_kept_mtime), _ = shared(data_dir=str(tmp_path / "small"))
+    np.testing.assert_array_equal(y_kept_mtime, (np.arange(11) + 2) % 10)
+    # The entries of the old file states are gone (their maps stay readable), the big
+    # directory's entry is kept.
+    assert len(_entries(tmp_path)) == 2
+    assert not os.path.exists(x_small.filename) and float(np.asarray(x_small).sum()) != 0
+    assert os.path.exists(x_big.filename)
+
+
+def test_load_shared_cifar_follows_its_batch_files(tmp_path):
+    make_cifar(tmp_path / "a", n=3)
+    make_cifar(tmp_path / "b" / "cifar-10-batches-py", n=4)
+    (xa, _), (xta, _) = datasets.load_shared("cifar10", data_dir=str(tmp_path / "a"))
+    (xb, _), (xtb, _) = datasets.load_shared("cifar10", data_dir=str(tmp_path / "b"))
+    assert (len(xa), len(xta), len(xb), len(xtb)) == (15, 3, 20, 4)
+
+
+def test_load_shared_keys_a_fetched_dataset_by_the_fetched_files(tmp_path, monkeypatch):
+    """Nothing on the node yet: the files are fetched first, then named in the key."""
+    make_mnist(tmp_path / "served", n_train=14)
+    calls = []
+    monkeypatch.setattr(download, "_download", fake_server(tmp_path / "served", calls))
+    (x, _), _ = datasets.load_shared("fashion-mnist")
+    assert len(x) == 14 and len(calls) == 4
+    (x_again, _), _ = datasets.load_shared("fashion-mnist")  # now found in the cache
+    assert x_again.filename == x.filename and len(calls) == 4
+    make_mnist(tmp_path / "mine", n_train=9)
+    monkeypatch.setenv("DDLF_DATA_DIR", str(tmp_path / "mine"))
+    (x_mine, _), _ = datasets.load_shared("fashion-mnist")
+    assert len(x_mine) == 9
+
+
+def test_concurrent_fetches_on_a_node_download_once(tmp_path, monkeypatch):
+    """Processes fetching one dataset at once (trainers starting together) each downloaded
+    every file, and one that finished first saw the others' files still in flight and
+    reported the dataset missing. Now one downloads while the others wait, then find it."""
+    make_mnist(tmp_path / "served")
+    calls = []
+    serve = fake_server(tmp_path / "served", calls)
+
+    def slow(url, dest):
+        time.sleep(0.05)
+        serve(url, dest)
+
+    monkeypatch.setattr(download, "_download", slow)
+    paths, errors = [], []
+
+    def fetch():
+        try:
+            paths.append(datasets.fetch("fashion-mnist"))
+        except Exception as e:  # pragma: no cover - shown by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=fetch) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and len(paths) == 3 and len(set(paths)) == 1
+    assert len(calls) == 4, calls
+
+
+_MODULE = """
+import numpy as np
+
+SHAPE = {{"rows": {rows}}}  # not a plain value: only the module's source hash sees it
+FILL = {fill}
+
+
+def load():
+    x = np.full((SHAPE["rows"], 2, 2, 1), FILL, np.float32)
+    return (x, np.arange(len(x)) % 3), (x[:2], np.arange(2))
+"""
+
+
+@pytest.fixture
+def data_module(tmp_path, monkeypatch):
+    """``write(rows, fill)`` (re)writes module ``ddlf_test_dsmod`` in a folder on sys.path
+    and returns it, imported; ``write(..., reload=False)`` changes only the file."""
+    name = "ddlf_test_dsmod"
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+
+    def write(rows, fill, *, reload=True):
+        (folder / f"{name}.py").write_text(_MODULE.format(rows=rows, fill=fill))
+        shutil.rmtree(folder / "__pycache__", ignore_errors=True)  # no stale bytecode
+        importlib.invalidate_caches()
+        if name not in sys.modules:
+            return importlib.import_module(name)
+        return importlib.reload(sys.modules[name]) if reload else sys.modules[name]
+
+    yield write
+    sys.modules.pop(name, None)
+
+
+def test_load_shared_follows_a_module_functions_source(tmp_path, data_module):
+    """A module-level function pickles by reference (its qualified name), so its body or
+    its module's constants can change under the same name."""
+    mod = data_module(4, 1.0)
+    (x, y), _ = datasets.load_shared(mod.load)
+    assert x.shape == (4, 2, 2, 1) and float(x.max()) == 1.0
+    mod = data_module(6, 1.0)
+    (x2, _), _ = datasets.load_shared(mod.load)
+    assert x2.shape == (6, 2, 2, 1)
+    mod = data_module(6, 2.0)
+    (x3, _), _ = datasets.load_shared(mod.load)
+    assert x3.shape == (6, 2, 2, 1) and float(x3.min()) == 2.0
+    assert len({x.filename, x2.filename, x3.filename}) == 3
+    assert _entries(tmp_path) == [os.path.basename(os.path.dirname(x3.filename))]
+
+
+def test_a_process_running_old_code_does_not_poison_the_entry(tmp_path, data_module):
+    """A notebook edits the module's file but has not reloaded it: its load() still makes
+    the old data. That data must not be filed under the new source, or a fresh run would
+    get it."""
+    mod = data_module(4, 1.0)
+    datasets.load_shared(mod.load)
+    data_module(4, 3.0, reload=False)  # the file says FILL = 3.0, the process runs 1.0
+    (x_stale, _), _ = datasets.load_shared(mod.load)
+    assert float(x_stale.max()) == 1.0  # what this process's code makes
+    mod = data_module(4, 3.0)
+    (x_fresh, _), _ = datasets.load_shared(mod.load)
+    assert float(x_fresh.max()) == 3.0
+
+
+_SEEDED_MODULE = """
+import numpy as np
+
+
+def load():
+    n = 5 if "zeta" in {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"} else 3
+    x = np.zeros((n, 2, 2, 1), np.float32)
+    return (x, np.arange(n)), (x[:1], np.arange(1))
+"""
+
+# Loads identity.py on its own (it needs only the standard library and cloudpickle), so
+# each process starts in a fraction of a second instead of importing ddlf_actors.
+_STAMP_IN_A_PROCESS = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("identity", sys.argv[1])
+identity = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(identity)
+sys.path.insert(0, sys.argv[2])
+import ddlf_test_seeded
+print(identity.code_stamp(ddlf_test_seeded.load))
+"""
+
+
+def test_a_callables_code_stamp_is_the_same_in_every_process(tmp_path):
+    """Trainers on a node must agree on the key, or each builds its own entry and removes
+    the others'. A set of strings in the code iterates in an order that depends on the
+    process's hash seed; the stamp must not."""
+    from ddlf_actors.apps.datasets import identity
+
+    (tmp_path / "ddlf_test_seeded.py").write_text(_SEEDED_MODULE)
+    stamps = set()
+    for seed in ("1", "2", "3"):
+        out = subprocess.run(
+            [sys.executable, "-c", _STAMP_IN_A_PROCESS, identity.__file__, str(tmp_path)],
+            env=dict(os.environ, PYTHONHASHSEED=seed), capture_output=True, text=True,
+            timeout=60, check=True)
+        stamps.add(out.stdout.strip())
+    assert len(stamps) == 1 and len(next(iter(stamps))) == 64, stamps
+
+
+_BY_VALUE_MODULE = """
+import numpy as np
+
+size = 3  # a plain global that shares its name with an attribute the lambda reads
+
+
+def make():
+    return lambda: ((np.zeros((2, 2, 2, 1), np.float32), np.zeros(np.ones(2).size)),
+                    (np.zeros((1, 2, 2, 1), np.float32), np.zeros(1)))
+"""
+
+
+def test_a_function_shipped_by_value_keeps_its_code_stamp(tmp_path, monkeypatch):
+    """A lambda travels by value and arrives with only the globals it uses, so the
+    trainer's stamp must not depend on other names of the driver's module."""
+    import cloudpickle
+
+    from ddlf_actors.apps.datasets import identity
+
+    (tmp_path / "ddlf_test_by_value.py").write_text(_BY_VALUE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ddlf_test_by_value", raising=False)
+    fn = importlib.import_module("ddlf_test_by_value").make()
+    shipped = cloudpickle.loads(cloudpickle.dumps(fn))
+    assert "np" in shipped.__globals__ and "size" not in shipped.__globals__
+    assert identity.code_stamp(shipped) == identity.code_stamp(fn)
+    sys.modules.pop("ddlf_test_by_value", None)
+
+
+def _dir_loader(data_dir=None):
+    """A registered loader reading one ``.npy`` from its data_dir."""
+    x = np.load(os.path.join(data_dir, "x.npy"))
+    return (x, np.arange(len(x))), (x[:1], np.arange(1))
+
+
+def test_load_shared_registered_datasets(tmp_path):
+    for name, rows in (("a", 3), ("b", 5)):
+        (tmp_path / name).mkdir()
+        np.save(tmp_path / name / "x.npy", np.zeros((rows, 2, 2, 1), np.float32))
+    datasets.register("dirs", _dir_loader)
+    (xa, _), _ = datasets.load_shared("dirs", data_dir=str(tmp_path / "a"))
+    (xb, _), _ = datasets.load_shared("dirs", data_dir=str(tmp_path / "b"))
+    assert (len(xa), len(xb)) == (3, 5)  # the data_dir is part of the key
+    # Another loader under the same name: another entry, the old one superseded.
+    datasets.register("toy", functools.partial(_toy, 3))
+    (x3, _), _ = datasets.load_shared("toy")
+    datasets.register("toy", functools.partial(_toy, 4), overwrite=True)
+    (x4, _), _ = datasets.load_shared("toy")
+    assert (len(x3), len(x4)) == (3, 4) and not os.path.exists(x3.filename)
+    # An explicit version overrides the loader's identity: same version, same entry.
+    datasets.register("toy", functools.partial(_toy, 5), version="1", overwrite=True)
+    assert len(datasets.load_shared("toy")[0][0]) == 5
+    datasets.register("toy", functools.partial(_toy, 6), version="1", overwrite=True)
+    assert len(datasets.load_shared("toy")[0][0]) == 5  # the caller said: same data
+    datasets.register("toy", functools.partial(_toy, 6), version="2", overwrite=True)
+    assert len(datasets.load_shared("toy")[0][0]) == 6
+
+
+def test_the_cli_dataset_follows_its_files(tmp_path, monkeypatch):
+    """``ddlf-train run --data-dir D`` or ``--limit N`` trains on a NamedDataset, a callable:
+    its key names the files it reads (its ``source_files``), not just its arguments."""
+    from ddlf_actors.apps.cli import NamedDataset
+
+    make_mnist(tmp_path / "d", n_train=8, seed=1)
+    dataset = NamedDataset("fashion-mnist", str(tmp_path / "d"))
+    assert len(datasets.load_shared(dataset)[0][0]) == 8
+    make_mnist(tmp_path / "d", n_train=10, seed=2)  # replaced (rename over the old files)
+    assert len(datasets.load_shared(dataset)[0][0]) == 10
+    make_mnist(tmp_path / "e", n_train=30, seed=3)
+    limited = NamedDataset("fashion-mnist", None, limit=25)
+    monkeypatch.setenv("DDLF_DATA_DIR", str(tmp_path / "d"))
+    assert len(datasets.load_shared(limited)[0][0]) == 10
+    monkeypatch.setenv("DDLF_DATA_DIR", str(tmp_path / "e"))
+    assert len(datasets.load_shared(limited)[0][0]) == 25
 
 
 def test_load_shared_rebuilds_a_damaged_entry(tmp_path):
@@ -715,6 +1027,41 @@ def test_importing_the_package_starts_no_tensorflow():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def _sibling_imports(path: str, siblings: set) -> set:
+    """The modules of ``path``'s own package that it imports, at any depth."""
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out.update(n.split(".")[0] for n in names)
+    return out & siblings
+
+
+def test_the_datasets_modules_import_each_other_without_a_cycle():
+    """registry and download imported each other (ensure lived in download and needed
+    load); a cycle makes import order matter and hides which module owns what."""
+    package = os.path.dirname(datasets.__file__)
+    modules = {f[:-3] for f in os.listdir(package) if f.endswith(".py") and f != "__init__.py"}
+    graph = {m: _sibling_imports(os.path.join(package, m + ".py"), modules) for m in modules}
+    assert graph["registry"] >= {"download"}  # the walk below does see the imports
+
+    def cycle_from(module, path):
+        for nxt in sorted(graph[module]):
+            if nxt in path:
+                return path[path.index(nxt):] + [nxt]
+            found = cycle_from(nxt, path + [nxt])
+            if found:
+                return found
+        return None
+
+    cycles = [c for m in sorted(modules) if (c := cycle_from(m, [m]))]
+    assert not cycles, " -> ".join(cycles[0])
+
+
 def _real_fashion_mnist_dir():
     for base in (_REAL_DATA_DIR, "/usr/share/datasets/fashion-mnist"):
         if not base:
@@ -775,3 +1122,21 @@ def test_locate_names_the_directory_load_would_read(tmp_path, monkeypatch):
         tmp_path / "mine")
     with pytest.raises(ValueError):
         datasets.locate("no-such-set")
+
+
+
+def test_source_files_names_what_load_reads(tmp_path, monkeypatch):
+    make_mnist(tmp_path / "d", dotted=True)
+    make_mnist(tmp_path / "cache" / "mnist", gz=False)
+    assert datasets.source_files("mnist", data_dir=str(tmp_path / "d")) == [
+        str(tmp_path / "d" / f.replace("-idx", ".idx")) + ".gz" for f in FMNIST_FILES]
+    assert datasets.source_files("mnist") == [str(tmp_path / "cache" / "mnist" / f)
+                                             for f in FMNIST_FILES]
+    make_cifar(tmp_path / "c" / "cifar-10-batches-py")
+    files = datasets.source_files("cifar10", data_dir=str(tmp_path / "c"))
+    assert [os.path.basename(f) for f in files] == [f"data_batch_{i}" for i in range(1, 6)] + [
+        "test_batch"] and all(os.path.dirname(f).endswith("cifar-10-batches-py") for f in files)
+    with pytest.raises(datasets.DatasetNotFoundError, match="download=False"):
+        datasets.source_files("fashion-mnist", download=False)
+    with pytest.raises(ValueError, match="unknown dataset"):
+        datasets.source_files("imagenet")
