@@ -44,6 +44,9 @@ class HistoryRow(TypedDict, total=False):
     samples_per_s: float | None
     updates: int
     workers: int            # trainers whose deltas went into this row
+    # allreduce only: the collective's time, and the bytes the trainers sent each other
+    collective_s: float
+    ring_bytes: int
 
 
 class EventKind(str, enum.Enum):

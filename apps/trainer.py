@@ -25,8 +25,9 @@ import numpy as np
 
 import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
+from ddlf_actors.errors import ActorDiedError
 
-from . import datasets, tf_startup
+from . import datasets, ring, tf_startup
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
 
@@ -79,6 +80,11 @@ class TrainerActor(ClusterWorker):
         self._last_call_end: float | None = None
         self._eval_s = 0.0  # evaluation time since the last train call, reported by train
         self._accumulated: dict | None = None   # Downpour: the update not pushed yet
+        # Allreduce (schemes/allreduce.py): this round's delta, kept here, and the chunks
+        # the ring neighbours send.
+        self._held = None
+        self._mailbox = ring.Mailbox()
+        self._ring_sends: list = []
 
     # -- hooks: override these for another framework ----------------------------------------
     def configure_threads(self, n: int) -> None:
@@ -294,6 +300,116 @@ class TrainerActor(ClusterWorker):
             # Evaluation is work, not waiting: keep it out of the next call's idle time.
             self._last_call_end += spent
         return result
+
+    # -- allreduce: the trainers average their deltas among themselves ----------------------
+    # The driver sends indices and control only; the weights stay here (schemes/allreduce.py,
+    # ring.py). A round is hold_delta on every trainer, then allreduce_held on every trainer.
+    def hold_delta(self, key, indices, epochs: int, batch_size: int,
+                   return_state: bool = False):
+        """Train on rows ``indices`` from the current weights and keep the delta here for
+        :meth:`allreduce_held`, under ``key`` (``(run, round)``); return only the stats (as
+        :meth:`train` does).
+
+        The model is left holding the weights the round started from, so an evaluation
+        queued behind this call sees them, and a collective that has to be redone starts
+        again from the same place.
+        """
+        old = self.get_weights()
+        delta, stats = self.train(None, indices, epochs, batch_size, return_state)
+        self.set_weights(old)
+        self._held = (tuple(key), old, delta)
+        return stats
+
+    def allreduce_held(self, tag, rank: int, size: int, right, fraction: float,
+                       timeout_s: float) -> dict:
+        """Average the held delta with the ring's, each scaled by its ``fraction`` of the
+        samples, and apply the mean to the round's starting weights.
+
+        ``tag`` is ``(run, round, attempt)``; this trainer is member ``rank`` of ``size``
+        and sends to ``right`` (a handle). Returns ``{"status": "done", "digest": CRC of the new
+        weights, ...}``; or, with the weights left unchanged, ``"aborted"`` (the driver
+        called it off), ``"peer_lost"`` (the right neighbour died) or ``"timeout"`` (no
+        chunk from the left for ``timeout_s``). Raises ``RuntimeError`` if no delta of that
+        run and round is held (the driver's bug, not a fault).
+        """
+        start = time.perf_counter()
+        tag = tuple(int(t) for t in tag)
+        if self._held is None or self._held[0] != tag[:2]:
+            held = None if self._held is None else self._held[0]
+            raise RuntimeError(f"allreduce {tag} on trainer {self._ddlf_index}, which holds "
+                               f"the delta of (run, round) {held}")
+        _, old, delta = self._held
+        box = self._mailbox
+        box.begin(tag)
+        self._ring_sends = sends = []
+
+        def send(phase, step, chunk):
+            sends.append(self.ring_send(right, tag, phase, step, chunk))
+
+        def check():
+            # A send that failed means the right neighbour is gone: stop waiting now
+            # rather than when the driver's abort arrives.
+            if not sends:
+                return
+            ready, _ = ddlf.wait(list(sends), num_returns=len(sends), timeout=0)
+            for ref in ready:
+                sends.remove(ref)
+                try:
+                    ddlf.get(ref)
+                except ActorDiedError as e:
+                    raise ring.PeerLost(str(e).strip().splitlines()[0]) from None
+
+        def recv(phase, step):
+            return box.take(tag, phase, step, timeout_s, check)
+
+        vectors, spec = ring.scaled_vectors(delta, fraction)
+        reply = {"index": self._ddlf_index, "sent_bytes": ring.ring_send_bytes(vectors, rank, size)}
+        try:
+            summed = ring.ring_allreduce(vectors, rank, size, send, recv)
+        except ring.CollectiveAborted as e:
+            return {**reply, "status": "aborted", "detail": str(e)}
+        except ring.PeerLost as e:
+            return {**reply, "status": "peer_lost", "detail": str(e)}
+        except ring.CollectiveTimeout as e:
+            return {**reply, "status": "timeout", "detail": str(e)}
+        from .schemes.averaging import apply_delta  # not at import: schemes imports us
+
+        self.set_weights(apply_delta(old, ring.unflatten(summed, spec)))
+        spent = time.perf_counter() - start
+        if self._last_call_end is not None:
+            self._last_call_end += spent   # the collective is work, not idle time
+        return {**reply, "status": "done", "digest": ring.weights_digest(self.get_weights()),
+                "collective_s": spent}
+
+    def ring_send(self, right, tag, phase: str, step: int, chunk):
+        """Send one chunk to the right neighbour; return the call's ref (a hook: the
+        tests' fault injection overrides it)."""
+        return right.deliver_chunk.remote(tag, phase, step, chunk)
+
+    async def deliver_chunk(self, tag, phase: str, step: int, chunk) -> None:
+        """A chunk from the left neighbour. ``async``: it runs on the event loop, so it
+        arrives while the execution thread is inside :meth:`allreduce_held`."""
+        self._mailbox.deliver(tag, phase, step, chunk)
+
+    async def abort_collective(self, tag, reason: str) -> None:
+        """The driver calls collective ``tag`` off (a member was lost); the member stops
+        waiting and returns ``"aborted"`` with its weights unchanged."""
+        self._mailbox.abort(tag, reason)
+
+    def adopt_weights(self, source) -> dict:
+        """Copy the current weights from the live trainer ``source`` (a handle), straight
+        from it, not through the driver: how a replacement joins an allreduce run.
+
+        Returns ``{"status": "done", "digest": ..., "bytes": ...}``, or ``{"status":
+        "source_lost"}`` when ``source`` died first (the driver picks another).
+        """
+        try:
+            weights = ddlf.get(source.get_weights.remote())
+        except ActorDiedError as e:
+            return {"status": "source_lost", "detail": str(e).strip().splitlines()[0]}
+        self.set_weights(weights)
+        return {"status": "done", "digest": ring.weights_digest(self.get_weights()),
+                "bytes": nbytes(weights)}
 
     @classmethod
     def local_model(cls, model_fn, weights):

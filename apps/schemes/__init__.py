@@ -2,6 +2,8 @@
 
 - ``sync``: Algorithm 6, averaging in rounds, with an outer optimizer (``sync.py``);
 - ``async``: Algorithm 3 with SSP (``asynchronous.py``);
+- ``allreduce``: the trainers average among themselves over a ring, with the same
+  outer optimizer as sync (``allreduce.py``);
 - ``easgd``: elastic averaging SGD (``easgd.py``);
 - ``downpour``: Downpour SGD (``downpour.py``).
 
@@ -9,6 +11,7 @@ A new scheme is one module with a ``Scheme`` subclass and one ``register`` line 
 """
 
 from . import registry
+from .allreduce import AllreduceScheme, CollectiveError, WeightsLostError, train_allreduce
 from .api import train
 from .asynchronous import AsyncScheme, train_async
 from .base import Scheme, TooFewTrainersError
@@ -21,10 +24,11 @@ from .sync import SyncScheme, train_sync
 
 register("sync", SyncScheme)
 register("async", AsyncScheme)
+register("allreduce", AllreduceScheme)
 register("easgd", EasgdScheme)
 register("downpour", DownpourScheme)
-# register("allreduce", AllreduceScheme)   <- the allreduce scheme's line goes here
 
-__all__ = ["train", "train_sync", "train_async", "register", "registry", "Scheme",
-           "SyncScheme", "AsyncScheme", "EasgdScheme", "DownpourScheme", "OuterOptimizer",
-           "TrainerPool", "TrainerStartError", "TooFewTrainersError", "UnknownSchemeError"]
+__all__ = ["train", "train_sync", "train_async", "train_allreduce", "register", "registry",
+           "Scheme", "SyncScheme", "AsyncScheme", "AllreduceScheme", "EasgdScheme",
+           "DownpourScheme", "OuterOptimizer", "TrainerPool", "TrainerStartError",
+           "TooFewTrainersError", "UnknownSchemeError", "WeightsLostError", "CollectiveError"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddlf_actors.apps import TrainerActor
+from ddlf_actors.apps import TrainerActor, ring
 
 
 class SoftmaxModel:
@@ -270,3 +270,100 @@ class RateEchoTrainer(NumpyTrainer):
 
 class ConstantDeltaSigkillOnce(SigkillOnce, ConstantDeltaTrainer):
     """ConstantDeltaTrainer's arithmetic, and SigkillOnce's fault (see both)."""
+
+
+class SigkillInCollective(NumpyTrainer):
+    """SIGKILLs its own process inside an allreduce, once per run, right after sending a
+    chunk to its ring neighbour.
+
+    Environment as for :class:`SigkillOnce`: ``DDLF_TEST_KILL_DIR`` (the once-only
+    marker), ``DDLF_TEST_KILL_SLOT`` (default 1), ``DDLF_TEST_KILL_ROUND`` (default 2) and
+    ``DDLF_TEST_KILL_SENDS`` (default 3: in a ring of 3, after the first all-gather chunk,
+    so one member completes the collective and another cannot). Each ``fit`` sleeps
+    ``DDLF_TEST_FIT_SLEEP`` seconds, so a replacement has rounds left to join.
+    """
+
+    def fit(self, x, y, epochs, batch_size):
+        import os
+        import time
+
+        time.sleep(float(os.environ.get("DDLF_TEST_FIT_SLEEP", "0")))
+        return super().fit(x, y, epochs, batch_size)
+
+    def ring_send(self, right, tag, phase, step, chunk):
+        import os
+        import signal
+        import time
+
+        ref = super().ring_send(right, tag, phase, step, chunk)
+        where = os.environ.get("DDLF_TEST_KILL_DIR")
+        if not where or self._ddlf_index != int(os.environ.get("DDLF_TEST_KILL_SLOT", "1")) \
+                or tag[1] != int(os.environ.get("DDLF_TEST_KILL_ROUND", "2")):
+            return ref
+        self._sends = getattr(self, "_sends", 0) + 1
+        if self._sends == int(os.environ.get("DDLF_TEST_KILL_SENDS", "3")):
+            try:
+                fd = os.open(os.path.join(where, "killed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return ref
+            os.write(fd, f"{os.getpid()} {tag} {phase} {step}".encode())
+            os.close(fd)
+            time.sleep(0.2)   # the chunk reaches the neighbour: the ring is half way
+            os.kill(os.getpid(), signal.SIGKILL)
+        return ref
+
+
+class SigkillEveryTrainerOnce(NumpyTrainer):
+    """Every trainer SIGKILLs itself in its ``DDLF_TEST_KILL_CALL``-th fit (default 2),
+    once per slot and run (markers ``killed-<slot>`` in ``DDLF_TEST_KILL_DIR``)."""
+
+    def fit(self, x, y, epochs, batch_size):
+        import os
+        import signal
+
+        self._fits = getattr(self, "_fits", 0) + 1
+        where = os.environ.get("DDLF_TEST_KILL_DIR")
+        if where and self._fits == int(os.environ.get("DDLF_TEST_KILL_CALL", "2")):
+            try:
+                fd = os.open(os.path.join(where, f"killed-{self._ddlf_index}"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().fit(x, y, epochs, batch_size)
+
+
+class DriftingTrainer(NumpyTrainer):
+    """Trainer 1 nudges its weights by one ulp after each allreduce from round 2 on, as a
+    buggy collective would: the trainers then disagree, which the driver must notice."""
+
+    def allreduce_held(self, tag, *args, **kwargs):
+        reply = super().allreduce_held(tag, *args, **kwargs)
+        if self._ddlf_index == 1 and tag[1] >= 2 and reply["status"] == "done":
+            w = self.get_weights()
+            w[1] = np.nextafter(w[1], np.float32(np.inf))
+            self.set_weights(w)
+            reply["digest"] = ring.weights_digest(w)
+        return reply
+
+
+class HangsInCollective(NumpyTrainer):
+    """Trainer 1 stops for ``DDLF_TEST_HANG_S`` seconds before its first send of round 2,
+    once per run (marker ``hung`` in ``DDLF_TEST_KILL_DIR``): alive, but silent, as a
+    process stuck in swap or a stalled link would be."""
+
+    def ring_send(self, right, tag, phase, step, chunk):
+        import os
+        import time
+
+        where = os.environ.get("DDLF_TEST_KILL_DIR")
+        if where and self._ddlf_index == 1 and tag[1] == 2 and phase == "rs" and step == 0:
+            try:
+                os.close(os.open(os.path.join(where, "hung"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                time.sleep(float(os.environ.get("DDLF_TEST_HANG_S", "2")))
+        return super().ring_send(right, tag, phase, step, chunk)

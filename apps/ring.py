@@ -1,0 +1,221 @@
+"""Ring allreduce between trainers: the chunking, the steps and the mailbox.
+
+Each of ``n`` members of a ring holds a vector (its delta, already scaled by its share of
+the samples) and a handle on its right-hand neighbour. The vector is cut into ``n``
+chunks, and:
+
+- **reduce-scatter**, steps ``s = 0 … n−2``: member ``r`` sends chunk ``(r − s) mod n`` to
+  its right and adds the chunk ``(r − s − 1) mod n`` that arrives from its left to its
+  own. After ``n − 1`` steps member ``r`` holds the complete sum of chunk ``(r + 1) mod n``.
+- **all-gather**, steps ``s = 0 … n−2``: member ``r`` sends chunk ``(r + 1 − s) mod n``
+  (complete) and replaces chunk ``(r − s) mod n`` with the complete one that arrives.
+
+Every member sends ``2 (n − 1) / n`` of the vector and receives as much, whatever ``n``,
+and every link of the ring carries the same load (Patarasuk and Yuan's bandwidth-optimal
+allreduce, as in Horovod and NCCL). Each chunk's sum is computed once, by one member,
+and forwarded verbatim, so every member ends with bit-identical weights.
+
+Chunks travel as actor calls: the sender calls ``right.deliver_chunk.remote(...)``, an
+``async def`` method that runs on the receiver's event loop even while its execution
+thread is inside the collective, and puts the chunk in the receiver's :class:`Mailbox`.
+The collective itself (:func:`ring_allreduce`) is written against two callables, ``send``
+and ``recv``, so it runs in-process in the tests with no actors.
+
+Failures: a member waiting for a chunk gives up when the driver aborts the collective (it
+noticed a member die), when one of its own sends failed (its right neighbour is gone), or
+after ``timeout_s`` without the chunk. It never waits forever, and it never changes its
+weights unless the whole collective completed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+__all__ = ["Mailbox", "CollectiveAborted", "CollectiveTimeout", "PeerLost",
+           "scaled_vectors", "unflatten", "ring_allreduce", "weights_digest", "ring_send_bytes"]
+
+
+class CollectiveAborted(Exception):
+    """The driver called the collective off (a member was lost): start again when asked."""
+
+
+class CollectiveTimeout(Exception):
+    """No chunk arrived from the left neighbour within the time allowed."""
+
+
+class PeerLost(Exception):
+    """A chunk could not be delivered: the right neighbour's process is gone."""
+
+
+# -- the vectors: layers of a delta <-> one flat vector per dtype -----------------------------
+def scaled_vectors(layers: Sequence, fraction: float) -> tuple[list, list]:
+    """``fraction · layers``, flattened into one vector per dtype; and the spec to undo it.
+
+    Each layer is scaled in its own dtype (``d * d.dtype.type(fraction)``), exactly as
+    ``averaging.weighted_mean`` scales a delta, so the products are the same bits. Layers
+    of different dtypes go into separate vectors: nothing is ever cast.
+    """
+    groups: dict = {}      # dtype -> [flat scaled layers]
+    spec = []              # per layer: (dtype, offset in its vector, shape)
+    for layer in layers:
+        a = np.asarray(layer)
+        group = groups.setdefault(a.dtype.str, [])
+        spec.append((a.dtype.str, sum(len(x) for x in group), a.shape))
+        group.append((a * a.dtype.type(fraction)).ravel())
+    keys = list(groups)
+    vectors = [np.concatenate(groups[k]) for k in keys]
+    return vectors, [(keys.index(k), offset, shape) for k, offset, shape in spec]
+
+
+def unflatten(vectors: Sequence[np.ndarray], spec: list) -> list:
+    """The layers :func:`scaled_vectors` flattened, cut back out of ``vectors``."""
+    out = []
+    for g, offset, shape in spec:
+        n = int(np.prod(shape, dtype=np.int64))
+        out.append(np.asarray(vectors[g][offset:offset + n]).reshape(shape))
+    return out
+
+
+# -- the collective ----------------------------------------------------------------------------
+def ring_allreduce(vectors: Sequence[np.ndarray], rank: int, size: int,
+                   send: Callable[[str, int, list], None],
+                   recv: Callable[[str, int], list]) -> list:
+    """Sum ``vectors`` over the ``size`` members of a ring; this member is ``rank``.
+
+    ``send(phase, step, chunk)`` delivers ``chunk`` (a list with one array per vector) to
+    the right neighbour; ``recv(phase, step)`` returns what the left neighbour sent for
+    that step (``phase`` is ``"rs"`` or ``"ag"``). Returns the summed vectors. Raises
+    whatever ``send`` or ``recv`` raise; arrays passed to ``send`` are never written
+    afterwards, so a transport may hold on to them without copying.
+    """
+    vectors = [np.asarray(v) for v in vectors]
+    if size == 1:
+        return [v.copy() for v in vectors]
+    parts = [np.array_split(v, size) for v in vectors]
+    chunks = [[p[c] for p in parts] for c in range(size)]
+    for s in range(size - 1):
+        send("rs", s, chunks[(rank - s) % size])
+        c = (rank - s - 1) % size
+        got = recv("rs", s)
+        # The partial sum first: chunk c adds up members c, c+1, ... in ring order.
+        chunks[c] = [g + m for g, m in zip(got, chunks[c])]
+    for s in range(size - 1):
+        send("ag", s, chunks[(rank + 1 - s) % size])
+        chunks[(rank - s) % size] = [np.asarray(g) for g in recv("ag", s)]
+    return [np.concatenate([chunks[c][g] for c in range(size)]) for g in range(len(vectors))]
+
+
+def ring_send_bytes(vectors: Sequence[np.ndarray], rank: int, size: int) -> int:
+    """Bytes member ``rank`` sends in :func:`ring_allreduce` (about ``2 (n−1)/n`` of the
+    vectors)."""
+    if size == 1:
+        return 0
+    total = 0
+    for v in vectors:
+        v = np.asarray(v)
+        sizes = [len(p) for p in np.array_split(np.empty(len(v), np.int8), size)]
+        rs = sum(sizes[(rank - s) % size] for s in range(size - 1))
+        ag = sum(sizes[(rank + 1 - s) % size] for s in range(size - 1))
+        total += (rs + ag) * v.dtype.itemsize
+    return total
+
+
+def weights_digest(layers: Sequence) -> int:
+    """A CRC-32 of the layers' bytes: trainers compare it to prove they hold the same
+    weights (a few ms for the paper's CNN)."""
+    crc = 0
+    for layer in layers:
+        a = np.ascontiguousarray(layer)
+        crc = zlib.crc32(a.dtype.str.encode(), crc)
+        crc = zlib.crc32(memoryview(a).cast("B"), crc)
+    return crc
+
+
+# -- the mailbox -------------------------------------------------------------------------------
+_MISSING = object()
+
+
+class Mailbox:
+    """Chunks that arrived for a trainer's collectives, and the driver's aborts.
+
+    Filled on the worker's event loop (by ``deliver_chunk`` and ``abort_collective``),
+    read by its execution thread inside the collective. A collective is named by a *tag*,
+    ``(run, round, attempt)``: ``run`` is a random id per training run (trainers can
+    outlive a run and serve the next, whose rounds count from 1 again), and ``(round,
+    attempt)`` increases through a run. Within a run, a chunk or an abort of an older tag
+    than the one being worked on is stale and dropped, while one of a newer tag (a
+    neighbour that started first) waits for its turn; starting a collective of another
+    run drops everything of the previous ones.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._chunks: dict = {}
+        self._aborted: dict = {}
+        self._current: tuple | None = None
+
+    def _stale(self, tag: tuple) -> bool:
+        cur = self._current
+        return cur is not None and tag[0] == cur[0] and tag[1:] < cur[1:]
+
+    def begin(self, tag: tuple) -> None:
+        """Work on ``tag`` from now on: forget everything older, and other runs'."""
+        tag = tuple(tag)
+        with self._cond:
+            self._current = tag
+
+            def keep(t):
+                return t[0] == tag[0] and t[1:] >= tag[1:]
+
+            self._chunks = {k: v for k, v in self._chunks.items() if keep(k[0])}
+            self._aborted = {t: r for t, r in self._aborted.items() if keep(t)}
+
+    def deliver(self, tag: tuple, phase: str, step: int, chunk: Any) -> None:
+        tag = tuple(tag)
+        with self._cond:
+            if self._stale(tag):
+                return
+            self._chunks[(tag, phase, int(step))] = chunk
+            self._cond.notify_all()
+
+    def abort(self, tag: tuple, reason: str) -> None:
+        tag = tuple(tag)
+        with self._cond:
+            if self._stale(tag):
+                return
+            self._aborted[tag] = reason
+            self._cond.notify_all()
+
+    def take(self, tag: tuple, phase: str, step: int, timeout_s: float,
+             check: Callable[[], None] | None = None, poll_s: float = 0.1) -> Any:
+        """Wait for the chunk of ``(tag, phase, step)`` and return it.
+
+        Calls ``check()`` (outside the lock) every ``poll_s`` while waiting; what it raises
+        propagates. Raises :class:`CollectiveAborted` once ``tag`` is aborted and
+        :class:`CollectiveTimeout` after ``timeout_s`` without the chunk.
+        """
+        tag = tuple(tag)
+        key = (tag, phase, int(step))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._cond:
+                while True:
+                    if tag in self._aborted:
+                        raise CollectiveAborted(self._aborted[tag])
+                    item = self._chunks.pop(key, _MISSING)
+                    if item is not _MISSING:
+                        return item
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise CollectiveTimeout(
+                            f"no chunk {phase}/{step} of collective {tag} arrived within "
+                            f"{timeout_s:g} s")
+                    if not self._cond.wait(min(left, poll_s)):
+                        break   # a poll tick: run check() outside the lock
+            if check is not None:
+                check()
