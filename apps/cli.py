@@ -78,14 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--worker-epochs", type=int, default=1)
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--rounds-per-epoch", type=int,
-                     help="sync: average this many times per epoch (default: the scheme's); "
-                          "async: pieces per trainer per epoch")
+                     help="sync, allreduce: average this many times per epoch (default: "
+                          "about 32 local steps per round); async: pieces per trainer per epoch")
+    run.add_argument("--eval-every", type=int,
+                     help="sync, allreduce: evaluate every N rounds and the last (default: "
+                          "once per epoch)")
     run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
     run.add_argument("--staleness-bound", type=int, help="async, easgd, downpour: SSP bound")
     run.add_argument("--staleness-scaling", action="store_true", default=None,
                      help="async, downpour: divide each update by its staleness + 1")
-    outer = run.add_argument_group("sync: the outer optimizer and learning rates (defaults: "
-                                   "the scheme's, see docs/training.md)")
+    outer = run.add_argument_group("sync and allreduce: the outer optimizer and learning rates "
+                                   "(defaults: the scheme's, see docs/training.md)")
     outer.add_argument("--outer-lr", type=float, help="the driver's rate on the averaged delta")
     outer.add_argument("--outer-momentum", type=float, help="momentum of the outer step")
     outer.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
@@ -120,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # The scheme-level settings the command line sets: TrainConfig field -> flag.
-_SCHEME_FLAGS = {"rounds_per_epoch": "--rounds-per-epoch", "staleness_bound": "--staleness-bound",
+_SCHEME_FLAGS = {"rounds_per_epoch": "--rounds-per-epoch", "eval_every": "--eval-every",
+                 "staleness_bound": "--staleness-bound",
                  "staleness_scaling": "--staleness-scaling", "outer_lr": "--outer-lr",
                  "outer_momentum": "--outer-momentum", "nesterov": "--nesterov",
                  "lr_scaling": "--lr-scaling", "warmup_rounds": "--warmup-rounds",

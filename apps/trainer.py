@@ -84,6 +84,9 @@ class TrainerActor(ClusterWorker):
         # the ring neighbours send.
         self._held = None
         self._mailbox = ring.Mailbox()
+        # The outer optimizer's velocity (outer_momentum), a copy on every trainer: each
+        # applies the same step to the same mean, so the copies stay equal.
+        self._velocity: list | None = None
         self._ring_sends: list = []
 
     # -- hooks: override these for another framework ----------------------------------------
@@ -305,25 +308,29 @@ class TrainerActor(ClusterWorker):
     # The driver sends indices and control only; the weights stay here (schemes/allreduce.py,
     # ring.py). A round is hold_delta on every trainer, then allreduce_held on every trainer.
     def hold_delta(self, key, indices, epochs: int, batch_size: int,
-                   return_state: bool = False):
-        """Train on rows ``indices`` from the current weights and keep the delta here for
-        :meth:`allreduce_held`, under ``key`` (``(run, round)``); return only the stats (as
-        :meth:`train` does).
+                   return_state: bool = False, learning_rate: float | None = None):
+        """Train on rows ``indices`` from the current weights (at ``learning_rate`` if
+        given, as :meth:`train`) and keep the delta here for :meth:`allreduce_held`, under
+        ``key`` (``(run, round)``); return only the stats (as :meth:`train` does).
 
         The model is left holding the weights the round started from, so an evaluation
         queued behind this call sees them, and a collective that has to be redone starts
         again from the same place.
         """
         old = self.get_weights()
-        delta, stats = self.train(None, indices, epochs, batch_size, return_state)
+        delta, stats = self.train(None, indices, epochs, batch_size, return_state,
+                                  learning_rate)
         self.set_weights(old)
-        self._held = (tuple(key), old, delta)
+        # The velocity the round starts from too: a redone collective starts again there.
+        self._held = (tuple(key), old, delta, self._velocity)
         return stats
 
     def allreduce_held(self, tag, rank: int, size: int, right, fraction: float,
-                       timeout_s: float) -> dict:
+                       timeout_s: float, outer: dict | None = None) -> dict:
         """Average the held delta with the ring's, each scaled by its ``fraction`` of the
-        samples, and apply the mean to the round's starting weights.
+        samples, and apply the mean to the round's starting weights: plainly, or with
+        ``outer = {"rate", "momentum", "nesterov"}`` as the driver's outer optimizer
+        would (``schemes/outer.py``), on this trainer's copy of the velocity.
 
         ``tag`` is ``(run, round, attempt)``; this trainer is member ``rank`` of ``size``
         and sends to ``right`` (a handle). Returns ``{"status": "done", "digest": CRC of the new
@@ -338,7 +345,7 @@ class TrainerActor(ClusterWorker):
             held = None if self._held is None else self._held[0]
             raise RuntimeError(f"allreduce {tag} on trainer {self._ddlf_index}, which holds "
                                f"the delta of (run, round) {held}")
-        _, old, delta = self._held
+        _, old, delta, velocity = self._held
         box = self._mailbox
         box.begin(tag)
         self._ring_sends = sends = []
@@ -373,12 +380,21 @@ class TrainerActor(ClusterWorker):
         except ring.CollectiveTimeout as e:
             return {**reply, "status": "timeout", "detail": str(e)}
         from .schemes.averaging import apply_delta  # not at import: schemes imports us
+        from .schemes.outer import momentum_update
 
-        self.set_weights(apply_delta(old, ring.unflatten(summed, spec)))
+        mean = ring.unflatten(summed, spec)
+        if outer is None:
+            self.set_weights(apply_delta(old, mean))
+        else:
+            if outer["momentum"]:
+                velocity, mean = momentum_update(velocity, mean, outer["momentum"],
+                                                 outer["nesterov"])
+            self.set_weights(apply_delta(old, mean, outer["rate"]))
+            self._velocity = velocity
         spent = time.perf_counter() - start
         if self._last_call_end is not None:
             self._last_call_end += spent   # the collective is work, not idle time
-        return {**reply, "status": "done", "digest": ring.weights_digest(self.get_weights()),
+        return {**reply, "status": "done", "digest": self.held_digest(),
                 "collective_s": spent}
 
     def ring_send(self, right, tag, phase: str, step: int, chunk):
@@ -405,11 +421,27 @@ class TrainerActor(ClusterWorker):
         """
         try:
             weights = ddlf.get(source.get_weights.remote())
+            self._velocity = ddlf.get(source.get_outer_velocity.remote())
         except ActorDiedError as e:
             return {"status": "source_lost", "detail": str(e).strip().splitlines()[0]}
         self.set_weights(weights)
-        return {"status": "done", "digest": ring.weights_digest(self.get_weights()),
+        return {"status": "done", "digest": self.held_digest(),
                 "bytes": nbytes(weights)}
+
+    def held_digest(self) -> int:
+        """A CRC of the weights and the outer velocity this trainer holds: the driver checks
+        that every member of an allreduce run holds the same."""
+        return ring.weights_digest(list(self.get_weights()) + list(self._velocity or []))
+
+    def get_outer_velocity(self) -> list | None:
+        """This trainer's copy of the outer optimizer's velocity (None before any
+        momentum step): what an allreduce checkpoint keeps and a replacement copies."""
+        return self._velocity
+
+    def set_outer_velocity(self, velocity) -> None:
+        """Start from ``velocity`` (a resumed allreduce run's, or None)."""
+        self._velocity = None if velocity is None else [np.array(v, copy=True)
+                                                        for v in velocity]
 
     @classmethod
     def local_model(cls, model_fn, weights):

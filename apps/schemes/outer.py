@@ -23,7 +23,24 @@ import numpy as np
 from .averaging import apply_delta
 from .rates import evaluate, k_multiplier
 
-__all__ = ["OuterOptimizer"]
+__all__ = ["OuterOptimizer", "momentum_update"]
+
+
+def momentum_update(velocity: list | None, mean_delta: list, momentum: float,
+                    nesterov: bool) -> tuple[list, list]:
+    """One momentum step on ``mean_delta``: ``(new velocity, update)``; ``velocity`` None
+    is zeros. The update is applied as ``w − η·update``. Written once, so the driver
+    (sync) and the trainers (allreduce, where each holds a copy of the velocity) compute
+    it bit for bit alike."""
+    if velocity is None:
+        velocity = [np.zeros_like(np.asarray(g)) for g in mean_delta]
+    new_velocity, update = [], []
+    for v, g in zip(velocity, mean_delta):
+        g = np.asarray(g)
+        v = v * g.dtype.type(momentum) + g
+        new_velocity.append(v)
+        update.append(g + v * g.dtype.type(momentum) if nesterov else v)
+    return new_velocity, update
 
 
 class OuterOptimizer:
@@ -66,16 +83,24 @@ class OuterOptimizer:
         self.steps += 1
         if self.momentum == 0.0:
             return apply_delta(w, mean_delta, rate)
-        mu = self.momentum
-        if self.velocity is None:
-            self.velocity = [np.zeros_like(np.asarray(g)) for g in mean_delta]
-        update = []
-        for i, g in enumerate(mean_delta):
-            g = np.asarray(g)
-            v = self.velocity[i] * g.dtype.type(mu) + g
-            self.velocity[i] = v
-            update.append(g + v * g.dtype.type(mu) if self.nesterov else v)
+        self.velocity, update = momentum_update(self.velocity, mean_delta, self.momentum,
+                                                self.nesterov)
         return apply_delta(w, update, rate)
+
+    def remote_settings(self, k: int) -> dict | None:
+        """The settings of an outer step over ``k`` deltas that the trainers take
+        themselves (allreduce, where the weights and a copy of the velocity live on them):
+        ``{"rate", "momentum", "nesterov"}``, or None for a plain average. Call
+        :meth:`took_step` once the step is taken (a collective can be redone with fewer)."""
+        if self.plain:
+            return None
+        return {"rate": self.rate(k), "momentum": self.momentum, "nesterov": self.nesterov}
+
+    def took_step(self, settings: dict | None) -> None:
+        """Count a step taken elsewhere with :meth:`remote_settings`' ``settings``."""
+        if settings is not None:
+            self.last_rate = settings["rate"]
+        self.steps += 1
 
     # -- checkpoints -------------------------------------------------------------------------
     def state(self) -> list:

@@ -42,7 +42,8 @@ _TF_LINE = re.compile(r"(\(\w+ pid=\d+\) )?(WARNING: All log messages before abs
                       r"[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] )")
 
 
-@pytest.mark.parametrize("scheme,verbose", [("sync", False), ("async", True)])
+@pytest.mark.parametrize("scheme,verbose", [("sync", False), ("async", True),
+                                            ("allreduce", False)])
 def test_ddlf_train_run_writes_every_output(tmp_path, scheme, verbose):
     data = tmp_path / "data"
     data.mkdir()

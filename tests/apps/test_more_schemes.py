@@ -30,6 +30,7 @@ def _zeros():
     ("easgd", dict(tau=4)),
     ("downpour", dict(n_fetch=2, n_push=4)),
     ("sync", dict(outer_momentum=0.5, nesterov=True, rounds_per_epoch=2)),
+    ("allreduce", dict(outer_momentum=0.5, nesterov=True, rounds_per_epoch=2)),
     ("async", dict()),
 ])
 def test_every_scheme_learns_through_train(train_cluster, scheme, options):
@@ -103,20 +104,20 @@ def test_sync_outer_nesterov_with_the_k_rule_and_warm_up(train_cluster):
     assert [r["outer_lr"] for r in result.history] == pytest.approx(rates)
 
 
-@pytest.mark.parametrize("scheme", ["sync", "async", "downpour"])
+@pytest.mark.parametrize("scheme", ["sync", "allreduce", "async", "downpour"])
 def test_a_learning_rate_schedule_reaches_the_trainers(train_cluster, scheme):
     def schedule(step):
         return 0.5 / (1 + step)
 
-    options = {"sync": dict(rounds_per_epoch=3), "async": dict(rounds_per_epoch=3),
-               "downpour": dict(n_fetch=2, n_push=2)}[scheme]
+    options = {"sync": dict(rounds_per_epoch=3), "allreduce": dict(rounds_per_epoch=3),
+               "async": dict(rounds_per_epoch=3), "downpour": dict(n_fetch=2, n_push=2)}[scheme]
     result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=2,
                    batch_size=20, lr_schedule=schedule, trainer_cls=RateEchoTrainer,
                    progress=False, **options)
     losses = [r["train_loss"] for r in result.history]    # the rate each trainer used
     assert all(0 < x <= 0.5 for x in losses)
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0]
-    if scheme == "sync":
+    if scheme in ("sync", "allreduce"):
         # Round t starts at step t * (steps per trainer per round) = t * 5 here
         # (600 samples / 3 rounds / 2 trainers / batch 20).
         for t, row in enumerate(result.history):
@@ -137,6 +138,8 @@ def test_the_inner_k_rule_scales_the_trainers_own_rate(train_cluster):
     ("async", dict(rounds_per_epoch=4)),
     ("downpour", dict(n_fetch=2, n_push=2)),
     ("easgd", dict(tau=2)),
+    ("sync", dict(rounds_per_epoch=1)),
+    ("allreduce", dict(rounds_per_epoch=1)),
 ])
 def test_no_row_has_negative_overhead(train_cluster, scheme, options):
     # Trainer 0 is 8x slower, so calls straddle epoch ends all the time.
@@ -178,3 +181,15 @@ def test_sync_defaults_to_rounds_of_about_32_local_steps_each(train_cluster):
     assert result.config.rounds_per_epoch == 5 == len(result.history)
     assert result.config.eval_every == 5
     assert [r["test_accuracy"] is not None for r in result.history] == [False] * 4 + [True]
+
+
+@pytest.mark.parametrize("scheme", ["sync", "allreduce", "async", "easgd", "downpour"])
+def test_every_scheme_stops_at_target_accuracy(train_cluster, scheme):
+    result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=30,
+                   batch_size=16, target_accuracy=0.5, trainer_cls=NumpyTrainer,
+                   progress=False)
+    evaluated = [r for r in result.history if r["test_accuracy"] is not None]
+    assert evaluated[-1]["test_accuracy"] >= 0.5 and "target" in result.stopped_early
+    # It stopped at the first evaluation that reached it, long before the 30 epochs.
+    assert all(r["test_accuracy"] < 0.5 for r in evaluated[:-1])
+    assert result.history[-1]["epoch"] < 30

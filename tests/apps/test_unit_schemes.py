@@ -8,6 +8,7 @@ import pytest
 
 from ddlf_actors.apps import TrainConfig, UnknownSchemeError, train
 from ddlf_actors.apps.schemes import (
+    AllreduceScheme,
     AsyncScheme,
     DownpourScheme,
     EasgdScheme,
@@ -29,9 +30,11 @@ def _w(v):
 
 # -- the registry ------------------------------------------------------------------------------
 def test_the_registry_holds_every_scheme_by_name():
-    assert registry.names()[:4] == ["sync", "async", "easgd", "downpour"]
+    assert registry.names()[:5] == ["sync", "async", "allreduce", "easgd", "downpour"]
     assert registry.get("easgd") is EasgdScheme and registry.get("downpour") is DownpourScheme
-    with pytest.raises(UnknownSchemeError, match="unknown scheme 'sinc'.*sync, async, easgd"):
+    assert registry.get("allreduce") is AllreduceScheme
+    with pytest.raises(UnknownSchemeError,
+                       match="unknown scheme 'sinc'.*sync, async, allreduce, easgd"):
         registry.get("sinc")
     # train() refuses it before it starts anything (no cluster here).
     with pytest.raises(ValueError, match="unknown scheme 'sinc': the registered schemes are"):
