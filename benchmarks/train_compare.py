@@ -96,7 +96,7 @@ import numpy as np  # noqa: E402
 # The paper's Table 4.3 (the default set) and the time-to-accuracy set (--target).
 TABLE_COLUMNS = ("keras", "spark", "ray", "ddlf-sync", "ddlf-async")
 TARGET_COLUMNS = ("keras", "spark", "ray", "raytrain", "ddlf-sync", "ddlf-rounds",
-                  "ddlf-default", "ddlf-async", "ddlf-easgd", "ddlf-downpour")
+                  "ddlf-default", "ddlf-allreduce", "ddlf-async", "ddlf-easgd", "ddlf-downpour")
 ALL_COLUMNS = tuple(dict.fromkeys(TABLE_COLUMNS + TARGET_COLUMNS))
 # DDLF's columns: (scheme, scheme-level options). Only scheme-level settings differ: the
 # model, its optimizer (SGD 0.01) and the batch (32) are the same in every column.
@@ -107,6 +107,8 @@ DDLF_COLUMNS = {
     "ddlf-rounds": ("sync", dict(outer_momentum=0.0, lr_scaling="none")),
     # train_sync / ddlf-train run with no scheme options.
     "ddlf-default": ("sync", {}),
+    # The same settings, the trainers averaging among themselves over a ring.
+    "ddlf-allreduce": ("allreduce", {}),
     "ddlf-async": ("async", {}),
     "ddlf-easgd": ("easgd", {}),
     "ddlf-downpour": ("downpour", {}),
@@ -204,9 +206,11 @@ class Timeline:
     last_train_end: float = 0.0
 
 
-def run_epochs(column: str, epochs: int, train_epoch, evaluate_now) -> Timeline:
+def run_epochs(column: str, epochs: int, train_epoch, evaluate_now,
+               stop_at: float | None = None) -> Timeline:
     """``train_epoch(e)`` then ``evaluate_now() -> (loss, acc)`` for each epoch; only the
-    former counts as training time (see the module docstring)."""
+    former counts as training time (see the module docstring). With ``stop_at``, stop
+    after the first epoch whose test accuracy reaches it."""
     tl = Timeline()
     for e in range(1, epochs + 1):
         t = now()
@@ -219,6 +223,8 @@ def run_epochs(column: str, epochs: int, train_epoch, evaluate_now) -> Timeline:
         tl.rows.append({"epoch": e, "time_s": tl.train_s, "test_accuracy": acc,
                         "test_loss": loss})
         log(f"[{column}] epoch {e}: {tl.train_s:.1f} s of training, test accuracy {acc:.4f}")
+        if stop_at is not None and acc >= stop_at:
+            break
     return tl
 
 
@@ -241,7 +247,8 @@ def run_keras(args) -> dict:
     def train_epoch(_e):
         model.fit(x, y, epochs=1, batch_size=BATCH_SIZE, shuffle=True, verbose=0)
 
-    tl = run_epochs("keras", args.epochs, train_epoch, lambda: evaluate(model, x_test, y_test))
+    tl = run_epochs("keras", args.epochs, train_epoch, lambda: evaluate(model, x_test, y_test),
+                    args.stop_at)
     return ok_result("keras", t0, t_ready, tl, tl.train_s, threads=args.workers,
                      settings=f"one process, {args.workers} TF threads")
 
@@ -368,7 +375,7 @@ def run_spark(args) -> dict:
             driver = SparkSync(sc, build_model(args.seed), x, y, args.workers, args.seed)
             t_ready = now()
             tl = run_epochs("spark", args.epochs, driver.train_epoch,
-                            lambda: driver.evaluate(x_test, y_test))
+                            lambda: driver.evaluate(x_test, y_test), args.stop_at)
         finally:
             sc.stop()
     compute = sum(r["fit_s"] for r in driver.rounds)
@@ -450,7 +457,7 @@ def run_ray(args) -> dict:
         driver = RaySync(ray, actors, args.seed)
         ray.get([a.sizes.remote() for a in actors])  # every actor built and loaded
         t_ready = now()
-        tl = run_epochs("ray", args.epochs, driver.train_epoch, driver.evaluate)
+        tl = run_epochs("ray", args.epochs, driver.train_epoch, driver.evaluate, args.stop_at)
     finally:
         ray.shutdown()
     return ok_result("ray", t0, t_ready, tl, sum(driver.compute), round_compute_s=driver.compute,
@@ -510,6 +517,9 @@ def raytrain_loop(config: dict) -> None:
                                     "train_s": train_s, "test_accuracy": float(out["accuracy"]),
                                     "test_loss": float(out["loss"])}) + "\n")
         ray_train.report({"epoch": e, "test_accuracy": float(out["accuracy"])})
+        # Every worker evaluated the same weights (mirrored): all stop together.
+        if config["stop_at"] is not None and out["accuracy"] >= config["stop_at"]:
+            break
 
 
 def run_raytrain(args) -> dict:
@@ -537,7 +547,7 @@ def run_raytrain(args) -> dict:
             trainer = TensorflowTrainer(
                 raytrain_loop,
                 train_loop_config={"weights": weights, "epochs": args.epochs, "out": out,
-                                   "seed": args.seed},
+                                   "seed": args.seed, "stop_at": args.stop_at},
                 scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False,
                                              resources_per_worker={"CPU": 1}),
                 run_config=RunConfig(storage_path=tmpdir, name="raytrain"))
@@ -583,8 +593,8 @@ class SeededCNN:
 
 def describe_settings(scheme: str, cfg) -> str:
     """A column's scheme-level settings, as the run resolved them."""
-    if scheme == "sync":
-        text = f"{cfg.rounds_per_epoch} rounds/epoch"
+    if scheme in ("sync", "allreduce"):
+        text = f"{cfg.rounds_per_epoch} rounds/epoch" + (", ring" if scheme == "allreduce" else "")
         lr = cfg.outer_lr if isinstance(cfg.outer_lr, (int, float)) else "schedule"
         if cfg.lr_scaling == "outer":
             text += f", outer lr {lr} x K (warm-up {cfg.warmup_rounds} rounds)"
@@ -619,7 +629,8 @@ def run_ddlf(args, column: str) -> dict:
         t_call = now()
         r = train(SeededCNN(args.seed), DATASET, scheme, workers=args.workers,
                   master_epochs=args.epochs, worker_epochs=WORKER_EPOCHS,
-                  batch_size=BATCH_SIZE, progress=False, seed=args.seed, **options)
+                  batch_size=BATCH_SIZE, progress=False, seed=args.seed,
+                  target_accuracy=args.stop_at, **options)
         t_return = now()
     finally:
         ddlf.shutdown()
@@ -802,6 +813,8 @@ def run_column_process(column: str, args) -> dict:
     ``other_cpu_s``: CPU time other processes took from the machine meanwhile."""
     cmd = [sys.executable, os.path.abspath(__file__), "--column", column,
            "--epochs", str(args.epochs), "--workers", str(args.workers), "--seed", str(args.seed)]
+    if args.stop_at is not None:
+        cmd += ["--target", str(args.target), "--stop-at-target"]
     log(f"== {column}: {' '.join(cmd[1:])}")
     tree = ProcessTree()
     busy0 = _busy_cpu_s()
@@ -1002,6 +1015,9 @@ def parse_args(argv=None):
                         f"with --target: {','.join(TARGET_COLUMNS)}; all: {','.join(ALL_COLUMNS)})")
     p.add_argument("--target", type=float,
                    help="also print the time to this test accuracy (e.g. 0.85) for each column")
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="with --target: each column stops at its first epoch at or above it "
+                        "(DDLF's target_accuracy=; the others' epoch loops)")
     p.add_argument("--epochs", type=int, default=2, help="master epochs M (default 2)")
     p.add_argument("--workers", type=int, default=2, help="trainers K (default 2)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per column (900)")
@@ -1012,6 +1028,9 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write every column's result here")
     p.add_argument("--column", choices=ALL_COLUMNS, help=argparse.SUPPRESS)  # internal
     args = p.parse_args(argv)
+    if args.stop_at_target and not args.target:
+        p.error("--stop-at-target needs --target A")
+    args.stop_at = args.target if args.stop_at_target else None
     if args.columns is None:
         args.columns = ",".join(TARGET_COLUMNS if args.target else TABLE_COLUMNS)
     args.columns = [c.strip() for c in args.columns.split(",") if c.strip()]
