@@ -635,6 +635,10 @@ def run_ddlf(args, column: str) -> dict:
     finally:
         ddlf.shutdown()
     rows = r.history
+    # A row's time_s runs from the call, start-up included: training time is from the
+    # end of the start-up (r.startup_s) on, as in the other columns.
+    for row in rows:
+        row["time_s"] -= r.startup_s
     # Rows carry eval_s (trainer time evaluating an earlier row's weights, inside a later
     # round): take it out of training time, as the other columns' evaluations are.
     evals = [row.get("eval_s", 0.0) for row in rows]
@@ -658,6 +662,7 @@ def run_ddlf(args, column: str) -> dict:
     log(f"[{column}] {settings}; framework overhead {overhead:.3f} s of {wall:.1f} s of rounds "
         f"({100 * overhead / wall:.2f} %); evaluation on the trainers {eval_s:.1f} s; "
         f"final evaluation and teardown {t_return - t_call - r.startup_s - rows[-1]['time_s']:.1f} s")
+    log(f"[{column}] start-up {startup:.1f} s (in the call: {r.startup_s:.1f} s)")
     return {"column": column, "status": "ok", "startup_s": startup, "epochs": epochs,
             "train_s": train_s, "eval_s": eval_s, "total_s": startup + train_s + eval_s,
             "compute_s": sum(row.get("compute_s", 0.0) for row in rows),
