@@ -215,8 +215,9 @@ _OUTER = dict(outer_lr=0.6, outer_momentum=0.8, nesterov=True, lr_scaling="outer
 ], ids=["plain", "optimizer-state", "outer-momentum-and-schedules"])
 def test_sync_resume_is_continuous_and_bit_equal(train_cluster, tmp_path, trainer, model,
                                                  options):
-    common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, trainer_cls=trainer,
-                  progress=False, seed=5, **options)
+    # Every round evaluated, so row 3 (where the driver stops) comes after its checkpoint.
+    common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, eval_every=1,
+                  trainer_cls=trainer, progress=False, seed=5, **options)
     whole = train_sync(model, hard_blobs_dataset, **common)
     with pytest.raises(KeyboardInterrupt):
         train_sync(model, hard_blobs_dataset, checkpoint_dir=str(tmp_path),
