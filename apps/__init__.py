@@ -1,4 +1,4 @@
-"""Training on DDLF actors: the paper's App API, TrainerActor and both schemes.
+"""Training on DDLF actors: the paper's App API, TrainerActor and the schemes.
 
     import ddlf_actors as ddlf
     from ddlf_actors.apps import datasets, models, train_sync
@@ -6,6 +6,7 @@
     ddlf.init()
     result = train_sync(models.paper_cnn, "fashion-mnist", workers=2, master_epochs=2)
     print(result.history[-1]["test_accuracy"])
+    result = train(models.paper_cnn, "fashion-mnist", scheme="easgd", workers=2)
 
 TensorFlow is imported only inside trainers and when a result's model is built, never
 when this package is imported.
@@ -25,7 +26,14 @@ from .callbacks import (
 from .checkpoint import CheckpointMismatchError
 from .config import TrainConfig
 from .result import TrainResult
-from .schemes import TooFewTrainersError, TrainerStartError, train_async, train_sync
+from .schemes import (
+    TooFewTrainersError,
+    TrainerStartError,
+    UnknownSchemeError,
+    train,
+    train_async,
+    train_sync,
+)
 from .trainer import TrainerActor
 
 __all__ = [
@@ -33,9 +41,11 @@ __all__ = [
     "TrainerActor",
     "datasets",
     "models",
+    "train",
     "codecs",
     "train_sync",
     "train_async",
+    "UnknownSchemeError",
     "TrainConfig",
     "TrainResult",
     "TrainerStartError",

@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                           "of partition files (part-00000.npz ...)")
     run.add_argument("--data-dir", help="where the dataset's files are (default: the lookup "
                                         "order of datasets.load)")
-    run.add_argument("--scheme", choices=("sync", "async"), default="sync")
+    run.add_argument("--scheme", default="sync",
+                     help="a registered scheme: " + ", ".join(_scheme_names()) + " (default sync)")
     run.add_argument("--workers", default="2",
                      help="trainers: K, or MIN:MAX for an elastic run that starts with MIN "
                           "and grows as CPUs appear")
@@ -77,21 +78,44 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--master-epochs", type=int, default=2)
     run.add_argument("--worker-epochs", type=int, default=1)
     run.add_argument("--batch-size", type=int, default=32)
-    run.add_argument("--rounds-per-epoch", type=int, default=1)
+    run.add_argument("--rounds-per-epoch", type=int,
+                     help="sync, allreduce: average this many times per epoch (default: "
+                          "about 32 local steps per round); async: pieces per trainer per epoch")
+    run.add_argument("--eval-every", type=int,
+                     help="sync, allreduce: evaluate every N rounds and the last (default: "
+                          "once per epoch)")
     run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
-    run.add_argument("--staleness-bound", type=int, help="async: SSP bound")
-    run.add_argument("--staleness-scaling", action="store_true", help="async: scale by staleness")
+    run.add_argument("--staleness-bound", type=int, help="async, easgd, downpour: SSP bound")
+    run.add_argument("--staleness-scaling", action="store_true", default=None,
+                     help="async, downpour: divide each update by its staleness + 1")
+    outer = run.add_argument_group("sync and allreduce: the outer optimizer and learning rates "
+                                   "(defaults: the scheme's, see docs/training.md)")
+    outer.add_argument("--outer-lr", type=float, help="the driver's rate on the averaged delta")
+    outer.add_argument("--outer-momentum", type=float, help="momentum of the outer step")
+    outer.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
+                       help="Nesterov outer momentum")
+    outer.add_argument("--lr-scaling", choices=("none", "inner", "outer"),
+                       help="the linear scaling rule for K: on the outer rate or the trainers'")
+    outer.add_argument("--warmup-rounds", type=int,
+                       help="ramp the K-scaling up linearly over this many rounds")
+    other = run.add_argument_group("easgd and downpour")
+    other.add_argument("--alpha", type=float, help="easgd: elastic coefficient (0.9/K)")
+    other.add_argument("--tau", type=int, help="easgd: local steps between exchanges")
+    other.add_argument("--n-fetch", type=int, help="downpour: fetch every N local steps")
+    other.add_argument("--n-push", type=int, help="downpour: push every N local steps")
     run.add_argument("--compression", metavar="SPEC",
                      help="encode what crosses the wire: one codec spec for weights and "
                           "deltas (none, lz4, zstd[:level], fp16, int8, topk:FRACTION, a lossy "
                           "one with :ef or :noef), or DOWN,UP for the weights the driver sends "
                           "and the deltas the trainers return, e.g. fp16,topk:0.01")
-    run.add_argument("--backup-workers", type=int, default=0,
-                     help="sync: close a round once all but B deltas are in; late ones are "
-                          "folded into a later round, scaled by staleness")
-    run.add_argument("--balance", action="store_true",
-                     help="sync: size each trainer's partition by its measured samples/s")
-    run.add_argument("--target-accuracy", type=float)
+    slow = run.add_argument_group("sync: slow nodes")
+    slow.add_argument("--backup-workers", type=int,
+                      help="close a round once all but B deltas are in; late ones are folded "
+                           "into a later round, scaled by staleness")
+    slow.add_argument("--balance", action="store_true", default=None,
+                      help="size each trainer's partition by its measured samples/s")
+    run.add_argument("--target-accuracy", type=float,
+                     help="stop at the first evaluation with this test accuracy")
     run.add_argument("--patience", type=int)
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
     run.add_argument("--address", help="join a running cluster (default: start an embedded one); "
@@ -114,6 +138,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# The scheme-level settings the command line sets: TrainConfig field -> flag.
+_SCHEME_FLAGS = {"rounds_per_epoch": "--rounds-per-epoch", "eval_every": "--eval-every",
+                 "staleness_bound": "--staleness-bound",
+                 "staleness_scaling": "--staleness-scaling", "outer_lr": "--outer-lr",
+                 "outer_momentum": "--outer-momentum", "nesterov": "--nesterov",
+                 "lr_scaling": "--lr-scaling", "warmup_rounds": "--warmup-rounds",
+                 "alpha": "--alpha", "tau": "--tau", "n_fetch": "--n-fetch", "n_push": "--n-push",
+                 "backup_workers": "--backup-workers", "balance": "--balance"}
+
+
+def _scheme_names() -> list[str]:
+    from .schemes import registry
+
+    return registry.names()
+
+
+def _scheme_options(args) -> dict:
+    """The scheme-level settings given on the command line (the rest stay None)."""
+    return {name: getattr(args, name) for name in _SCHEME_FLAGS}
+
+
 def _workers_arg(text: str):
     """``--workers``: ``K`` or ``MIN:MAX``; a ``_UsageError`` for anything else."""
     try:
@@ -128,17 +173,15 @@ def _workers_arg(text: str):
                           "MIN:MAX with 1 <= MIN <= MAX (2:4)") from None
 
 
-def _compression_arg(text: str, scheme: str):
-    """``--compression``: ``SPEC`` or ``DOWN,UP``, checked for ``scheme``; a ``_UsageError``
-    naming the valid forms for anything else."""
-    from .schemes import AsyncScheme, SyncScheme
+def _compression_arg(text: str, scheme):
+    """``--compression``: ``SPEC`` or ``DOWN,UP``, checked for the ``scheme`` class; a
+    ``_UsageError`` naming the valid forms for anything else."""
     from .schemes.wire import Wire
 
     parts = [p.strip() for p in text.split(",")]
     spec = parts[0] if len(parts) == 1 else tuple(parts)
-    modes = (SyncScheme if scheme == "sync" else AsyncScheme).wire_modes
     try:
-        Wire(spec, scheme, modes)
+        Wire(spec, scheme.name, scheme.wire_modes)
     except ValueError as e:
         raise _UsageError(f"--compression {text}: {e}") from None
     return spec
@@ -160,28 +203,36 @@ def _check_args(args) -> None:
     for flag, path in (("--out", args.out), ("--tensorboard", args.tensorboard)):
         if path is not None:
             _check_output_dir(flag, path)
-    if args.scheme == "sync" and (args.staleness_bound is not None or args.staleness_scaling):
-        raise _UsageError("--staleness-bound and --staleness-scaling apply to --scheme async")
-    if args.scheme == "async" and (args.backup_workers or args.balance):
-        raise _UsageError("--backup-workers and --balance apply to --scheme sync: async has no "
-                          "round barrier, and its shared queue already gives a faster trainer "
-                          "more work")
+    from .schemes import registry
+
+    try:
+        scheme = registry.get(args.scheme)
+    except registry.UnknownSchemeError as e:
+        raise _UsageError(f"--scheme {args.scheme}: {e}") from None
+    given = {k: v for k, v in _scheme_options(args).items() if v is not None}
+    for name in given:
+        if name not in scheme.options:
+            readers = registry.accepting(name)
+            raise _UsageError(f"{_SCHEME_FLAGS[name]} does not apply to --scheme {args.scheme}; "
+                              f"it applies to --scheme {', '.join(readers)}")
     if args.limit is not None and args.limit < 1:
         raise _UsageError(f"--limit must be >= 1, got {args.limit}")
     if args.compression is not None:
-        args.compression = _compression_arg(args.compression, args.scheme)
-    try:   # the same checks train_sync/train_async make, named by their flags
-        TrainConfig(workers=args.workers, master_epochs=args.master_epochs,
-                    worker_epochs=args.worker_epochs, batch_size=args.batch_size,
-                    rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
-                    target_accuracy=args.target_accuracy, patience=args.patience,
-                    staleness_bound=args.staleness_bound, min_workers=args.min_workers,
-                    backup_workers=args.backup_workers, balance=args.balance,
-                    rejoin_timeout_s=args.rejoin_timeout,
-                    checkpoint_dir=args.out if args.checkpoint_every else None,
-                    checkpoint_every=args.checkpoint_every)
+        args.compression = _compression_arg(args.compression, scheme)
+    try:   # the same checks train() makes, named by their flags
+        config = TrainConfig(workers=args.workers, master_epochs=args.master_epochs,
+                             worker_epochs=args.worker_epochs, batch_size=args.batch_size,
+                             num_cpus=args.num_cpus, target_accuracy=args.target_accuracy,
+                             patience=args.patience, min_workers=args.min_workers,
+                             rejoin_timeout_s=args.rejoin_timeout,
+                             checkpoint_dir=args.out if args.checkpoint_every else None,
+                             checkpoint_every=args.checkpoint_every, **given)
+        scheme.resolve(config)
     except ConfigError as e:
-        raise _UsageError(f"--{e.option.replace('_', '-')} {e.problem}") from None
+        flag = _SCHEME_FLAGS.get(e.option, f"--{e.option.replace('_', '-')}")
+        raise _UsageError(f"{flag} {e.problem}") from None
+    except ValueError as e:
+        raise _UsageError(_flag_names(str(e))) from None
     if os.path.isdir(args.dataset):
         if args.limit or args.data_dir:
             raise _UsageError("--limit and --data-dir apply to named datasets only")
@@ -227,6 +278,20 @@ def _check_backend(args) -> None:
         raise _UsageError(f"--backend ray: {e}") from None
 
 
+def _flag_names(message: str) -> str:
+    """A TrainConfig message with its option names written as this command's flags."""
+    import re
+
+    flags = {**_SCHEME_FLAGS, "workers": "--workers", "master_epochs": "--master-epochs",
+             "worker_epochs": "--worker-epochs", "batch_size": "--batch-size",
+             "num_cpus": "--num-cpus", "target_accuracy": "--target-accuracy",
+             "patience": "--patience", "min_workers": "--min-workers",
+             "rejoin_timeout_s": "--rejoin-timeout", "checkpoint_every": "--checkpoint-every"}
+    return re.sub(r"\b(" + "|".join(sorted(flags, key=len, reverse=True)) + r")\b=?",
+                  lambda m: flags[m.group(1)] + (" " if m.group(0).endswith("=") else ""),
+                  message)
+
+
 def _check_output_dir(flag: str, path: str) -> None:
     """``path`` is a directory we can write, or can be made one."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -259,7 +324,7 @@ def _run(args) -> int:
 
     from . import models, report
     from .callbacks import TensorBoard
-    from .schemes import train_async, train_sync
+    from .schemes import train
 
     _check_args(args)
     runtime_env = None
@@ -281,7 +346,7 @@ def _run(args) -> int:
         model_fn = _ModelFn(shape)
         common = dict(workers=args.workers, master_epochs=args.master_epochs,
                       worker_epochs=args.worker_epochs, batch_size=args.batch_size,
-                      rounds_per_epoch=args.rounds_per_epoch, num_cpus=args.num_cpus,
+                      num_cpus=args.num_cpus, **_scheme_options(args),
                       target_accuracy=args.target_accuracy, patience=args.patience,
                       compression=args.compression, progress=not args.no_progress,
                       min_workers=args.min_workers,
@@ -289,12 +354,7 @@ def _run(args) -> int:
                       callbacks=[TensorBoard(args.tensorboard)] if args.tensorboard else [])
         if args.checkpoint_every:
             common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
-        if args.scheme == "sync":
-            result = train_sync(model_fn, dataset, backup_workers=args.backup_workers,
-                                balance=args.balance, **common)
-        else:
-            result = train_async(model_fn, dataset, staleness_bound=args.staleness_bound,
-                                 staleness_scaling=args.staleness_scaling, **common)
+        result = train(model_fn, dataset, args.scheme, **common)
         total = time.perf_counter() - t0
     finally:
         ddlf.shutdown()

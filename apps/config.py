@@ -11,12 +11,18 @@ import difflib
 import os
 from typing import Any
 
-__all__ = ["TrainConfig", "ConfigError", "ASYNC_ONLY", "SYNC_ONLY"]
+__all__ = ["TrainConfig", "ConfigError", "SCHEME_OPTIONS", "ASYNC_ONLY", "SYNC_ONLY",
+           "LR_SCALINGS", "describe_schedule"]
 
-# Options that only the asynchronous scheme reads (a sync run refuses them).
+# Settings that belong to a scheme: None means "the scheme's own default", and a scheme
+# refuses one it does not read (each Scheme class lists the ones it reads in ``options``).
+SCHEME_OPTIONS = ("rounds_per_epoch", "eval_every", "staleness_bound", "staleness_scaling", "outer_lr",
+                  "outer_momentum", "nesterov", "lr_scaling", "warmup_rounds", "lr_schedule",
+                  "alpha", "tau", "n_fetch", "n_push", "backup_workers", "balance")
+# Kept for callers of the first version: the options only asynchronous schemes read.
 ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
-# Options that only the synchronous scheme reads (an async run refuses them): both are
-# about the round barrier, which async does not have.
+# Options that only the synchronous scheme reads (the others refuse them, as they refuse
+# any scheme-level setting they do not read): both act on sync's round barrier.
 SYNC_ONLY = ("backup_workers", "balance")
 
 
@@ -30,10 +36,29 @@ class ConfigError(ValueError):
         self.option = option
         self.problem = problem
 
+# Where the linear scaling rule for K trainers applies (Goyal et al. 2017): nowhere, to the
+# trainers' learning rate, or to the driver's outer learning rate.
+LR_SCALINGS = ("none", "inner", "outer")
+
 
 def _int_at_least(name: str, v, low: int = 1) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
         raise ConfigError(name, f"must be an int >= {low}, got {v!r}")
+
+
+def _number(name: str, v, low: float, high: float, *, low_open=False, high_open=False) -> None:
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and v == v
+          and (v > low if low_open else v >= low) and (v < high if high_open else v <= high))
+    if not ok:
+        span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be a number in {span}, got {v!r}")
+
+
+def _rate(name: str, v) -> None:
+    """A learning rate: a number > 0, or a schedule (a Keras one, or any f(step) -> rate)."""
+    if callable(v):
+        return
+    _number(name, v, 0.0, float("inf"), low_open=True, high_open=True)
 
 
 def _seconds(name: str, v) -> None:
@@ -50,6 +75,13 @@ class TrainConfig:
     trainer runs on its share before reporting a delta (the paper's N).
     ``rounds_per_epoch`` splits each epoch into that many rounds, averaging after each
     (local SGD: more rounds, more communication, usually better accuracy per epoch).
+
+    Scheme-level settings (``rounds_per_epoch``, ``eval_every``, the outer optimizer ``outer_lr``,
+    ``outer_momentum`` and ``nesterov``, the K-scaling rule ``lr_scaling`` with its
+    ``warmup_rounds``, the trainers' ``lr_schedule``, EASGD's ``alpha`` and ``tau``,
+    Downpour's ``n_fetch`` and ``n_push``, SSP's ``staleness_bound`` and
+    ``staleness_scaling``) default to None: the scheme's own default. A scheme refuses a
+    setting it does not read; see ``docs/training.md`` for which reads what.
 
     Fault tolerance: a lost trainer is replaced in its reserved slot when it can be, and
     the run goes on without it meanwhile, down to ``min_workers``; below that it waits up
@@ -68,7 +100,10 @@ class TrainConfig:
     master_epochs: int = 1
     worker_epochs: int = 1
     batch_size: int = 32
-    rounds_per_epoch: int = 1
+    rounds_per_epoch: int | None = None
+    # Sync: evaluate every this many rounds (and the last one); the others' rows have no
+    # test accuracy. Default: once per epoch.
+    eval_every: int | None = None
     num_cpus: float = 1
     # The fewest trainers a run goes on with; default 1, or the low end of workers=(lo, hi).
     min_workers: int | None = None
@@ -83,16 +118,37 @@ class TrainConfig:
     # best test loss.
     target_accuracy: float | None = None
     patience: int | None = None
-    # Asynchronous scheme only.
+    # Asynchronous schemes (async, downpour, easgd): SSP's bound, and dividing a delta by
+    # its staleness + 1.
     staleness_bound: int | None = None
-    staleness_scaling: bool = False
+    staleness_scaling: bool | None = None
+    # The driver's outer optimizer on the averaged delta, treated as a gradient (SlowMo,
+    # DiLoCo): w <- w - outer_lr * (momentum or Nesterov update). outer_lr may be a schedule
+    # of the round (a Keras schedule or f(round) -> rate).
+    outer_lr: Any = None
+    outer_momentum: float | None = None
+    nesterov: bool | None = None
+    # The linear scaling rule for K trainers: "outer" multiplies the outer rate by K,
+    # "inner" the trainers' rate; either ramps up linearly from 1x over warmup_rounds.
+    lr_scaling: str | None = None
+    warmup_rounds: int | None = None
+    # The trainers' learning rate per round: a Keras schedule or f(step) -> rate, step
+    # being the optimizer steps a trainer has taken in the run so far.
+    lr_schedule: Any = None
+    # EASGD: the elastic coefficient and the communication period in local steps.
+    alpha: float | None = None
+    tau: int | None = None
+    # Downpour: fetch the weights every n_fetch local steps, push every n_push.
+    n_fetch: int | None = None
+    n_push: int | None = None
     # What crosses the wire: a codec spec, or a pair (down, up); see apps/codecs.
     compression: Any = None
-    # Synchronous scheme only: close a round once all but this many trainers' deltas are
-    # in (the late ones are folded into a later round, scaled by staleness) ...
-    backup_workers: int = 0
+    # Scheme-level settings of sync (None: its default, 0 and False): close a round once all
+    # but this many trainers' deltas are in (the late ones are folded into a later round,
+    # scaled by staleness) ...
+    backup_workers: int | None = None
     # ... and size each round's partitions by each trainer's measured samples/s.
-    balance: bool = False
+    balance: bool | None = None
     seed: int | None = 0
     progress: bool = True
     trainer_cls: Any = None
@@ -109,9 +165,9 @@ class TrainConfig:
         if isinstance(self.workers, (tuple, list)):
             self._take_range(self.workers)
         _int_at_least("workers", self.workers)
-        for name in ("master_epochs", "worker_epochs", "batch_size", "rounds_per_epoch",
-                     "keep_checkpoints"):
+        for name in ("master_epochs", "worker_epochs", "batch_size", "keep_checkpoints"):
             _int_at_least(name, getattr(self, name))
+        self._check_scheme_options()
         if self.min_workers is None:
             self.min_workers = 1
         _int_at_least("min_workers", self.min_workers)
@@ -133,12 +189,13 @@ class TrainConfig:
             _int_at_least("patience", self.patience)
         if self.staleness_bound is not None:
             _int_at_least("staleness_bound", self.staleness_bound, 0)
-        _int_at_least("backup_workers", self.backup_workers, 0)
-        if self.backup_workers >= self.workers:
-            raise ValueError(f"backup_workers must be less than workers ({self.workers}): a "
-                             f"round needs at least one delta, got {self.backup_workers}")
-        if not isinstance(self.balance, bool):
-            raise ValueError(f"balance must be True or False, got {self.balance!r}")
+        if self.backup_workers is not None:
+            _int_at_least("backup_workers", self.backup_workers, 0)
+            if self.backup_workers >= self.workers:
+                raise ConfigError("backup_workers", f"must be less than workers ({self.workers}): "
+                                  f"a round needs at least one delta, got {self.backup_workers}")
+        if self.balance is not None and not isinstance(self.balance, bool):
+            raise ConfigError("balance", f"must be True or False, got {self.balance!r}")
         if self.checkpoint_dir is not None:
             self.checkpoint_dir = os.path.abspath(os.path.expanduser(os.fspath(self.checkpoint_dir)))
             if self.checkpoint_every is None:
@@ -159,6 +216,30 @@ class TrainConfig:
                 raise type(e)(f"compression={self.compression!r}: {e}") from None
         if self.backend not in (None, "ddlf", "ray"):
             raise ValueError(f"backend must be 'ddlf' or 'ray', got {self.backend!r}")
+
+    def _check_scheme_options(self) -> None:
+        """Values of the scheme-level settings that are given (None: the scheme's default)."""
+        for name in ("rounds_per_epoch", "eval_every", "tau", "n_fetch", "n_push"):
+            if getattr(self, name) is not None:
+                _int_at_least(name, getattr(self, name))
+        if self.warmup_rounds is not None:
+            _int_at_least("warmup_rounds", self.warmup_rounds, 0)
+        if self.outer_lr is not None:
+            _rate("outer_lr", self.outer_lr)
+        if self.outer_momentum is not None:
+            _number("outer_momentum", self.outer_momentum, 0.0, 1.0, high_open=True)
+        if self.alpha is not None:
+            _number("alpha", self.alpha, 0.0, 1.0, low_open=True)
+        for name in ("nesterov", "staleness_scaling"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"{name} must be True or False, got {v!r}")
+        if self.lr_scaling is not None and self.lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"lr_scaling must be one of {', '.join(map(repr, LR_SCALINGS))}, "
+                             f"got {self.lr_scaling!r}")
+        if self.lr_schedule is not None and not callable(self.lr_schedule):
+            raise ValueError("lr_schedule must be a Keras LearningRateSchedule or a function "
+                             f"of the step returning a rate, got {self.lr_schedule!r}")
 
     def _take_range(self, pair) -> None:
         if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair)
@@ -210,5 +291,19 @@ class TrainConfig:
                 from .codecs import resolve_pair
 
                 v = [c.spec for c in resolve_pair(v)]
+            elif callable(v) and f.name in SCHEME_OPTIONS:
+                v = describe_schedule(v)
             out[f.name] = v
         return out
+
+
+def describe_schedule(schedule) -> str:
+    """A schedule as a checkpoint records it: its class and, for a Keras one, its config."""
+    name = getattr(schedule, "__qualname__", None) or type(schedule).__qualname__
+    get_config = getattr(schedule, "get_config", None)
+    if callable(get_config):
+        try:
+            return f"{name}({get_config()})"
+        except Exception:   # a schedule whose config is not serialisable
+            pass
+    return name

@@ -7,9 +7,10 @@ Algorithm 6: the master shuffles and partitions indices, never the data).
 
 The schemes need only lists of numpy arrays and the methods below. To train with
 another framework, subclass and override the hooks (``configure_threads``,
-``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``, and for
-checkpoints of optimizer state ``get_optimizer_state``/``set_optimizer_state``) and pass
-``trainer_cls=`` to ``train_sync``/``train_async``.
+``build_model``, ``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``; for
+checkpoints of optimizer state ``get_optimizer_state``/``set_optimizer_state``; for
+learning-rate schedules ``get_learning_rate``/``set_learning_rate``) and pass
+``trainer_cls=`` to ``train``/``train_sync``/``train_async``.
 
 It subclasses the Cluster API's worker, so ``run_method``, ``add_method`` and
 ``run_code`` work on trainers too: the App API has one set of workers, not two.
@@ -80,10 +81,14 @@ class TrainerActor(ClusterWorker, WireMethods):
         self.model = self.build_model(model_fn)
         self._last_call_end: float | None = None
         self._eval_s = 0.0  # evaluation time since the last train call, reported by train
+        self._accumulated: dict | None = None   # Downpour: the update not pushed yet
         # Allreduce (schemes/allreduce.py): this round's delta, kept here, and the chunks
         # the ring neighbours send.
         self._held: tuple | None = None
         self._mailbox = ring.Mailbox()
+        # The outer optimizer's velocity (outer_momentum), a copy on every trainer: each
+        # applies the same step to the same mean, so the copies stay equal.
+        self._velocity: list | None = None
         self._ring_sends: list = []
 
     # -- hooks: override these for another framework ----------------------------------------
@@ -121,11 +126,20 @@ class TrainerActor(ClusterWorker, WireMethods):
         self.model.set_weights(weights)
 
     def fit(self, x, y, epochs: int, batch_size: int) -> float:
-        """Train in place on ``x, y``; return the mean training loss of the last epoch."""
-        # shuffle=False: the driver already shuffled the indices (Algorithm 6).
-        hist = self.model.fit(x, y, epochs=epochs, batch_size=batch_size, shuffle=False,
-                              verbose=0)
-        return float(hist.history["loss"][-1])
+        """Train in place on ``x, y``; return the mean training loss of the last epoch.
+
+        The same steps as ``model.fit(x, y, epochs, batch_size, shuffle=False)`` (the
+        driver already shuffled the indices, Algorithm 6), one ``train_on_batch`` per
+        batch: ``fit`` costs about 0.2 s per call in set-up on one thread, which rounds of
+        a few dozen steps would pay every round (measured, benchmarks/README.md)."""
+        model = self.model
+        logs = None
+        for _ in range(int(epochs)):
+            model.reset_metrics()    # the loss is the mean over this epoch, as fit reports
+            for start in range(0, len(x), batch_size):
+                logs = model.train_on_batch(x[start:start + batch_size],
+                                            y[start:start + batch_size], return_dict=True)
+        return float(logs["loss"]) if logs is not None else 0.0
 
     def get_optimizer_state(self) -> list | None:
         """The optimizer's variables (step count, momentum, Adam slots) as numpy arrays, or
@@ -150,6 +164,32 @@ class TrainerActor(ClusterWorker, WireMethods):
         for v, a in zip(variables, state):
             v.assign(a)
 
+    def get_learning_rate(self) -> float | None:
+        """The optimizer's learning rate now, or None if it has no settable one."""
+        opt = getattr(self.model, "optimizer", None)
+        rate = getattr(opt, "learning_rate", None)
+        if rate is None:
+            return None
+        try:
+            return float(np.asarray(rate))
+        except (TypeError, ValueError):
+            return None
+
+    def set_learning_rate(self, rate: float) -> None:
+        """Set the optimizer's learning rate (the driver's schedule, once per round).
+
+        Raises ``TypeError`` when the model was compiled with a schedule of its own: one
+        schedule has to give way, and the run's is the one that sees every trainer.
+        """
+        opt = self.model.optimizer
+        try:
+            opt.learning_rate = float(rate)   # a variable's assign: no retracing
+        except TypeError as e:
+            raise TypeError(
+                "this model's optimizer was built with a LearningRateSchedule, so the run's "
+                "lr_schedule/lr_scaling cannot set its rate: compile the model with a number "
+                "as learning_rate and pass the schedule as lr_schedule= instead") from e
+
     def evaluate_arrays(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         """Return ``(loss, accuracy)`` of the current model on ``x, y``."""
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
@@ -168,16 +208,65 @@ class TrainerActor(ClusterWorker, WireMethods):
                 "partitioned": self.partitioned, "node": _node_id(),
                 "num_test": 0 if self.x_test is None else int(len(self.x_test)),
                 "weights_bytes": nbytes(weights),
-                "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights]}
+                "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights],
+                "learning_rate": self.get_learning_rate()}
 
-    def train(self, weights, indices, epochs: int, batch_size: int, return_state: bool = False):
+    def train(self, weights, indices, epochs: int, batch_size: int, return_state: bool = False,
+              learning_rate: float | None = None):
         """Train from ``weights`` (None: the current ones) on rows ``indices`` of this
-        trainer's data. Return ``(delta, stats)``: delta is old − new weights; stats holds
-        ``compute_s``, ``idle_s`` (since this trainer's previous call ended), ``samples``
-        and ``loss``, and with ``return_state`` the optimizer's state afterwards (what
-        a checkpoint keeps)."""
+        trainer's data, at ``learning_rate`` if given (it stays set). Return
+        ``(delta, stats)``: delta is old − new weights; stats holds ``compute_s``,
+        ``idle_s`` (since this trainer's previous call ended), ``samples`` and ``loss``,
+        and with ``return_state`` the optimizer's state afterwards (what a checkpoint
+        keeps)."""
         start = time.perf_counter()
-        idle = 0.0 if self._last_call_end is None else start - self._last_call_end
+        old, new, loss, samples = self._run(weights, indices, epochs, batch_size, learning_rate)
+        delta = [o - n for o, n in zip(old, new)]
+        return delta, self._stats(start, samples, loss, return_state)
+
+    def run_steps(self, weights, indices, epochs: int, batch_size: int, push: bool,
+                  fresh: bool = False, return_state: bool = False,
+                  learning_rate: float | None = None):
+        """Downpour's trainer side: train from ``weights`` (a fetch; None: carry on from
+        this trainer's own weights) on rows ``indices``, adding the change to an
+        accumulated update. With ``push``, return ``(update, stats)`` and start a new
+        accumulation: ``update`` is old − new summed over every call since the last push,
+        ``stats["samples"]`` and ``stats["loss"]`` cover those calls. Without, return
+        ``(None, stats)`` with ``samples`` 0. ``fresh`` drops an accumulation left from
+        another run. ``stats["trained"]`` is this call's own samples."""
+        start = time.perf_counter()
+        if fresh:
+            self._accumulated = None
+        acc = self._accumulated or {"update": None, "samples": 0, "loss": 0.0}
+        if len(indices):
+            old, new, loss, samples = self._run(weights, indices, epochs, batch_size,
+                                                learning_rate)
+            change = [o - n for o, n in zip(old, new)]
+            acc["update"] = change if acc["update"] is None else [
+                a + c for a, c in zip(acc["update"], change)]
+            acc["samples"] += samples
+            acc["loss"] += loss * samples
+        elif weights is not None:
+            self.set_weights(weights)
+        trained = int(len(indices))
+        if not push:
+            self._accumulated = acc
+            stats = self._stats(start, 0, 0.0, return_state)
+            stats["trained"] = trained
+            return None, stats
+        self._accumulated = None
+        update = acc["update"]
+        if update is None:   # nothing trained since the last push
+            update = [np.zeros_like(w) for w in self.get_weights()]
+        stats = self._stats(start, acc["samples"],
+                            acc["loss"] / acc["samples"] if acc["samples"] else 0.0, return_state)
+        stats["trained"] = trained
+        return update, stats
+
+    def _run(self, weights, indices, epochs, batch_size, learning_rate):
+        """Train on ``indices``: ``(weights before, weights after, loss, samples)``."""
+        if learning_rate is not None:
+            self.set_learning_rate(learning_rate)
         if weights is not None:
             self.set_weights(weights)
         old = self.get_weights()
@@ -186,16 +275,19 @@ class TrainerActor(ClusterWorker, WireMethods):
         # inside the partition is restored by the permutation, so SGD sees it shuffled.
         x, y = self.x[idx], self.y[idx]
         loss = self.fit(x, y, int(epochs), int(batch_size))
-        new = self.get_weights()
-        delta = [o - n for o, n in zip(old, new)]
+        return old, self.get_weights(), loss, int(len(idx))
+
+    def _stats(self, start: float, samples: int, loss: float, return_state: bool) -> dict:
+        """A call's stats, ending now; its idle time runs from the previous call's end."""
+        idle = 0.0 if self._last_call_end is None else start - self._last_call_end
         end = time.perf_counter()
         self._last_call_end = end
         eval_s, self._eval_s = self._eval_s, 0.0
         stats: dict[str, Any] = {"compute_s": end - start, "idle_s": idle, "eval_s": eval_s,
-                 "samples": int(len(idx)), "loss": loss, "index": self._ddlf_index}
+                                 "samples": samples, "loss": loss, "index": self._ddlf_index}
         if return_state:
             stats["optimizer_state"] = self.get_optimizer_state()
-        return delta, stats
+        return stats
 
     def evaluate(self, weights=None, shard=None):
         """``(loss, accuracy)`` of ``weights`` (None: the current ones) on the test set,
@@ -227,25 +319,29 @@ class TrainerActor(ClusterWorker, WireMethods):
     # The driver sends indices and control only; the weights stay here (schemes/allreduce.py,
     # ring.py). A round is hold_delta on every trainer, then allreduce_held on every trainer.
     def hold_delta(self, key, indices, epochs: int, batch_size: int,
-                   return_state: bool = False):
-        """Train on rows ``indices`` from the current weights and keep the delta here for
-        :meth:`allreduce_held`, under ``key`` (``(run, round)``); return only the stats (as
-        :meth:`train` does).
+                   return_state: bool = False, learning_rate: float | None = None):
+        """Train on rows ``indices`` from the current weights (at ``learning_rate`` if
+        given, as :meth:`train`) and keep the delta here for :meth:`allreduce_held`, under
+        ``key`` (``(run, round)``); return only the stats (as :meth:`train` does).
 
         The model is left holding the weights the round started from, so an evaluation
         queued behind this call sees them, and a collective that has to be redone starts
         again from the same place.
         """
         old = self.get_weights()
-        delta, stats = self.train(None, indices, epochs, batch_size, return_state)
+        delta, stats = self.train(None, indices, epochs, batch_size, return_state,
+                                  learning_rate)
         self.set_weights(old)
-        self._held = (tuple(key), old, delta)
+        # The velocity the round starts from too: a redone collective starts again there.
+        self._held = (tuple(key), old, delta, self._velocity)
         return stats
 
     def allreduce_held(self, tag, rank: int, size: int, right, fraction: float,
-                       timeout_s: float) -> dict:
+                       timeout_s: float, outer: dict | None = None) -> dict:
         """Average the held delta with the ring's, each scaled by its ``fraction`` of the
-        samples, and apply the mean to the round's starting weights.
+        samples, and apply the mean to the round's starting weights: plainly, or with
+        ``outer = {"rate", "momentum", "nesterov"}`` as the driver's outer optimizer
+        would (``schemes/outer.py``), on this trainer's copy of the velocity.
 
         ``tag`` is ``(run, round, attempt)``; this trainer is member ``rank`` of ``size``
         and sends to ``right`` (a handle). Returns ``{"status": "done", "digest": CRC of the new
@@ -260,7 +356,7 @@ class TrainerActor(ClusterWorker, WireMethods):
             held = None if self._held is None else self._held[0]
             raise RuntimeError(f"allreduce {tag} on trainer {self._ddlf_index}, which holds "
                                f"the delta of (run, round) {held}")
-        _, old, delta = self._held
+        _, old, delta, velocity = self._held
         box = self._mailbox
         box.begin(tag)
         self._ring_sends = sends = []
@@ -295,12 +391,21 @@ class TrainerActor(ClusterWorker, WireMethods):
         except ring.CollectiveTimeout as e:
             return {**reply, "status": "timeout", "detail": str(e)}
         from .schemes.averaging import apply_delta  # not at import: schemes imports us
+        from .schemes.outer import momentum_update
 
-        self.set_weights(apply_delta(old, ring.unflatten(summed, spec)))
+        mean = ring.unflatten(summed, spec)
+        if outer is None:
+            self.set_weights(apply_delta(old, mean))
+        else:
+            if outer["momentum"]:
+                velocity, mean = momentum_update(velocity, mean, outer["momentum"],
+                                                 outer["nesterov"])
+            self.set_weights(apply_delta(old, mean, outer["rate"]))
+            self._velocity = velocity
         spent = time.perf_counter() - start
         if self._last_call_end is not None:
             self._last_call_end += spent   # the collective is work, not idle time
-        return {**reply, "status": "done", "digest": ring.weights_digest(self.get_weights()),
+        return {**reply, "status": "done", "digest": self.held_digest(),
                 "collective_s": spent}
 
     def ring_send(self, right, tag, phase: str, step: int, chunk):
@@ -327,11 +432,27 @@ class TrainerActor(ClusterWorker, WireMethods):
         """
         try:
             weights = ddlf.get(source.get_weights.remote())
+            self._velocity = ddlf.get(source.get_outer_velocity.remote())
         except ActorDiedError as e:
             return {"status": "source_lost", "detail": str(e).strip().splitlines()[0]}
         self.set_weights(weights)
-        return {"status": "done", "digest": ring.weights_digest(self.get_weights()),
+        return {"status": "done", "digest": self.held_digest(),
                 "bytes": nbytes(weights)}
+
+    def held_digest(self) -> int:
+        """A CRC of the weights and the outer velocity this trainer holds: the driver checks
+        that every member of an allreduce run holds the same."""
+        return ring.weights_digest(list(self.get_weights()) + list(self._velocity or []))
+
+    def get_outer_velocity(self) -> list | None:
+        """This trainer's copy of the outer optimizer's velocity (None before any
+        momentum step): what an allreduce checkpoint keeps and a replacement copies."""
+        return self._velocity
+
+    def set_outer_velocity(self, velocity) -> None:
+        """Start from ``velocity`` (a resumed allreduce run's, or None)."""
+        self._velocity = None if velocity is None else [np.array(v, copy=True)
+                                                        for v in velocity]
 
     @classmethod
     def local_model(cls, model_fn, weights):

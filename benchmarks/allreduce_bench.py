@@ -77,6 +77,7 @@ def measure(scheme: str, trainers, workload: Workload, short: int = 2, long: int
     driver's wire and payload bytes per round, the median round time and, for allreduce,
     the collective's time and bytes. ``options`` go to the training function."""
     train = SCHEMES[scheme]
+    options.setdefault("rounds_per_epoch", 1)   # a round per epoch: rounds = epochs here
     totals, result = {}, None
     for rounds in (short, long):
         with metering() as meter:

@@ -4,6 +4,7 @@
                                                       ddlf-sync@ray,ddlf-async@ray]
                                        [--timeout 900] [--png benchmarks/train_compare.png]
                                        [--json out.json] [--data-dir DIR] [--seed 0]
+    python benchmarks/train_compare.py --epochs 10 --target 0.85     # time to accuracy
 
 The paper's CNN (``ddlf_actors.apps.models.paper_cnn``: SGD 0.01, batch 32) on
 Fashion-MNIST (60k/10k), K = 2 trainers with one TensorFlow thread each (intra-op 1,
@@ -17,14 +18,33 @@ spark       the paper's Example 3.1 on pyspark ``local[K]``: every round the dri
 ray         the same synchronous scheme by hand on K Ray actors (``num_cpus=1``) that
             build the model and load the data once; each round the driver ``ray.put``s
             the weights and sends each actor its shuffled index partition.
-ddlf-sync   ``ddlf_actors.apps.train_sync`` (Algorithm 6).
-ddlf-async  ``ddlf_actors.apps.train_async`` (Algorithm 3).
+raytrain    Ray Train's ``TensorflowTrainer`` (what a Ray user would pick instead of writing
+            the loop): ``MultiWorkerMirroredStrategy`` over K workers, gradients
+            all-reduced every step (per-worker batch 32). It needs ``tf_keras`` and
+            ``TF_USE_LEGACY_KERAS=1``: with Keras 3 it fails at once (ray-project/ray#47464).
+ddlf-sync   ``ddlf_actors.apps.train_sync`` as the paper's Algorithm 6: one round per
+            epoch, plain average (``rounds_per_epoch=1``, no outer momentum).
+ddlf-rounds the same averaging rounds as the default, plain average: the rounds alone.
+ddlf-default ``train_sync`` with no scheme options (``ddlf-train run``'s defaults).
+ddlf-async  ``train_async`` (Algorithm 3); ddlf-easgd, ddlf-downpour: those schemes with
+            their defaults (``train(..., scheme=...)``).
 ddlf-sync@ray, ddlf-async@ray
-            the same two calls with ``backend="ray"``: DDLF's schemes and trainers on
+            ddlf-sync and ddlf-async with ``backend="ray"``: DDLF's schemes and trainers on
             Ray actors (``ddlf.init(backend="ray", num_cpus=K)``: a local Ray instance),
             what a team with a Ray cluster would run. Against ``ray`` it is DDLF's scheme
             against the hand-written one on the same runtime; against ``ddlf-sync`` the
             same scheme on the two runtimes.
+
+Every column starts from the same initial weights (the paper CNN built after
+``keras.utils.set_random_seed(seed)``; Ray Train's tf_keras model is given them) and
+trains with the same optimizer (SGD 0.01) and batch (32 per trainer): only the scheme
+differs.
+
+``--target A`` adds the time-to-accuracy table: for each column, the first epoch whose
+test accuracy is at least A, the training time to the end of it (evaluation excluded, as
+in the table above; every column evaluates once per epoch), the same with the
+evaluations' time included, and the accuracy after the last epoch. Its default columns
+are the time-to-accuracy set (all of the above).
 
 Each column runs in its own process (this script with ``--column NAME``), one after
 another, so no two share the cores; the parent collects one JSON line from each, prints
@@ -80,8 +100,28 @@ import traceback  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-ALL_COLUMNS = ("keras", "spark", "ray", "ddlf-sync", "ddlf-async", "ddlf-sync@ray",
-               "ddlf-async@ray")
+# The paper's Table 4.3 (the default set) and the time-to-accuracy set (--target).
+TABLE_COLUMNS = ("keras", "spark", "ray", "ddlf-sync", "ddlf-async")
+TARGET_COLUMNS = ("keras", "spark", "ray", "raytrain", "ddlf-sync", "ddlf-rounds",
+                  "ddlf-default", "ddlf-allreduce", "ddlf-async", "ddlf-easgd", "ddlf-downpour")
+# DDLF's schemes on Ray (backend="ray"): a column name with "@ray".
+RAY_BACKEND_COLUMNS = ("ddlf-sync@ray", "ddlf-async@ray")
+ALL_COLUMNS = tuple(dict.fromkeys(TABLE_COLUMNS + TARGET_COLUMNS + RAY_BACKEND_COLUMNS))
+# DDLF's columns: (scheme, scheme-level options). Only scheme-level settings differ: the
+# model, its optimizer (SGD 0.01) and the batch (32) are the same in every column.
+DDLF_COLUMNS = {
+    # The paper's Algorithm 6: one round per epoch, plain average (DDLF's first default).
+    "ddlf-sync": ("sync", dict(rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none")),
+    # Averaging as often as the default does, but plainly: what the rounds alone give.
+    "ddlf-rounds": ("sync", dict(outer_momentum=0.0, lr_scaling="none")),
+    # train_sync / ddlf-train run with no scheme options.
+    "ddlf-default": ("sync", {}),
+    # The same settings, the trainers averaging among themselves over a ring.
+    "ddlf-allreduce": ("allreduce", {}),
+    "ddlf-async": ("async", {}),
+    "ddlf-easgd": ("easgd", {}),
+    "ddlf-downpour": ("downpour", {}),
+}
 RESULT_PREFIX = "TRAIN_COMPARE_RESULT "  # Spark's JVM shares the column's stdout
 DATASET = "fashion-mnist"
 BATCH_SIZE = 32
@@ -175,9 +215,11 @@ class Timeline:
     last_train_end: float = 0.0
 
 
-def run_epochs(column: str, epochs: int, train_epoch, evaluate_now) -> Timeline:
+def run_epochs(column: str, epochs: int, train_epoch, evaluate_now,
+               stop_at: float | None = None) -> Timeline:
     """``train_epoch(e)`` then ``evaluate_now() -> (loss, acc)`` for each epoch; only the
-    former counts as training time (see the module docstring)."""
+    former counts as training time (see the module docstring). With ``stop_at``, stop
+    after the first epoch whose test accuracy reaches it."""
     tl = Timeline()
     for e in range(1, epochs + 1):
         t = now()
@@ -190,6 +232,8 @@ def run_epochs(column: str, epochs: int, train_epoch, evaluate_now) -> Timeline:
         tl.rows.append({"epoch": e, "time_s": tl.train_s, "test_accuracy": acc,
                         "test_loss": loss})
         log(f"[{column}] epoch {e}: {tl.train_s:.1f} s of training, test accuracy {acc:.4f}")
+        if stop_at is not None and acc >= stop_at:
+            break
     return tl
 
 
@@ -212,8 +256,10 @@ def run_keras(args) -> dict:
     def train_epoch(_e):
         model.fit(x, y, epochs=1, batch_size=BATCH_SIZE, shuffle=True, verbose=0)
 
-    tl = run_epochs("keras", args.epochs, train_epoch, lambda: evaluate(model, x_test, y_test))
-    return ok_result("keras", t0, t_ready, tl, tl.train_s, threads=args.workers)
+    tl = run_epochs("keras", args.epochs, train_epoch, lambda: evaluate(model, x_test, y_test),
+                    args.stop_at)
+    return ok_result("keras", t0, t_ready, tl, tl.train_s, threads=args.workers,
+                     settings=f"one process, {args.workers} TF threads")
 
 
 # -- (b) spark: the paper's Example 3.1 ---------------------------------------------------------
@@ -338,11 +384,12 @@ def run_spark(args) -> dict:
             driver = SparkSync(sc, build_model(args.seed), x, y, args.workers, args.seed)
             t_ready = now()
             tl = run_epochs("spark", args.epochs, driver.train_epoch,
-                            lambda: driver.evaluate(x_test, y_test))
+                            lambda: driver.evaluate(x_test, y_test), args.stop_at)
         finally:
             sc.stop()
     compute = sum(r["fit_s"] for r in driver.rounds)
-    return ok_result("spark", t0, t_ready, tl, compute, rounds=driver.rounds)
+    return ok_result("spark", t0, t_ready, tl, compute, rounds=driver.rounds,
+                     settings="1 round/epoch, plain average (Example 3.1)")
 
 
 # -- (e) ray: the same synchronous scheme on actors ---------------------------------------------
@@ -419,41 +466,193 @@ def run_ray(args) -> dict:
         driver = RaySync(ray, actors, args.seed)
         ray.get([a.sizes.remote() for a in actors])  # every actor built and loaded
         t_ready = now()
-        tl = run_epochs("ray", args.epochs, driver.train_epoch, driver.evaluate)
+        tl = run_epochs("ray", args.epochs, driver.train_epoch, driver.evaluate, args.stop_at)
     finally:
         ray.shutdown()
-    return ok_result("ray", t0, t_ready, tl, sum(driver.compute), round_compute_s=driver.compute)
+    return ok_result("ray", t0, t_ready, tl, sum(driver.compute), round_compute_s=driver.compute,
+                     settings="1 round/epoch, plain average (Algorithm 6)")
+
+
+# -- (f) Ray Train: TensorflowTrainer, gradients all-reduced every step -------------------------
+
+
+def raytrain_loop(config: dict) -> None:
+    """Runs on each Ray Train worker: the paper CNN in tf_keras under
+    MultiWorkerMirroredStrategy, one ``fit`` epoch at a time; rank 0 writes each epoch's
+    figures to ``config["out"]`` (a file: this works whatever Ray Train's reporting API)."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from ray import train as ray_train
+
+    ctx = ray_train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    (x, y), (x_test, y_test) = load_data()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    keras2 = tf.keras   # tf_keras, with TF_USE_LEGACY_KERAS=1
+    with strategy.scope():
+        layers = keras2.layers
+        model = keras2.Sequential([
+            layers.Input(shape=(28, 28, 1)),
+            layers.Conv2D(32, (3, 3), activation="relu"), layers.MaxPooling2D((2, 2)),
+            layers.Conv2D(64, (3, 3), activation="relu"), layers.Flatten(),
+            layers.Dense(64, activation="relu"), layers.Dense(10, activation="softmax")])
+        model.compile(optimizer=keras2.optimizers.SGD(learning_rate=0.01),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.set_weights(config["weights"])   # the same start as every other column
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    rng = np.random.default_rng(config["seed"])
+    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(EVAL_BATCH * world)
+    test = test.with_options(options)
+    train_s = 0.0
+    for e in range(1, config["epochs"] + 1):
+        # The same shuffle on every worker; DATA sharding gives each 1/world of each
+        # global batch (32 per worker), so gradients are all-reduced over 32 * world.
+        perm = rng.permutation(len(x))
+        data = tf.data.Dataset.from_tensor_slices((x[perm], y[perm])).batch(BATCH_SIZE * world)
+        data = data.with_options(options)
+        t = now()
+        model.fit(data, epochs=1, verbose=0)
+        fit_s = now() - t
+        train_s += fit_s
+        t = now()
+        out = model.evaluate(test, verbose=0, return_dict=True)
+        eval_s = now() - t
+        if rank == 0:
+            with open(config["out"], "a") as f:
+                f.write(json.dumps({"epoch": e, "fit_s": fit_s, "eval_s": eval_s,
+                                    "train_s": train_s, "test_accuracy": float(out["accuracy"]),
+                                    "test_loss": float(out["loss"])}) + "\n")
+        ray_train.report({"epoch": e, "test_accuracy": float(out["accuracy"])})
+        # Every worker evaluated the same weights (mirrored): all stop together.
+        if config["stop_at"] is not None and out["accuracy"] >= config["stop_at"]:
+            break
+
+
+def run_raytrain(args) -> dict:
+    t0 = now()
+    try:
+        import ray
+        import tf_keras  # noqa: F401 - Ray Train's TF path needs Keras 2 (ray-project/ray#47464)
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.tensorflow import TensorflowTrainer
+    except ImportError as e:
+        raise Unavailable(f"Ray Train with tf_keras is not importable ({e}); pip install "
+                          "'ray[train]' and, without its dependencies (it names tensorflow, "
+                          "not tensorflow-cpu), tf_keras matching TensorFlow's version")
+    configure_tf(1)
+    weights = build_model(args.seed).get_weights()   # Keras 3 here; tf_keras in the workers
+    env = {"TF_USE_LEGACY_KERAS": "1", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+           "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if os.environ.get("DDLF_DATA_DIR"):
+        env["DDLF_DATA_DIR"] = os.environ["DDLF_DATA_DIR"]
+    with tempfile.TemporaryDirectory(prefix="train_compare_raytrain_") as tmpdir:
+        out = os.path.join(tmpdir, "epochs.jsonl")
+        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR", runtime_env={"env_vars": env})
+        try:
+            trainer = TensorflowTrainer(
+                raytrain_loop,
+                train_loop_config={"weights": weights, "epochs": args.epochs, "out": out,
+                                   "seed": args.seed, "stop_at": args.stop_at},
+                scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False,
+                                             resources_per_worker={"CPU": 1}),
+                run_config=RunConfig(storage_path=tmpdir, name="raytrain"))
+            t_fit = now()
+            trainer.fit()
+            t_end = now()
+        finally:
+            ray.shutdown()
+        with open(out) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    tl = Timeline()
+    for r in rows:
+        tl.rows.append({"epoch": r["epoch"], "time_s": r["train_s"],
+                        "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"]})
+        tl.eval_s += r["eval_s"]
+        log(f"[raytrain] epoch {r['epoch']}: {r['train_s']:.1f} s of training, "
+            f"test accuracy {r['test_accuracy']:.4f}")
+    tl.train_s = rows[-1]["train_s"] if rows else 0.0
+    # Start-up: everything before the first epoch (ray.init, the workers, TF, the data,
+    # the strategy's collectives), measured from outside the workers.
+    startup = (t_end - t0) - tl.train_s - tl.eval_s
+    tl.last_train_end = t_end
+    result = ok_result("raytrain", t0, t0 + startup, tl, tl.train_s,
+                       settings="all-reduce of gradients every step (global batch 32 x K)")
+    result["total_s"] = t_end - t0
+    result["fit_call_s"] = t_end - t_fit
+    return result
 
 
 # -- (c, d) DDLF --------------------------------------------------------------------------------
 
 
-def run_ddlf(args, scheme: str, backend: str = "ddlf") -> dict:
-    column = f"ddlf-{scheme}" + ("@ray" if backend == "ray" else "")
+class SeededCNN:
+    """``models.paper_cnn`` after ``keras.utils.set_random_seed(seed)``: every column's
+    trainers start from the same weights (a DDLF run takes trainer 0's)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def __call__(self):
+        return build_model(self.seed)
+
+
+def describe_settings(scheme: str, cfg) -> str:
+    """A column's scheme-level settings, as the run resolved them."""
+    if scheme in ("sync", "allreduce"):
+        text = f"{cfg.rounds_per_epoch} rounds/epoch" + (", ring" if scheme == "allreduce" else "")
+        lr = cfg.outer_lr if isinstance(cfg.outer_lr, (int, float)) else "schedule"
+        if cfg.lr_scaling == "outer":
+            text += f", outer lr {lr} x K (warm-up {cfg.warmup_rounds} rounds)"
+        elif lr != 1.0:
+            text += f", outer lr {lr}"
+        if cfg.outer_momentum:
+            text += f", {'Nesterov' if cfg.nesterov else 'momentum'} {cfg.outer_momentum:g}"
+        if cfg.lr_scaling == "inner":
+            text += f", trainers' lr x K (warm-up {cfg.warmup_rounds} rounds)"
+        if cfg.lr_scaling == "none" and not cfg.outer_momentum and lr == 1.0:
+            text += ", plain average"
+        return text
+    if scheme == "async":
+        return f"delta/K on arrival, {cfg.rounds_per_epoch} piece(s)/trainer/epoch"
+    if scheme == "easgd":
+        return f"alpha {cfg.alpha:g}, tau {cfg.tau} steps"
+    if scheme == "downpour":
+        return f"n_fetch {cfg.n_fetch}, n_push {cfg.n_push} steps"
+    return scheme
+
+
+def run_ddlf(args, column: str) -> dict:
     t0 = now()
     try:
         import ddlf_actors as ddlf
-        from ddlf_actors.apps import models, train_async, train_sync
+        from ddlf_actors.apps import train
     except ImportError as e:
         raise Unavailable(f"ddlf_actors.apps is not importable ({e})")
+    base, _, backend = column.partition("@")
+    backend = backend or "ddlf"
     if backend == "ray":
         try:
             import ray  # noqa: F401
         except ImportError as e:
             raise Unavailable(f"ray is not importable ({e}); pip install -e '.[ray]'")
-    train = train_sync if scheme == "sync" else train_async
+    scheme, options = DDLF_COLUMNS[base]
     # backend="ray": a local Ray instance, K CPUs; the schemes then place trainers on it.
     ddlf.init(num_cpus=args.workers, backend=backend)
     try:
         t_call = now()
-        r = train(models.paper_cnn, DATASET, workers=args.workers, master_epochs=args.epochs,
-                  worker_epochs=WORKER_EPOCHS, batch_size=BATCH_SIZE, progress=False,
-                  seed=args.seed)
+        r = train(SeededCNN(args.seed), DATASET, scheme, workers=args.workers,
+                  master_epochs=args.epochs, worker_epochs=WORKER_EPOCHS,
+                  batch_size=BATCH_SIZE, progress=False, seed=args.seed,
+                  target_accuracy=args.stop_at, **options)
         t_return = now()
     finally:
         ddlf.shutdown()
     rows = r.history
-    # Rows carry eval_s (trainer time evaluating the previous weights, inside the next
+    # Rows carry eval_s (trainer time evaluating an earlier row's weights, inside a later
     # round): take it out of training time, as the other columns' evaluations are.
     evals = [row.get("eval_s", 0.0) for row in rows]
     eval_s = sum(evals)
@@ -465,6 +664,8 @@ def run_ddlf(args, scheme: str, backend: str = "ddlf") -> dict:
     epochs, done_eval = [], 0.0
     for row, ev in zip(rows, evals):
         done_eval += ev
+        if row["test_accuracy"] is None:    # a round between evaluations
+            continue
         epochs.append({"epoch": int(row["epoch"]) if float(row["epoch"]).is_integer()
                        else row["epoch"], "time_s": row["time_s"] - r.startup_s - done_eval,
                        "test_accuracy": row["test_accuracy"], "test_loss": row["test_loss"]})
@@ -473,13 +674,16 @@ def run_ddlf(args, scheme: str, backend: str = "ddlf") -> dict:
             f"test accuracy {e['test_accuracy']:.4f}")
     wall = sum(row["wall_s"] for row in rows)
     overhead = sum(row["overhead_s"] for row in rows)
-    log(f"[{column}] framework overhead {overhead:.3f} s of {wall:.1f} s of rounds "
+    settings = describe_settings(scheme, r.config)
+    log(f"[{column}] {settings}; framework overhead {overhead:.3f} s of {wall:.1f} s of rounds "
         f"({100 * overhead / wall:.2f} %); evaluation on the trainers {eval_s:.1f} s; "
         f"final evaluation and teardown {t_return - t_call - rows[-1]['time_s']:.1f} s")
+    log(f"[{column}] start-up {startup:.1f} s (in the call: {r.startup_s:.1f} s)")
     return {"column": column, "status": "ok", "startup_s": startup, "epochs": epochs,
             "train_s": train_s, "eval_s": eval_s, "total_s": startup + train_s + eval_s,
             "compute_s": sum(row.get("compute_s", 0.0) for row in rows),
-            "overhead_s": overhead, "round_wall_s": wall,
+            "overhead_s": overhead, "round_wall_s": wall, "settings": settings,
+            "rounds": len(rows),
             "bytes_sent": sum(row.get("bytes_sent", 0) for row in rows),
             "bytes_received": sum(row.get("bytes_received", 0) for row in rows)}
 
@@ -488,10 +692,9 @@ COLUMNS = {
     "keras": run_keras,
     "spark": run_spark,
     "ray": run_ray,
-    "ddlf-sync": lambda args: run_ddlf(args, "sync"),
-    "ddlf-async": lambda args: run_ddlf(args, "async"),
-    "ddlf-sync@ray": lambda args: run_ddlf(args, "sync", "ray"),
-    "ddlf-async@ray": lambda args: run_ddlf(args, "async", "ray"),
+    "raytrain": run_raytrain,
+    **{name: (lambda args, name=name: run_ddlf(args, name)) for name in DDLF_COLUMNS},
+    **{name: (lambda args, name=name: run_ddlf(args, name)) for name in RAY_BACKEND_COLUMNS},
 }
 
 
@@ -632,6 +835,8 @@ def run_column_process(column: str, args) -> dict:
     ``other_cpu_s``: CPU time other processes took from the machine meanwhile."""
     cmd = [sys.executable, os.path.abspath(__file__), "--column", column,
            "--epochs", str(args.epochs), "--workers", str(args.workers), "--seed", str(args.seed)]
+    if args.stop_at is not None:
+        cmd += ["--target", str(args.target), "--stop-at-target"]
     log(f"== {column}: {' '.join(cmd[1:])}")
     tree = ProcessTree()
     busy0 = _busy_cpu_s()
@@ -735,6 +940,59 @@ def format_comparisons(results: list) -> str:
     return "\n".join(lines)
 
 
+def time_to_target(r: dict, target: float):
+    """``(epoch, training s, training + evaluation s)`` at the first evaluation whose test
+    accuracy is at least ``target``, or None if none reached it."""
+    evals = len(r["epochs"]) or 1
+    per_eval = (r.get("eval_s") or 0.0) / evals
+    for n, e in enumerate(r["epochs"], 1):
+        if e["test_accuracy"] is not None and e["test_accuracy"] >= target:
+            return e["epoch"], e["time_s"], e["time_s"] + n * per_eval
+    return None
+
+
+def format_target_table(results: list, args) -> str:
+    """Time to ``args.target`` test accuracy, the accuracy after the last epoch, and what
+    each column's scheme-level settings are."""
+    M, A = args.epochs, args.target
+    head = (f"{'column':<13} {'epoch':>5} {'train s':>8} {'+eval s':>8} {'s/epoch':>8} "
+            f"{'acc e' + str(M):>8}  settings")
+    lines = [f"Time to test accuracy {A} (Fashion-MNIST, paper CNN, SGD 0.01, batch 32, "
+             f"K={args.workers}; the first epoch-end evaluation at or above it)", head,
+             "-" * 100]
+    for r in results:
+        if r["status"] != "ok":
+            lines.append(f"{r['column']:<13} {r['status']}: {r.get('reason', '')}")
+            continue
+        hit = time_to_target(r, A)
+        per_epoch = r["train_s"] / max(1, len(r["epochs"]))
+        last = r["epochs"][-1] if r["epochs"] else {}
+        acc = f"{last.get('test_accuracy', 0):.4f}" if last.get("epoch") == M else "-"
+        if hit is None:
+            reached = f"{'-':>5} {'not in ' + str(len(r['epochs'])):>17}"
+        else:
+            reached = f"{hit[0]!s:>5} {hit[1]:>8.1f} {hit[2]:>8.1f}"
+        lines.append(f"{r['column']:<13} {reached} {per_epoch:>8.1f} {acc:>8}  "
+                     f"{r.get('settings', '')}")
+    lines.append("train s: training time to the end of that epoch, evaluation excluded; "
+                 "+eval s: with the evaluations up to it")
+    return "\n".join(lines)
+
+
+def format_target_comparisons(results: list, target: float) -> str:
+    by = {r["column"]: r for r in results if r["status"] == "ok"}
+    lines = []
+    for a in ("ddlf-default",):
+        for b in ("ray", "spark", "keras", "raytrain", "ddlf-sync"):
+            if a in by and b in by:
+                ha, hb = time_to_target(by[a], target), time_to_target(by[b], target)
+                if ha and hb:
+                    lines.append(f"{a} / {b}, time to {target}: {ha[1] / hb[1]:.2f}x "
+                                 f"({ha[1]:.1f} s / {hb[1]:.1f} s; with evaluation "
+                                 f"{ha[2] / hb[2]:.2f}x)")
+    return "\n".join(lines)
+
+
 def _spark_breakdown(rounds: list) -> str:
     """Where Spark's round time goes, summed over rounds (task figures: slowest task)."""
     total = {k: sum(r[k] for r in rounds) for k in rounds[0] if k.endswith("_s")}
@@ -779,8 +1037,14 @@ def write_png(results: list, path: str) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--columns", default=",".join(ALL_COLUMNS),
-                   help=f"comma-separated, run in this order (default: {','.join(ALL_COLUMNS)})")
+    p.add_argument("--columns",
+                   help=f"comma-separated, run in this order (default: {','.join(TABLE_COLUMNS)}; "
+                        f"with --target: {','.join(TARGET_COLUMNS)}; all: {','.join(ALL_COLUMNS)})")
+    p.add_argument("--target", type=float,
+                   help="also print the time to this test accuracy (e.g. 0.85) for each column")
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="with --target: each column stops at its first epoch at or above it "
+                        "(DDLF's target_accuracy=; the others' epoch loops)")
     p.add_argument("--epochs", type=int, default=2, help="master epochs M (default 2)")
     p.add_argument("--workers", type=int, default=2, help="trainers K (default 2)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per column (900)")
@@ -791,6 +1055,11 @@ def parse_args(argv=None):
     p.add_argument("--json", help="also write every column's result here")
     p.add_argument("--column", choices=ALL_COLUMNS, help=argparse.SUPPRESS)  # internal
     args = p.parse_args(argv)
+    if args.stop_at_target and not args.target:
+        p.error("--stop-at-target needs --target A")
+    args.stop_at = args.target if args.stop_at_target else None
+    if args.columns is None:
+        args.columns = ",".join(TARGET_COLUMNS if args.target else TABLE_COLUMNS)
     args.columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     unknown = sorted(set(args.columns) - set(ALL_COLUMNS))
     if unknown:
@@ -798,6 +1067,14 @@ def parse_args(argv=None):
     if args.epochs < 1 or args.workers < 1:
         p.error("--epochs and --workers must be at least 1")
     return args
+
+
+def _load_average() -> str:
+    """The 1, 5 and 15 minute load averages: figures from a busy machine are slower."""
+    try:
+        return " ".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def main(argv=None) -> None:
@@ -808,19 +1085,28 @@ def main(argv=None) -> None:
         column_main(args)
         return
     _become_subreaper()
+    load_before = _load_average()
     t = now()
     results = [run_column_process(c, args) for c in args.columns]
     print(format_table(results, args))
     comparisons = format_comparisons(results)
     if comparisons:
         print(comparisons)
-    print(f"(total {now() - t:.0f} s)")
+    if args.target:
+        print()
+        print(format_target_table(results, args))
+        comparisons = format_target_comparisons(results, args.target)
+        if comparisons:
+            print(comparisons)
+    print(f"(total {now() - t:.0f} s; load average before {load_before}, after "
+          f"{_load_average()})")
     if args.png:
         write_png(results, args.png)
         log(f"wrote {args.png}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"epochs": args.epochs, "workers": args.workers, "batch_size": BATCH_SIZE,
+                       "target": args.target,
                        "cpus": os.cpu_count(), "python": platform.python_version(),
                        "columns": results}, f, indent=1)
 

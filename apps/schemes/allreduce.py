@@ -11,8 +11,8 @@ the trainers keep the model:
    ``allreduce_held((run, round, attempt), rank, size, right neighbour, n_j / Σn)``: it scales
    its delta by its share of the samples and runs a ring reduce-scatter plus all-gather
    with its neighbours, by direct actor calls (``ring.py``), then applies the mean to its
-   starting weights. Each reports a CRC of its new weights; the driver checks that they
-   agree.
+   starting weights. Each reports a CRC of its new weights (and outer velocity); the
+   driver checks that they agree.
 
 So the driver's bytes per round are the round's indices (the same for any K) plus a few
 hundred bytes of control per trainer, and each trainer sends and receives ``2 (K−1)/K`` of
@@ -33,6 +33,13 @@ last checkpoint, not a hang.
 
 Weights reach the driver only when needed: a checkpoint fetches them from one trainer,
 and so does the end of the run. The start sends them once to every trainer.
+
+The settings are sync's (``AVERAGING_OPTIONS``, the same defaults): the rounds, the
+evaluations, the trainers' rate per round, and the outer optimizer, whose step the
+trainers take themselves. The driver keeps its schedule and sends each collective the
+rate, momentum and Nesterov flag; each trainer holds a copy of the velocity and applies
+``momentum_update`` (``outer.py``) to the same mean, so the copies stay equal, a
+replacement copies it with the weights, and a checkpoint fetches it with them.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ import numpy as np
 import ddlf_actors as ddlf
 from ddlf_actors.errors import ActorDiedError, DDLFError
 
-from ..config import ASYNC_ONLY, TrainConfig
+from ..config import TrainConfig
 from ..trainer import nbytes
 from .base import TooFewTrainersError
 from .pool import LOSS_ERRORS, Slot, SlotState
-from .sync import SyncScheme
+from .rates import steps_in
+from .sync import AVERAGING_OPTIONS, SyncScheme, inner_rate
+from .wire import PLAIN
 
 __all__ = ["AllreduceScheme", "train_allreduce", "WeightsLostError", "CollectiveError"]
 
@@ -64,6 +73,10 @@ class CollectiveError(DDLFError):
 
 class AllreduceScheme(SyncScheme):
     name = "allreduce"
+    # Sync's averaging settings; not its slow-node ones (a ring needs every member each
+    # collective), and no codec: the trainers exchange plain chunks (schemes/wire.py).
+    options = AVERAGING_OPTIONS
+    wire_modes = (PLAIN,)
     # A member gives up waiting for one chunk after this long: the backstop behind the
     # driver's abort, for a neighbour that stopped sending without its process dying.
     chunk_timeout_s = 300.0
@@ -71,11 +84,6 @@ class AllreduceScheme(SyncScheme):
     max_quiet_failures = 2
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
-        defaults = TrainConfig()
-        for option in ASYNC_ONLY:
-            if getattr(config, option) != getattr(defaults, option):
-                raise ValueError(f"{option}= applies to train_async only; train_allreduce "
-                                 "averages every trainer's delta each round")
         super().__init__(model_fn, dataset, config, trainers)
         self._fresh: set[int] = set()   # slots whose trainer does not hold the weights yet
         self.digest: int | None = None  # CRC of the weights the trainers hold
@@ -145,6 +153,7 @@ class AllreduceScheme(SyncScheme):
     # -- the run -----------------------------------------------------------------------------
     def loop(self, w: list) -> list:
         cfg = self.config
+        self.inner = inner_rate(cfg, self.pool.live()[0].info.get("learning_rate"))
         self._broadcast(w)
         R = cfg.rounds_per_epoch
         while self.round_no < self.total_rows():
@@ -165,13 +174,19 @@ class AllreduceScheme(SyncScheme):
         driver sends them)."""
         live = self.pool.live()
         ref = self.put_weights(w)
+        # The velocity a resumed run continues from (None otherwise: adopted trainers
+        # may hold one from an earlier run).
+        velocity = self.outer.velocity
+        v_ref = ddlf.put(velocity) if velocity else None
         for slot in live:
             slot.handle.set_weights.remote(ref)
-        self.bytes_sent += len(live) * nbytes(w)
+            slot.handle.set_outer_velocity.remote(v_ref)
+        self.bytes_sent += len(live) * (nbytes(w) + (nbytes(velocity) if velocity else 0))
         self._fresh.difference_update(s.index for s in live)
 
-    def _fetch_weights(self, slots: list[Slot] | None = None) -> list:
-        """The current weights, from one trainer that holds them."""
+    def _fetch_weights(self, slots: list[Slot] | None = None, velocity: bool = False):
+        """The current weights, from one trainer that holds them; with ``velocity``,
+        ``(weights, the outer velocity or [])`` from the same trainer."""
         while True:
             holders = [s for s in (slots or self.pool.live()) if s.index not in self._fresh
                        and s.state is SlotState.LIVE]
@@ -180,11 +195,15 @@ class AllreduceScheme(SyncScheme):
             slot = holders[0]
             try:
                 w = ddlf.get(slot.handle.get_weights.remote())
+                v = ddlf.get(slot.handle.get_outer_velocity.remote()) if velocity else None
             except LOSS_ERRORS as e:
                 self.lose(slot, e)
                 continue
-            self.bytes_received += nbytes(w)
-            return [np.array(a, copy=True) for a in w]
+            self.bytes_received += nbytes(w) + (nbytes(v) if v else 0)
+            w = [np.array(a, copy=True) for a in w]
+            if not velocity:
+                return w
+            return w, [np.array(a, copy=True) for a in v] if v else []
 
     def _round(self, epoch: int, r: int) -> bool:
         """Run one round; return True if a callback stopped the run."""
@@ -202,12 +221,14 @@ class AllreduceScheme(SyncScheme):
                 evaluation.submit(live)
             self.pending_row = None
         want_state = self.checkpoint_due(round_no)
+        rate = self.inner.at(self.round_no, self.inner_steps, len(live))
+        extra = {} if rate is None else {"learning_rate": rate}
         calls = {}
         handles = {}
         for slot in live:
             ref = slot.handle.hold_delta.remote((self.run_id, round_no), pieces[slot.index],
                                                 cfg.worker_epochs, cfg.batch_size,
-                                                return_state=want_state)
+                                                return_state=want_state, **extra)
             calls[ref] = slot
             handles[slot.index] = slot.handle
         self.bytes_sent += sum(p.nbytes for p in pieces.values())
@@ -222,17 +243,28 @@ class AllreduceScheme(SyncScheme):
         t_collective = time.perf_counter()
         members, replies = self._allreduce(round_no, ring, handles, results)
         collective_s = time.perf_counter() - t_collective
+        self.inner_steps += steps_in(max(len(p) for p in pieces.values()), cfg.batch_size,
+                                     cfg.worker_epochs)
         self.round_no = round_no
-        # A checkpoint needs the weights here: fetched from one trainer, counted in this
-        # round's row.
-        w = self._fetch_weights(members) if self.checkpoint_due(round_no) else None
+        # A checkpoint needs the weights (and the velocity) here: fetched from one
+        # trainer, counted in this round's row.
+        saved = self._fetch_weights(members, velocity=True) if self.checkpoint_due(round_no) \
+            else None
         row = self.new_row(round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
                            [results[s.index] for s in members], time.perf_counter() - t_round)
         row["collective_s"] = collective_s
         row["ring_bytes"] = sum(rep["sent_bytes"] for rep in replies)
-        self.pending_row = row
-        if w is not None:
-            self.save_checkpoint(w)
+        if rate is not None:
+            row["learning_rate"] = rate
+        if not self.outer.plain:
+            row["outer_lr"] = self.outer.last_rate
+        if round_no % cfg.eval_every == 0 or round_no == self.total_rows():
+            self.pending_row = row      # evaluated during the next round
+        else:
+            self.finish_row(row)
+        if saved is not None:
+            w, velocity = saved
+            self.save_checkpoint(w, {"outer": velocity} if velocity else None)
         return False
 
     def _allreduce(self, round_no: int, ring: list[Slot], handles: dict,
@@ -249,13 +281,16 @@ class AllreduceScheme(SyncScheme):
             attempt += 1
             tag = (self.run_id, round_no, attempt)
             n = len(ring)
+            # The outer step for this ring's size (the K rule counts the deltas averaged).
+            outer = self.outer.remote_settings(n)
+            extra = {} if outer is None else {"outer": outer}
             total = float(sum(results[s.index]["samples"] for s in ring))
             calls = {}
             for rank, slot in enumerate(ring):
                 right = handles[ring[(rank + 1) % n].index]
                 share = results[slot.index]["samples"] / total
                 ref = handles[slot.index].allreduce_held.remote(tag, rank, n, right, share,
-                                                                self.chunk_timeout_s)
+                                                                self.chunk_timeout_s, **extra)
                 calls[ref] = slot
             replies: dict = {}
             record = {"round": round_no, "attempt": attempt, "ring": [s.index for s in ring],
@@ -291,6 +326,7 @@ class AllreduceScheme(SyncScheme):
                         f"weights (CRCs {sorted(digests)}): a bug in DDLF's allreduce, please "
                         "report it")
                 self.digest = digests.pop()
+                self.outer.took_step(outer)
                 return survivors, replies_all
             if not lost_any:
                 quiet_failures += 1

@@ -12,6 +12,12 @@ A lost trainer's piece goes back to the front of the queue for another trainer (
 each sample is still seen once per epoch), the bound stops counting it, and its
 replacement joins as soon as it is built, with the newest weights and the update count
 of the slowest live trainer.
+
+A call can start in one epoch and end in the next: its work is given to each epoch's row
+by time interval (``ledger.py``), so a row's ``compute_s`` never exceeds its wall time.
+
+``easgd.py`` and ``downpour.py`` are asynchronous too: they subclass this scheme and
+change what a call does (``_call``) and how its result is applied (``_absorb``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from ..config import TrainConfig
 from ..records import HistoryRow, UpdateRecord
 from .averaging import apply_delta
 from .base import Scheme, TooFewTrainersError
+from .ledger import WorkLedger
 from .pool import Slot
+from .rates import InnerRate
 from .stragglers import refuse_sync_only
 from .wire import PLAIN, WHOLE, Broadcast
 
@@ -51,10 +59,14 @@ class AsyncScheme(Scheme):
     # Trainers hold different versions, so weights go down whole (encoded or not); a down
     # codec that sends changes of one shared replica is refused (schemes/wire.py).
     wire_modes = (PLAIN, WHOLE)
+    options = ("rounds_per_epoch", "staleness_bound", "staleness_scaling", "lr_schedule")
+    defaults = {"rounds_per_epoch": 1, "staleness_scaling": False}
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
         refuse_sync_only(config)
         super().__init__(model_fn, dataset, config, trainers)
+        self.inner = InnerRate(self.config.lr_schedule)
+        self.ledger: WorkLedger | None = None
         self.updates: list[UpdateRecord] = []
         self.counts: dict[int, int] = {}            # updates completed per slot
         self.queues: dict[str, collections.deque] = {}
@@ -77,7 +89,10 @@ class AsyncScheme(Scheme):
     # -- the loop ----------------------------------------------------------------------------
     def loop(self, w: list) -> list:
         self.w = w
-        self.t_epoch = time.perf_counter() - getattr(self, "_epoch_elapsed", 0.0)
+        now = time.perf_counter()
+        self.t_epoch = now - getattr(self, "_epoch_elapsed", 0.0)
+        self.ledger = (WorkLedger.restore(self._ledger_pos, now) if hasattr(self, "_ledger_pos")
+                       else WorkLedger(self.t_epoch))
         self.epoch_samples = (self.plan.num_train if not self.plan.partitioned
                               else sum(self.plan.part_sizes.values()))
         for row, snapshot in getattr(self, "_resumed_rows", []):
@@ -97,10 +112,11 @@ class AsyncScheme(Scheme):
             if ref in self.inflight:
                 update = self.inflight.pop(ref)
                 if lost is not None:
+                    self.ledger.dropped(ref)
                     self.lose(update.slot, lost)
-                    self._queue(update.slot.index).appendleft(update.piece)
+                    self._lost_update(update)
                 else:
-                    self._apply(update, value)
+                    self._apply(ref, update, value)
             else:
                 self._evaluation_done(ref, value, lost)
             joined = self.pool.poll()
@@ -148,24 +164,28 @@ class AsyncScheme(Scheme):
         q = self.queues.setdefault(key, collections.deque())
         if not q and self.planned.get(key, 0) < self.config.master_epochs:
             epoch = self.planned[key] = self.planned.get(key, 0) + 1
-            q.extend((epoch, n) for n in range(self._num_pieces(slot_index)))
+            q.extend((epoch, n) for n in range(len(self._epoch_pieces(epoch, slot_index))))
         return q
 
-    def _num_pieces(self, slot_index: int) -> int:
-        cfg = self.config
-        return cfg.rounds_per_epoch * (1 if self.plan.partitioned else cfg.workers)
-
-    def _piece(self, slot_index: int, piece: tuple) -> np.ndarray:
-        epoch, n = piece
+    def _epoch_pieces(self, epoch: int, slot_index: int) -> list:
+        """Epoch ``epoch``'s pieces of work (for ``slot_index``'s partition), cached."""
         part = slot_index if self.plan.partitioned else None
         key = (epoch, part)
         pieces = self._pieces.get(key)
         if pieces is None:
-            pieces = [p for _, p in self.plan.async_pieces(epoch, self.config.workers, part)]
+            pieces = self._cut_epoch(epoch, part)
             for old in [k for k in self._pieces if k[0] < epoch - 1]:
                 del self._pieces[old]
             self._pieces[key] = pieces
-        return pieces[n]
+        return pieces
+
+    def _cut_epoch(self, epoch: int, part: int | None) -> list:
+        """How an epoch's permutation is cut: ``rounds_per_epoch`` pieces per trainer."""
+        return [p for _, p in self.plan.async_pieces(epoch, self.config.workers, part)]
+
+    def _piece(self, slot_index: int, piece: tuple) -> np.ndarray:
+        epoch, n = piece
+        return self._epoch_pieces(epoch, slot_index)[n]
 
     def _feed(self, live: list) -> None:
         """Give every idle live trainer its next piece, as far as the SSP bound allows."""
@@ -178,28 +198,65 @@ class AsyncScheme(Scheme):
         cfg = self.config
         counts = self.counts
         lead = counts.setdefault(slot.index, 0) - min(counts.setdefault(s.index, 0) for s in live)
-        if cfg.staleness_bound is not None and lead > cfg.staleness_bound:
-            return   # SSP: wait for the slowest live trainer to catch up
         q = self._queue(slot.index)
+        want_state = self.writer is not None and counts[slot.index] % cfg.checkpoint_every == 0
         if not q:
-            return
-        piece = q.popleft()
+            # No work left for it (the bound does not apply: nothing new is trained).
+            piece, ref = None, self._call_without_work(slot, want_state)
+            if ref is None:
+                return
+        elif cfg.staleness_bound is not None and lead > cfg.staleness_bound:
+            return   # SSP: wait for the slowest live trainer to catch up
+        else:
+            piece = q.popleft()
+            ref = self._call(slot, self._piece(slot.index, piece), want_state)
+        self.ledger.dispatched(ref, slot.index, time.perf_counter())
+        self.inflight[ref] = _Update(slot, self._start_version(slot), lead, piece)
+
+    def _call_without_work(self, slot: Slot, want_state: bool):
+        """A call for an idle trainer when no work is left (Downpour's last push); None."""
+        return None
+
+    def _start_version(self, slot: Slot) -> int:
+        """The weights version a call's result is relative to (for its staleness)."""
+        return self.round_no
+
+    def _rate_kwargs(self) -> dict:
+        """``learning_rate=`` for the next call when ``lr_schedule`` is set; the step is
+        the samples applied so far over ``workers * batch_size`` (one trainer's steps)."""
+        cfg = self.config
+        step = self.samples_done * cfg.worker_epochs // (cfg.workers * cfg.batch_size)
+        rate = self.inner.at(self.round_no, step, cfg.workers)
+        return {} if rate is None else {"learning_rate": rate}
+
+    def _shared_weights_ref(self):
+        """One broadcast of the current weights per version (a ``put``, encoded as
+        ``compression=`` says: schemes/wire.py), shared by every call."""
         if self._w_ref_version != self.round_no:
             self._w_ref, self._w_ref_version = self.broadcast(self.w), self.round_no
-        indices = self._piece(slot.index, piece)
-        want_state = self.writer is not None and counts[slot.index] % cfg.checkpoint_every == 0
+        return self._w_ref
+
+    def _call(self, slot: Slot, indices: np.ndarray, want_state: bool):
+        """Start ``slot``'s trainer on ``indices``; return the call's ref."""
+        cfg = self.config
+        bc = self._shared_weights_ref()
         # A checkpoint call also brings back the trainer's error-feedback residual, as it
         # brings its optimizer state: both are saved as of that trainer's last such call.
-        ref = self._w_ref.train(slot, indices, cfg.worker_epochs, cfg.batch_size,
-                                return_state=want_state, residual=want_state)
-        self.bytes_sent += self._w_ref.take_bytes() + indices.nbytes
-        self.inflight[ref] = _Update(slot, self.round_no, lead, piece)
+        ref = bc.train(slot, indices, cfg.worker_epochs, cfg.batch_size,
+                       return_state=want_state, residual=want_state, **self._rate_kwargs())
+        self.bytes_sent += bc.take_bytes() + indices.nbytes
+        return ref
 
-    def _apply(self, update: _Update, value) -> None:
+    def _lost_update(self, update: _Update) -> None:
+        """``update``'s trainer was lost: its piece goes back to the front of the queue."""
+        if update.piece is not None:
+            self._queue(update.slot.index).appendleft(update.piece)
+
+    def _absorb(self, update: _Update, value) -> bool:
+        """Apply a call's result to the weights; False if it changed nothing (a Downpour
+        call that did not push). The call's ``stats["samples"]`` count toward the epoch."""
         cfg = self.config
         payload, stats = value
-        j = update.slot.index
-        self.keep_state(j, stats)
         delta, size = self.wire.received(payload)
         self.bytes_received += size
         staleness = self.round_no - update.start_version
@@ -207,19 +264,24 @@ class AsyncScheme(Scheme):
         if cfg.staleness_scaling:
             scale /= staleness + 1
         self.w = apply_delta(self.w, delta, scale)
-        self.round_no += 1
+        return True
+
+    def _apply(self, ref, update: _Update, value) -> None:
+        j = update.slot.index
+        stats = value[1]
+        self.ledger.finished(ref, stats["compute_s"], stats.get("eval_s", 0.0),
+                             time.perf_counter())
+        self.keep_state(j, stats)
+        staleness = self.round_no - update.start_version
         self.counts[j] = self.counts.get(j, 0) + 1
+        self.epoch_stats.append(dict(stats))
+        if not self._absorb(update, value):
+            return
+        self.round_no += 1
         self.updates.append({"trainer": j, "start_version": update.start_version,
                              "applied_version": self.round_no, "staleness": staleness,
                              "lead": update.lead, "loss": stats["loss"]})
         self.samples_done += stats["samples"]
-        # An update received in this epoch may have started in the previous one: count
-        # only the part of its work that falls inside this epoch's window, so that the
-        # row's compute_s never exceeds its wall time (nor overhead_s goes negative).
-        inside = max(0.0, time.perf_counter() - self.t_epoch)
-        self.epoch_stats.append({**stats, "compute_s": min(stats["compute_s"], inside),
-                                 "eval_s": min(stats.get("eval_s", 0.0),
-                                               max(0.0, inside - stats["compute_s"]))})
         self._close_epochs()
         if self.checkpoint_due(self.round_no):
             self.save_checkpoint(self.w, self._pending_arrays())
@@ -230,7 +292,9 @@ class AsyncScheme(Scheme):
                and self.samples_done >= (self.epoch_done + 1) * self.epoch_samples):
             self.epoch_done += 1
             now = time.perf_counter()
-            row = self.new_row(self.round_no, self.epoch_done, self.epoch_stats, now - self.t_epoch)
+            # By interval: calls that straddle the epoch's end count on both sides of it.
+            row = self.new_row(self.round_no, self.epoch_done, self.epoch_stats, now - self.t_epoch,
+                               work=self.ledger.close(now))
             row["workers"] = len({s["index"] for s in self.epoch_stats})
             self.epoch_stats, self.t_epoch = [], now
             self._evaluate(row, self.w)
@@ -315,13 +379,18 @@ class AsyncScheme(Scheme):
 
     def position(self) -> dict:
         queues = {k: [list(p) for p in q] for k, q in self.queues.items()}
-        for u in self.inflight.values():   # not applied yet: redone after a resume
-            queues.setdefault(self._key(u.slot.index), []).insert(0, list(u.piece))
+        for piece, slot_index in self._unapplied():   # redone after a resume
+            queues.setdefault(self._key(slot_index), []).insert(0, list(piece))
         return {"counts": {str(k): v for k, v in self.counts.items()}, "queues": queues,
                 "planned": dict(self.planned), "samples_done": self.samples_done,
                 "epoch_done": self.epoch_done, "epoch_stats": list(self.epoch_stats),
                 "epoch_elapsed": time.perf_counter() - self.t_epoch,
+                "ledger": self.ledger.position(time.perf_counter()) if self.ledger else {},
                 "pending_rows": [dict(row) for row, ev in self.evaluations]}
+
+    def _unapplied(self) -> list:
+        """``(piece, slot index)`` of the work whose result the weights do not hold yet."""
+        return [(u.piece, u.slot.index) for u in self.inflight.values() if u.piece is not None]
 
     def _pending_arrays(self) -> dict:
         out = {}
@@ -338,6 +407,7 @@ class AsyncScheme(Scheme):
         self.epoch_done = pos["epoch_done"]
         self.epoch_stats = list(pos["epoch_stats"])
         self._epoch_elapsed = float(pos["epoch_elapsed"])
+        self._ledger_pos = pos.get("ledger", {})
         self._resumed_rows = [(row, [np.array(a, copy=True) for a in ckpt.arrays[f"pending{i}"]])
                               for i, row in enumerate(pos["pending_rows"])]
 
@@ -354,8 +424,7 @@ def train_async(model_fn, dataset, *, trainers=None, initial_weights=None, resum
     resume it holds the resumed part only. ``checkpoint_every`` counts rounds of
     ``workers`` updates.
     """
-    if resume is not None and options.get("checkpoint_dir") is None:
-        options["checkpoint_dir"] = resume
-    config = TrainConfig.from_options(options, caller="train_async")
-    return AsyncScheme(model_fn, dataset, config, trainers).run(initial_weights, resume)
+    from .api import train
 
+    return train(model_fn, dataset, "async", trainers=trainers, initial_weights=initial_weights,
+                 resume=resume, **options)

@@ -16,6 +16,7 @@ the run, with the remote traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 
@@ -25,7 +26,7 @@ from ddlf_actors.errors import DDLFError
 
 from .. import backends, checkpoint, datasets
 from ..callbacks import DashboardPublisher, EarlyStopping, EventLog, History, ProgressBar
-from ..config import TrainConfig
+from ..config import SCHEME_OPTIONS, TrainConfig
 from ..records import EventKind, HistoryRow, RunEvent, TrainStats
 from ..result import TrainResult
 from ..trainer import TrainerActor, nbytes
@@ -71,16 +72,26 @@ class Run:
 
 
 class Scheme:
-    """One training run: start or adopt trainers, run the loop, return a ``TrainResult``."""
+    """One training run: start or adopt trainers, run the loop, return a ``TrainResult``.
+
+    A subclass sets ``name``, lists in ``options`` the scheme-level settings it reads
+    (``config.SCHEME_OPTIONS``) with their ``defaults``, and implements ``loop``,
+    ``total_rows`` and, to resume, ``position``/``restore_position``.
+    """
 
     name = "scheme"
     # How this scheme can send weights with compression= (schemes/wire.py): a scheme that
     # does not encode its traffic refuses compression= rather than ignore it.
     wire_modes: tuple = (PLAIN,)
+    # The scheme-level settings this scheme reads; the others must be left at None.
+    options: tuple[str, ...] = ()
+    # Values for the settings in ``options`` that a run leaves at None.
+    defaults: dict = {}
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
         self.model_fn = model_fn
         self.dataset = dataset
+        config = self.resolve(config)
         self.config = config
         self.trainer_cls = config.trainer_cls or TrainerActor
         self._adopted = list(trainers) if trainers is not None else None
@@ -172,6 +183,42 @@ class Scheme:
                 self.pool.stop()
             if started_session:
                 self.backend.shutdown()
+
+    @classmethod
+    def resolve(cls, config: TrainConfig) -> TrainConfig:
+        """``config`` with this scheme's defaults filled in for the settings left at None.
+
+        Raises ``ValueError`` for a scheme-level setting this scheme does not read, naming
+        the schemes that do.
+        """
+        from .registry import accepting
+
+        filled = {}
+        defaults = cls.scheme_defaults(config)
+        for option in SCHEME_OPTIONS:
+            value = getattr(config, option)
+            if option not in cls.options:
+                if value is not None:
+                    readers = accepting(option)
+                    raise ValueError(
+                        f"{option}= does not apply to the {cls.name!r} scheme; it is read by "
+                        + (", ".join(repr(n) for n in readers) if readers else "no scheme")
+                        + " (train(..., scheme=...), ddlf-train run --scheme ...)")
+            elif value is None and defaults.get(option) is not None:
+                filled[option] = defaults[option]
+        config = dataclasses.replace(config, **filled) if filled else config
+        cls.validate(config)
+        return config
+
+    @classmethod
+    def validate(cls, config: TrainConfig) -> None:
+        """Raise ``ValueError`` for settings that do not fit together (``config`` has the
+        defaults filled in); called before any trainer starts."""
+
+    @classmethod
+    def scheme_defaults(cls, config: TrainConfig) -> dict:
+        """The defaults for a run of ``config`` (override when one depends on it, e.g. on K)."""
+        return dict(cls.defaults)
 
     def loop(self, weights: list) -> list:
         raise NotImplementedError
@@ -266,22 +313,34 @@ class Scheme:
             cb.on_row(row, self.run_state)
 
     def new_row(self, round_no: int, epoch: float, stats: list[TrainStats],
-                wall_s: float) -> HistoryRow:
-        """A history row from the trainers' stats of one round (or one async epoch)."""
+                wall_s: float, work: dict | None = None) -> HistoryRow:
+        """A history row from the trainers' stats of one round (or one async epoch).
+
+        ``work``: ``{trainer: (compute_s, eval_s)}`` inside the row's window, from a
+        :class:`~.ledger.WorkLedger`, where calls can straddle rows; without it each
+        call's stats count whole (a sync round holds all of its calls).
+        """
         samples = sum(s["samples"] for s in stats)
         loss = (sum(s["loss"] * s["samples"] for s in stats) / samples) if samples else None
         per_trainer: dict = {}
         busy: dict = {}
-        for s in stats:
-            per_trainer[s["index"]] = per_trainer.get(s["index"], 0.0) + s["compute_s"]
-            busy[s["index"]] = busy.get(s["index"], 0.0) + s["compute_s"] + s.get("eval_s", 0.0)
+        evals: dict = {}
+        if work is None:
+            for s in stats:
+                j = s["index"]
+                per_trainer[j] = per_trainer.get(j, 0.0) + s["compute_s"]
+                evals[j] = max(evals.get(j, 0.0), s.get("eval_s", 0.0))
+                busy[j] = busy.get(j, 0.0) + s["compute_s"] + s.get("eval_s", 0.0)
+        else:
+            for j, (compute, ev) in work.items():
+                per_trainer[j], evals[j], busy[j] = compute, ev, compute + ev
         row: HistoryRow = {
             "round": round_no, "epoch": epoch, "time_s": time.perf_counter() - self.t0,
             "test_accuracy": None, "test_loss": None, "train_loss": loss,
             "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
             "compute_s": max(per_trainer.values()) if per_trainer else 0.0,
             "idle_s": sum(s["idle_s"] for s in stats),
-            "eval_s": max((s.get("eval_s", 0.0) for s in stats), default=0.0),
+            "eval_s": max(evals.values(), default=0.0),
             # What the framework adds: round time beyond the busiest trainer's work.
             "overhead_s": wall_s - max(busy.values(), default=0.0),
             "wall_s": wall_s, "samples": samples,
@@ -406,5 +465,6 @@ class Scheme:
         cfg = self.config
         if infos[0].get("partitioned"):
             sizes = {s.index: s.info["num_train"] for s in self.pool.live()}
-            return Plan(self.seed, cfg.rounds_per_epoch, sum(sizes.values()), part_sizes=sizes)
-        return Plan(self.seed, cfg.rounds_per_epoch, infos[0]["num_train"])
+            return Plan(self.seed, cfg.rounds_per_epoch or 1, sum(sizes.values()),
+                        part_sizes=sizes)
+        return Plan(self.seed, cfg.rounds_per_epoch or 1, infos[0]["num_train"])

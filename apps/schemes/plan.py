@@ -115,6 +115,12 @@ class Plan:
         n = self.rounds if part is not None else self.rounds * max(1, per_round)
         return list(enumerate(np.array_split(perm, n)))
 
+    def sized_pieces(self, epoch: int, size: int, part: int | None = None) -> list:
+        """An epoch's permutation (of partition ``part``) cut into consecutive pieces of
+        ``size`` indices, the last one shorter if ``size`` does not divide it."""
+        perm = self.permutation(epoch, part)
+        return [perm[i:i + size] for i in range(0, len(perm), max(1, int(size)))]
+
     def async_piece(self, epoch: int, piece_no: int, per_round: int,
                     part: int | None = None) -> np.ndarray:
         """One piece of :meth:`async_pieces` (a resumed run rebuilds its queue from these)."""

@@ -5,6 +5,12 @@ partition, waits for their deltas and applies their mean weighted by samples,
 ``w ← w − Σ_j (n_j / Σn) delta_j``. ``rounds_per_epoch = r`` averages r times per
 epoch, each on 1/r of the epoch's permutation (local SGD).
 
+The driver's step on the averaged delta is an outer optimizer (``outer.py``): plain
+averaging by default-free arithmetic (``outer_lr=1``, no momentum), or momentum/Nesterov
+with a rate that may follow a schedule and the linear scaling rule for K
+(``lr_scaling='outer'``, warmed up over ``warmup_rounds``). The trainers' own rate can
+follow ``lr_schedule`` (or ``lr_scaling='inner'``), set by the driver each round.
+
 A trainer lost mid-round costs only its own share of that round: the round completes
 with the deltas that arrived, each weighted by its samples, and the lost trainer's
 replacement (started at once, in its reserved slot) joins at the next round with the
@@ -16,49 +22,150 @@ run resumed from a checkpoint ends with the same weights as one that was never s
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from ..config import ASYNC_ONLY, TrainConfig
+from ..config import TrainConfig
 from ..records import HistoryRow
-from .averaging import apply_delta, weighted_mean
+from .averaging import weighted_mean
 from .balance import RateBalancer
 from .base import Scheme
+from .outer import OuterOptimizer
+from .rates import InnerRate, steps_in
 from .stragglers import LateDeltas, within_window
 from .wire import CHANGES, PLAIN, WHOLE
 
-__all__ = ["SyncScheme", "train_sync"]
+__all__ = ["SyncScheme", "train_sync", "AVERAGING_OPTIONS", "averaging_defaults",
+           "check_averaging", "outer_optimizer", "inner_rate", "default_rounds", "fill_rounds",
+           "STEPS_PER_ROUND"]
+
+# The settings of a scheme that averages deltas in rounds (sync, allreduce).
+AVERAGING_OPTIONS = ("rounds_per_epoch", "eval_every", "outer_lr", "outer_momentum",
+                     "nesterov", "lr_scaling", "warmup_rounds", "lr_schedule")
+# Local steps per trainer per round that rounds_per_epoch aims at when left out.
+STEPS_PER_ROUND = 32
+
+
+def default_rounds(per_trainer: float, batch_size: int, steps: int = STEPS_PER_ROUND) -> int:
+    """Rounds per epoch that give a trainer with ``per_trainer`` samples an epoch about
+    ``steps`` local steps per round (at least one round)."""
+    return max(1, round(per_trainer / (batch_size * steps)))
+
+
+def averaging_defaults(config: TrainConfig, defaults: dict) -> dict:
+    """``defaults`` adjusted to what the run set itself: with ``outer_momentum=0`` Nesterov
+    is off; with ``lr_scaling='none'`` there is nothing to warm up and the outer rate is
+    1 (a plain average, unless ``outer_lr`` or momentum say otherwise)."""
+    out = dict(defaults)
+    if config.outer_momentum == 0:
+        out["nesterov"] = False
+    if config.lr_scaling in ("none", "inner") and config.outer_lr is None:
+        out["outer_lr"] = 1.0
+    if config.lr_scaling == "none":
+        out["warmup_rounds"] = 0
+    return out
+
+
+def fill_rounds(config: TrainConfig, per_trainer: float) -> TrainConfig:
+    """``config`` with the settings that depend on the data's size filled in, where left
+    out: ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch)
+    and ``warmup_rounds`` (half an epoch's rounds when a K rule is on)."""
+    fill = {}
+    rounds = config.rounds_per_epoch
+    if rounds is None:
+        rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
+    if config.eval_every is None:
+        fill["eval_every"] = rounds
+    if config.warmup_rounds is None:
+        fill["warmup_rounds"] = max(1, rounds // 2) if config.lr_scaling != "none" else 0
+    return dataclasses.replace(config, **fill) if fill else config
+
+
+def check_averaging(config: TrainConfig) -> None:
+    """``ValueError`` for averaging settings that contradict each other."""
+    if config.warmup_rounds and config.lr_scaling == "none":
+        raise ValueError(f"warmup_rounds={config.warmup_rounds} ramps up the linear scaling "
+                         "rule for K: set lr_scaling='outer' or 'inner' too, or leave it out")
+    if config.nesterov and not config.outer_momentum:
+        raise ValueError("nesterov=True needs outer_momentum > 0")
+
+
+def outer_optimizer(config: TrainConfig) -> OuterOptimizer:
+    """The driver's outer step for a resolved ``config``."""
+    return OuterOptimizer(config.outer_lr, config.outer_momentum, config.nesterov,
+                          scale_with_k=config.lr_scaling == "outer",
+                          warmup_rounds=config.warmup_rounds)
+
+
+def inner_rate(config: TrainConfig, base: float | None) -> InnerRate:
+    """The trainers' rate per round for a resolved ``config``; ``base``: their own rate."""
+    return InnerRate(config.lr_schedule, scale_with_k=config.lr_scaling == "inner",
+                     warmup_rounds=config.warmup_rounds, base=base)
 
 
 class SyncScheme(Scheme):
     name = "sync"
     # Every trainer of a round gets the same version: a replica of changes can be shared.
     wire_modes = (PLAIN, WHOLE, CHANGES)
+    # Averaging settings, and the slow-node ones (stragglers.py, balance.py) that act on
+    # this scheme's round barrier.
+    options = AVERAGING_OPTIONS + ("backup_workers", "balance")
+    # The fastest to a target accuracy that we measured (benchmarks/README.md, "Time to
+    # accuracy"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
+    # data's size), an outer rate of 0.5 x K reached by a linear warm-up over half an
+    # epoch's rounds (warmup_rounds), Nesterov outer momentum 0.9, one evaluation per
+    # epoch (eval_every). Settings left None here are filled in once the data's size is
+    # known (_make_plan).
+    defaults = {"outer_lr": 0.5, "outer_momentum": 0.9, "nesterov": True, "lr_scaling": "outer",
+                "backup_workers": 0, "balance": False}
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
-        defaults = TrainConfig()
-        for option in ASYNC_ONLY:
-            if getattr(config, option) != getattr(defaults, option):
-                raise ValueError(f"{option}= applies to train_async only; train_sync "
-                                 "waits for every trainer each round")
         super().__init__(model_fn, dataset, config, trainers)
+        self.outer: OuterOptimizer | None = None   # needs the rounds: set in _make_plan
+        self.inner: InnerRate | None = None     # needs the trainers' rate: set in loop
+        self.inner_steps = 0        # a trainer's optimizer steps so far (lr_schedule's step)
         self.pending_row: HistoryRow | None = None   # the last row, whose weights the next round evaluates
         # Slow nodes (stragglers.py, balance.py): late calls, and each slot's samples/s.
-        self.late = LateDeltas(config.backup_workers, balanced=config.balance)
+        self.late = LateDeltas(config.backup_workers or 0, balanced=bool(config.balance))
         self.balancer = RateBalancer() if config.balance else None
         if config.backup_workers:
             self.updates: list = []  # every applied delta, with its staleness
 
+    @classmethod
+    def scheme_defaults(cls, config: TrainConfig) -> dict:
+        return averaging_defaults(config, cls.defaults)
+
+    @classmethod
+    def validate(cls, config: TrainConfig) -> None:
+        check_averaging(config)
+
     def total_rows(self) -> int:
         return self.config.master_epochs * self.config.rounds_per_epoch
 
+    def _make_plan(self, infos: list):
+        """Fill in the settings that depend on the data's size (:func:`fill_rounds`),
+        make the outer optimizer, then plan as every scheme does."""
+        cfg = self.config
+        if infos[0].get("partitioned"):
+            per_trainer = max(s.info["num_train"] for s in self.pool.live())
+        else:
+            per_trainer = infos[0]["num_train"] / cfg.workers
+        self.config = fill_rounds(cfg, per_trainer)
+        self.outer = outer_optimizer(self.config)
+        return super()._make_plan(infos)
+
     def position(self) -> dict:
         return {"pending_row": self.pending_row, "late": self.late.to_json(),
-                "rates": self.balancer.to_json() if self.balancer else None}
+                "rates": self.balancer.to_json() if self.balancer else None,
+                "outer_steps": self.outer.steps, "inner_steps": self.inner_steps}
 
     def restore_position(self, ckpt) -> None:
-        self.pending_row = ckpt.meta["position"].get("pending_row")
+        pos = ckpt.meta["position"]
+        self.pending_row = pos.get("pending_row")
         if self.balancer is not None:
-            self.balancer = RateBalancer.from_json(ckpt.meta["position"].get("rates"))
+            self.balancer = RateBalancer.from_json(pos.get("rates"))
+        self.outer.load_state(ckpt.arrays.get("outer", []), pos.get("outer_steps", self.round_no))
+        self.inner_steps = int(pos.get("inner_steps", 0))
 
     def lose(self, slot, error) -> None:
         super().lose(slot, error)
@@ -71,6 +178,7 @@ class SyncScheme(Scheme):
         if self.balancer is not None and self.plan.partitioned:
             raise ValueError("balance=True needs every trainer to hold the whole dataset: with "
                              "datasets.partitioned(...) trainer j can train only partition j")
+        self.inner = inner_rate(cfg, self.pool.live()[0].info.get("learning_rate"))
         while self.round_no < self.total_rows():
             epoch, r = divmod(self.round_no, R)
             stopped, w = self._round(w, epoch + 1, r)
@@ -108,10 +216,12 @@ class SyncScheme(Scheme):
                 evaluation.submit(live)
             self.pending_row = None
         want_state = self.checkpoint_due(self.round_no + 1)
+        rate = self.inner.at(self.round_no, self.inner_steps, len(live))
+        extra = {} if rate is None else {"learning_rate": rate}
         calls = {}
         for slot in live:
             ref = bc.train(slot, pieces[slot.index], cfg.worker_epochs, cfg.batch_size,
-                           return_state=want_state, residual=want_state)
+                           return_state=want_state, residual=want_state, **extra)
             calls[ref] = slot
         self.bytes_sent += bc.take_bytes() + sum(p.nbytes for p in pieces.values())
         results: dict = {}
@@ -151,21 +261,32 @@ class SyncScheme(Scheme):
             self.keep_state(j, s)
             if self.balancer is not None:
                 self.balancer.observe(j, s["samples"], s["compute_s"])
-        w = apply_delta(w, weighted_mean(deltas, weights))
+        w = self.outer.step(w, weighted_mean(deltas, weights), len(deltas))
+        self.inner_steps += steps_in(max(len(p) for p in pieces.values()), cfg.batch_size,
+                                     cfg.worker_epochs)
         self.round_no += 1
-        self.pending_row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
-                                        row_stats, time.perf_counter() - t_round)
-        self.pending_row["late"] = len(late)
-        self.pending_row["trainer_samples"] = [len(pieces[j]) if j in pieces else 0
-                                               for j in range(cfg.workers)]
+        row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
+                           row_stats, time.perf_counter() - t_round)
+        row["late"] = len(late)
+        row["trainer_samples"] = [len(pieces[j]) if j in pieces else 0
+                                  for j in range(cfg.workers)]
         if cfg.backup_workers:
             stale = [0] * len(results) + [x[4] for x in late]
             self.updates += [{"trainer": j, "start_version": self.round_no - 1 - st,
                               "applied_version": self.round_no, "staleness": st, "lead": 0,
                               "loss": s["loss"], "samples": s["samples"], "weight": wt}
                              for j, s, st, wt in zip(slots, stats, stale, weights)]
+        if rate is not None:
+            row["learning_rate"] = rate
+        if not self.outer.plain:
+            row["outer_lr"] = self.outer.last_rate
+        if self.round_no % cfg.eval_every == 0 or self.round_no == self.total_rows():
+            self.pending_row = row      # evaluated during the next round
+        else:
+            self.finish_row(row)        # the previous row's evaluation is already in
         if self.checkpoint_due(self.round_no):
-            self.save_checkpoint(w)
+            state = self.outer.state()
+            self.save_checkpoint(w, {"outer": state} if state else None)
         return False, w
 
     def _late_done(self, ref, value, lost) -> None:
@@ -257,7 +378,7 @@ def train_sync(model_fn, dataset, *, trainers=None, initial_weights=None, resume
     ``rejoin_timeout_s``, ``FileNotFoundError``/``CheckpointMismatchError`` for a
     ``resume`` directory without a checkpoint or of another model or dataset.
     """
-    if resume is not None and options.get("checkpoint_dir") is None:
-        options["checkpoint_dir"] = resume
-    config = TrainConfig.from_options(options, caller="train_sync")
-    return SyncScheme(model_fn, dataset, config, trainers).run(initial_weights, resume)
+    from .api import train
+
+    return train(model_fn, dataset, "sync", trainers=trainers, initial_weights=initial_weights,
+                 resume=resume, **options)

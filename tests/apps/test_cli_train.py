@@ -42,7 +42,8 @@ _TF_LINE = re.compile(r"(\(\w+ pid=\d+\) )?(WARNING: All log messages before abs
                       r"[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] )")
 
 
-@pytest.mark.parametrize("scheme,verbose", [("sync", False), ("async", True)])
+@pytest.mark.parametrize("scheme,verbose", [("sync", False), ("async", True),
+                                            ("allreduce", False)])
 def test_ddlf_train_run_writes_every_output(tmp_path, scheme, verbose):
     data = tmp_path / "data"
     data.mkdir()
@@ -159,9 +160,12 @@ def _closed_port() -> int:
     (["--dataset", "nope"], "unknown dataset 'nope'"),
     (["--workers", "0"], "--workers must be an int >= 1, got 0"),
     (["--target-accuracy", "5"], "--target-accuracy must be in (0, 1]"),
-    (["--scheme", "sync", "--staleness-bound", "1"], "apply to --scheme async"),
-    (["--scheme", "async", "--balance"], "apply to --scheme sync"),
+    (["--scheme", "sync", "--staleness-bound", "1"], "applies to --scheme async"),
+    (["--scheme", "async", "--balance"], "--balance does not apply to --scheme async; it "
+                                         "applies to --scheme sync"),
     (["--workers", "2", "--backup-workers", "2"], "--backup-workers must be less than workers"),
+    (["--scheme", "allreduce-nope"], "unknown scheme 'allreduce-nope': the registered"),
+    (["--scheme", "downpour", "--n-fetch", "3", "--n-push", "4"], "multiple of the smaller"),
     (["--token-file", "{missing}"], "--token-file {missing}: No such file"),
     (["--address", "127.0.0.1:{port}"], "could not reach a DDLF head at 127.0.0.1:{port}"),
     (["--compression", "gzip"], "--compression gzip: unknown codec 'gzip': valid forms are"),
@@ -170,8 +174,9 @@ def _closed_port() -> int:
      "compression=('fp16', 'topk:0.01')"),
 ], ids=["out-is-a-file", "tensorboard-is-a-file", "unknown-dataset", "workers-0",
         "target-accuracy", "staleness-with-sync", "balance-with-async",
-        "backup-workers-2-of-2", "token-file-missing", "no-head-there",
-        "compression-unknown", "compression-bad-fraction", "compression-async-changes"])
+        "backup-workers-2-of-2", "unknown-scheme", "downpour-periods", "token-file-missing",
+        "no-head-there", "compression-unknown", "compression-bad-fraction",
+        "compression-async-changes"])
 def test_a_user_mistake_is_one_line_exit_2_before_any_fetch(tmp_path, args, says):
     """cifar10 is in no cache here, so checking after the dataset would start a download
     (and print "fetching"); every mistake must be caught first."""

@@ -23,7 +23,7 @@ from helpers_modules.numpy_trainer import (
 )
 from helpers_modules.util import wait_for
 
-from ddlf_actors.apps import checkpoint, train_async, train_sync
+from ddlf_actors.apps import checkpoint, train, train_async, train_sync
 from ddlf_actors.apps.callbacks import Callback
 from ddlf_actors.apps.config import TrainConfig
 from ddlf_actors.apps.schemes.balance import RateBalancer
@@ -186,10 +186,13 @@ def test_options_are_checked_and_async_refuses_them():
                 dict(balance=1)):
         with pytest.raises(ValueError):
             TrainConfig(workers=2, **bad)
-    with pytest.raises(ValueError, match="train_sync only"):
+    with pytest.raises(ValueError, match="backup_workers= does not apply to the 'async' "
+                                         "scheme; it is read by 'sync'"):
         train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, backup_workers=1)
-    with pytest.raises(ValueError, match="shared queue"):
+    with pytest.raises(ValueError, match="balance= does not apply to the 'async' scheme"):
         train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, balance=True)
+    with pytest.raises(ValueError, match="balance= does not apply to the 'allreduce' scheme"):
+        train(MODEL, hard_blobs_dataset, "allreduce", trainer_cls=NumpyTrainer, balance=True)
 
 
 def test_rate_shares_and_plan_are_a_function_of_the_rates():

@@ -12,6 +12,8 @@ import os
 import numpy as np
 import pytest
 from helpers_modules.numpy_trainer import (
+    ConstantDeltaSigkillOnce,
+    ConstantDeltaTrainer,
     FailsWhenReplaced,
     MomentumTrainer,
     NumpyTrainer,
@@ -28,6 +30,7 @@ from ddlf_actors.apps import (
     CheckpointMismatchError,
     TooFewTrainersError,
     checkpoint,
+    train,
     train_async,
     train_sync,
 )
@@ -203,11 +206,22 @@ class _Abort(Callback):
             raise KeyboardInterrupt("driver stopped")
 
 
-@pytest.mark.parametrize("trainer,model", [(NumpyTrainer, MODEL),
-                                           (MomentumTrainer, momentum_model_fn(64, 4))])
-def test_sync_resume_is_continuous_and_bit_equal(train_cluster, tmp_path, trainer, model):
-    common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, trainer_cls=trainer,
-                  progress=False, seed=5)
+# Outer Nesterov momentum, the K rule's warm-up and a trainers' schedule: the velocity,
+# the outer step count and the trainers' step count travel in the checkpoint.
+_OUTER = dict(outer_lr=0.6, outer_momentum=0.8, nesterov=True, lr_scaling="outer",
+              warmup_rounds=4, lr_schedule=lambda step: 0.4 / (1 + 0.05 * step))
+
+
+@pytest.mark.parametrize("trainer,model,options", [
+    (NumpyTrainer, MODEL, dict(outer_momentum=0.0, lr_scaling="none")),
+    (MomentumTrainer, momentum_model_fn(64, 4), dict(outer_momentum=0.0, lr_scaling="none")),
+    (NumpyTrainer, MODEL, _OUTER),
+], ids=["plain", "optimizer-state", "outer-momentum-and-schedules"])
+def test_sync_resume_is_continuous_and_bit_equal(train_cluster, tmp_path, trainer, model,
+                                                 options):
+    # Every round evaluated, so row 3 (where the driver stops) comes after its checkpoint.
+    common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, eval_every=1,
+                  trainer_cls=trainer, progress=False, seed=5, **options)
     whole = train_sync(model, hard_blobs_dataset, **common)
     with pytest.raises(KeyboardInterrupt):
         train_sync(model, hard_blobs_dataset, checkpoint_dir=str(tmp_path),
@@ -268,3 +282,79 @@ def test_progress_bar_shows_a_loss_and_a_rejoin(train_cluster, tmp_path, capfd):
     err = capfd.readouterr().err
     assert "trainer 1 lost on node" in err and "trainer 1 joined on node" in err
     assert "K=1" in err and "K=2" in err
+
+
+# -- easgd and downpour: lost trainers and resume -------------------------------------------------
+_ASYNC_KINDS = [("easgd", dict(tau=4)), ("downpour", dict(n_fetch=2, n_push=4))]
+
+
+@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd", "downpour"])
+def test_easgd_and_downpour_survive_a_sigkilled_trainer(train_cluster, tmp_path, scheme,
+                                                        options):
+    result = train(MODEL, hard_blobs_dataset, scheme, workers=2, master_epochs=3,
+                   batch_size=16, trainer_cls=SigkillOnce, progress=False,
+                   trainer_options=_kill_env(tmp_path, sleep=0.05, call=3), **options)
+    assert (tmp_path / "killed").exists()
+    h = result.history
+    assert [r["epoch"] for r in h] == [1, 2, 3]
+    lost = _kinds(result, "trainer_lost")
+    assert len(lost) == 1 and lost[0]["trainer"] == 1
+    # What the lost trainer had not handed in was trained again: every sample counts once
+    # per epoch.
+    assert sum(r["samples"] for r in h) == 3 * 600
+    assert h[-1]["test_accuracy"] > 0.5
+
+
+def test_downpour_retrains_what_a_lost_trainer_never_pushed(train_cluster, tmp_path):
+    # Each piece moves the weights by exactly -1 once its update is pushed: after a
+    # SIGKILL with updates held and not pushed, the total is still one per piece.
+    pieces = 3 * -(-600 // (2 * 16))
+    zeros = [np.zeros((64, 4), np.float32), np.zeros(4, np.float32)]
+    result = train(MODEL, hard_blobs_dataset, "downpour", workers=2, master_epochs=3,
+                   batch_size=16, n_fetch=2, n_push=6, trainer_cls=ConstantDeltaSigkillOnce,
+                   progress=False, initial_weights=zeros,
+                   trainer_options=_kill_env(tmp_path, sleep=0.02, call=5))
+    assert (tmp_path / "killed").exists() and len(_kinds(result, "trainer_lost")) == 1
+    for w in result.weights:
+        np.testing.assert_allclose(w, -pieces)
+
+
+class _AbortAfterRows(Callback):
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def on_row(self, row, run):
+        self.seen += 1
+        if self.seen == self.n:
+            raise KeyboardInterrupt("driver stopped")
+
+
+@pytest.mark.parametrize("scheme,options", _ASYNC_KINDS, ids=["easgd", "downpour"])
+def test_easgd_and_downpour_resume_to_the_last_epoch(train_cluster, tmp_path, scheme, options):
+    common = dict(workers=2, master_epochs=4, batch_size=16, trainer_cls=NumpyTrainer,
+                  progress=False, **options)
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, hard_blobs_dataset, scheme, checkpoint_dir=str(tmp_path),
+              callbacks=[_AbortAfterRows(2)], **common)
+    ckpt = checkpoint.load(str(tmp_path))
+    assert ckpt.meta["scheme"] == scheme and ckpt.round > 0
+    if scheme == "easgd":   # each trainer's own weights are in the checkpoint
+        assert sorted(ckpt.arrays) >= ["local0", "local1"]
+    resumed = train(MODEL, hard_blobs_dataset, scheme, resume=str(tmp_path), **common)
+    assert [r["epoch"] for r in resumed.history] == [1, 2, 3, 4]
+    assert sum(r["samples"] for r in resumed.history) == 4 * 600
+    assert resumed.history[-1]["test_accuracy"] > 0.5
+
+
+def test_downpour_resume_applies_every_piece_once(train_cluster, tmp_path):
+    pieces = 4 * -(-600 // (2 * 16))
+    zeros = [np.zeros((64, 4), np.float32), np.zeros(4, np.float32)]
+    common = dict(workers=2, master_epochs=4, batch_size=16, n_fetch=2, n_push=6,
+                  trainer_cls=ConstantDeltaTrainer, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(MODEL, hard_blobs_dataset, "downpour", checkpoint_dir=str(tmp_path),
+              initial_weights=zeros, callbacks=[_AbortAfterRows(2)], **common)
+    resumed = train(MODEL, hard_blobs_dataset, "downpour", resume=str(tmp_path), **common)
+    # Pieces trained but not pushed (or in flight) at the checkpoint were trained again.
+    for w in resumed.weights:
+        np.testing.assert_allclose(w, -pieces)

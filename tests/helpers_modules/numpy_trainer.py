@@ -56,6 +56,12 @@ class NumpyTrainer(TrainerActor):
     def set_weights(self, weights):
         self.model.set_weights(weights)
 
+    def get_learning_rate(self):
+        return float(self.model.lr)
+
+    def set_learning_rate(self, rate):
+        self.model.lr = float(rate)
+
     def fit(self, x, y, epochs, batch_size):
         x = np.asarray(x, np.float32)
         y = np.asarray(y)
@@ -336,6 +342,19 @@ class SlowEvalTrainer(NumpyTrainer):
 
         time.sleep(0.2)
         return super().evaluate_arrays(x, y, batch_size)
+
+
+class RateEchoTrainer(NumpyTrainer):
+    """Trains as NumpyTrainer but reports the learning rate it trained at as its loss, so
+    a history row's train_loss shows the rate the trainers really used."""
+
+    def fit(self, x, y, epochs, batch_size):
+        super().fit(x, y, epochs, batch_size)
+        return float(self.model.lr)
+
+
+class ConstantDeltaSigkillOnce(SigkillOnce, ConstantDeltaTrainer):
+    """ConstantDeltaTrainer's arithmetic, and SigkillOnce's fault (see both)."""
 
 
 class SigkillInCollective(NumpyTrainer):

@@ -1,0 +1,98 @@
+"""Elastic averaging SGD (Zhang, Choromanska & LeCun 2015), asynchronous, on DDLF trainers.
+
+Each trainer j keeps weights of its own, ``x_j``, and runs ``tau`` local SGD steps at a
+time. The driver holds the *center* ``x̃``, which is what the run evaluates and returns.
+After each ``tau`` steps trainer j and the center pull towards each other, as if joined
+by a spring of strength ``alpha``:
+
+    e   = alpha (x_j − x̃)
+    x_j ← x_j − e
+    x̃  ← x̃ + e
+
+Trainers never wait for each other (the paper's asynchronous EASGD, its Algorithm 1).
+The exchange is computed on the driver with the center *as it is when the trainer's
+steps arrive*, so the center a trainer is pulled toward is never stale: a call sends
+``x_j`` and returns ``delta = x_j − x_j'``; the driver computes ``x_j'``, the exchange,
+and sends ``x_j − e`` with the trainer's next call. The driver keeps each ``x_j`` (one
+copy of the weights per trainer), so a call carries the same bytes as an asynchronous
+one, and checkpoints hold every ``x_j``.
+
+``alpha`` defaults to ``0.9 / K`` (the paper's β = Kα = 0.9); ``tau`` (local steps
+between exchanges) to 16. A lost trainer's piece goes back to the queue; its replacement
+continues from ``x_j`` as the driver last sent it (what the lost trainer held before the
+call that was lost), and a trainer new to the run starts from the center.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import TrainConfig
+from ..trainer import nbytes
+from .asynchronous import AsyncScheme, _Update
+from .pool import Slot
+from .wire import PLAIN
+
+__all__ = ["EasgdScheme", "elastic_exchange"]
+
+
+def elastic_exchange(center: list, local: list, alpha: float) -> tuple[list, list]:
+    """``(new center, new local)`` after one exchange of strength ``alpha``."""
+    new_center, new_local = [], []
+    for c, x in zip(center, local):
+        e = (x - c) * np.asarray(alpha, dtype=c.dtype)
+        new_center.append(c + e)
+        new_local.append(x - e)
+    return new_center, new_local
+
+
+class EasgdScheme(AsyncScheme):
+    name = "easgd"
+    # Its trainers exchange plain weights and deltas with their own calls: compression= is
+    # refused by name rather than ignored (schemes/wire.py).
+    wire_modes = (PLAIN,)
+    options = ("staleness_bound", "lr_schedule", "alpha", "tau")
+    defaults = {"tau": 16}
+
+    def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
+        super().__init__(model_fn, dataset, config, trainers)
+        self.local: dict[int, list] = {}   # slot -> x_j as last sent to its trainer
+
+    @classmethod
+    def scheme_defaults(cls, config: TrainConfig) -> dict:
+        return {**cls.defaults, "alpha": 0.9 / config.workers}
+
+    def _cut_epoch(self, epoch: int, part: int | None) -> list:
+        # One piece is one exchange period: tau local steps.
+        return self.plan.sized_pieces(epoch, self.config.tau * self.config.batch_size, part)
+
+    def _call(self, slot: Slot, indices: np.ndarray, want_state: bool):
+        cfg = self.config
+        x = self.local.get(slot.index)
+        if x is None:   # a trainer new to the run starts from the center
+            x = self.local[slot.index] = self.w
+        ref = slot.handle.train.remote(self.put_weights(x), indices, cfg.worker_epochs,
+                                       cfg.batch_size, return_state=want_state,
+                                       **self._rate_kwargs())
+        self.bytes_sent += nbytes(x) + indices.nbytes
+        return ref
+
+    def _absorb(self, update: _Update, value):
+        delta, stats = value
+        self.bytes_received += nbytes(delta)
+        j = update.slot.index
+        trained = [x - d.astype(x.dtype, copy=False) for x, d in zip(self.local[j], delta)]
+        self.w, self.local[j] = elastic_exchange(self.w, trained, self.config.alpha)
+        return True
+
+    # -- checkpoints: the center is the checkpoint's weights; each x_j goes with it ---------
+    def _pending_arrays(self) -> dict:
+        out = super()._pending_arrays()
+        for j, x in self.local.items():
+            out[f"local{j}"] = x
+        return out
+
+    def restore_position(self, ckpt) -> None:
+        super().restore_position(ckpt)
+        self.local = {int(name[len("local"):]): [np.array(a, copy=True) for a in arrays]
+                      for name, arrays in ckpt.arrays.items() if name.startswith("local")}

@@ -1,0 +1,272 @@
+"""The scheme pieces that need no cluster: the registry, scheme settings, the outer
+optimizer, learning rates, the work ledger, EASGD's exchange and sized pieces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddlf_actors.apps import TrainConfig, UnknownSchemeError, train
+from ddlf_actors.apps.schemes import (
+    AllreduceScheme,
+    AsyncScheme,
+    DownpourScheme,
+    EasgdScheme,
+    OuterOptimizer,
+    Scheme,
+    SyncScheme,
+    registry,
+)
+from ddlf_actors.apps.schemes.averaging import apply_delta
+from ddlf_actors.apps.schemes.easgd import elastic_exchange
+from ddlf_actors.apps.schemes.ledger import WorkLedger
+from ddlf_actors.apps.schemes.plan import Plan
+from ddlf_actors.apps.schemes.rates import InnerRate, evaluate, k_multiplier, steps_in
+
+
+def _w(v):
+    return [np.full((3, 2), v, np.float32), np.full(2, v, np.float32)]
+
+
+# -- the registry ------------------------------------------------------------------------------
+def test_the_registry_holds_every_scheme_by_name():
+    assert registry.names()[:5] == ["sync", "async", "allreduce", "easgd", "downpour"]
+    assert registry.get("easgd") is EasgdScheme and registry.get("downpour") is DownpourScheme
+    assert registry.get("allreduce") is AllreduceScheme
+    with pytest.raises(UnknownSchemeError,
+                       match="unknown scheme 'sinc'.*sync, async, allreduce, easgd"):
+        registry.get("sinc")
+    # train() refuses it before it starts anything (no cluster here).
+    with pytest.raises(ValueError, match="unknown scheme 'sinc': the registered schemes are"):
+        train(None, "fashion-mnist", scheme="sinc")
+
+
+def test_register_adds_a_scheme_and_refuses_a_taken_name():
+    class Mine(Scheme):
+        name = "mine-test"
+        options = ("rounds_per_epoch",)
+
+    registry.register("mine-test", Mine)
+    try:
+        assert registry.get("mine-test") is Mine and "mine-test" in registry.names()
+        assert "mine-test" in registry.accepting("rounds_per_epoch")
+        with pytest.raises(ValueError, match="already registered to"):
+            registry.register("sync", Mine)
+    finally:
+        registry._SCHEMES.pop("mine-test")
+
+
+# -- scheme-level settings ---------------------------------------------------------------------
+def test_a_setting_another_scheme_reads_is_refused_naming_who_reads_it():
+    with pytest.raises(ValueError, match="alpha= does not apply to the 'sync' scheme; it is "
+                                         "read by 'easgd'"):
+        SyncScheme.resolve(TrainConfig(alpha=0.5))
+    with pytest.raises(ValueError, match="outer_momentum= does not apply to the 'async'"):
+        AsyncScheme.resolve(TrainConfig(outer_momentum=0.9))
+    with pytest.raises(ValueError, match="staleness_bound=.*'async', 'easgd', 'downpour'"):
+        SyncScheme.resolve(TrainConfig(staleness_bound=1))
+
+
+def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
+    sync = SyncScheme.resolve(TrainConfig())
+    assert sync.outer_momentum == SyncScheme.defaults["outer_momentum"]
+    # The rounds, the evaluations and the warm-up depend on the data's size: still left
+    # out here, filled in once the trainers report it (test_more_schemes.py).
+    assert sync.rounds_per_epoch is None and sync.eval_every is None
+    assert sync.warmup_rounds is None
+    # Without momentum there is no Nesterov; without scaling nothing to warm up, and the
+    # outer step is a plain average.
+    plain = SyncScheme.resolve(TrainConfig(outer_momentum=0.0, lr_scaling="none"))
+    assert plain.nesterov is False and plain.warmup_rounds == 0 and plain.outer_lr == 1.0
+    assert EasgdScheme.resolve(TrainConfig(workers=3)).alpha == pytest.approx(0.3)
+    assert EasgdScheme.resolve(TrainConfig(workers=3, alpha=0.1)).alpha == 0.1
+    down = DownpourScheme.resolve(TrainConfig())
+    assert down.n_fetch and down.n_push and down.rounds_per_epoch is None
+
+
+def test_settings_that_contradict_each_other():
+    with pytest.raises(ValueError, match="warmup_rounds=3 ramps up the linear scaling rule"):
+        SyncScheme.resolve(TrainConfig(warmup_rounds=3, lr_scaling="none"))
+    with pytest.raises(ValueError, match="nesterov=True needs outer_momentum > 0"):
+        SyncScheme.resolve(TrainConfig(nesterov=True, outer_momentum=0.0))
+    with pytest.raises(ValueError, match="the larger must be a multiple of the smaller.*4 and 8"):
+        DownpourScheme.resolve(TrainConfig(n_fetch=4, n_push=6))
+    for bad in (dict(outer_momentum=1.0), dict(alpha=0), dict(outer_lr=-1), dict(tau=0),
+                dict(lr_scaling="both"), dict(nesterov="yes"), dict(lr_schedule=0.1),
+                dict(warmup_rounds=-1)):
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)
+
+
+def test_a_schedule_is_recorded_by_name_in_a_checkpoint():
+    def halving(step):
+        return 0.5 ** step
+
+    saved = TrainConfig(outer_lr=halving).to_json()
+    assert saved["outer_lr"].endswith("halving") and saved["outer_momentum"] is None
+
+
+# -- the outer optimizer -----------------------------------------------------------------------
+def test_plain_outer_step_is_plain_averaging_bit_for_bit():
+    rng = np.random.default_rng(0)
+    w = [rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)]
+    g = [rng.normal(size=(5, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)]
+    opt = OuterOptimizer()
+    assert opt.plain
+    for a, b in zip(opt.step(w, g, k=3), apply_delta(w, g)):
+        np.testing.assert_array_equal(a, b)
+    assert opt.state() == []
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_outer_momentum_follows_its_formula(nesterov):
+    mu, lr = 0.8, 0.5
+    opt = OuterOptimizer(lr, mu, nesterov)
+    w, v = _w(0.0), 0.0
+    for t, g in enumerate([1.0, 2.0, -1.0, 0.5]):
+        w = opt.step(w, _w(g))
+        v = mu * v + g
+        expected = -sum(lr * ((gi + mu * vi) if nesterov else vi)
+                        for gi, vi in _history(mu, [1.0, 2.0, -1.0, 0.5][:t + 1]))
+        np.testing.assert_allclose(w[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(opt.state()[0], v, rtol=1e-6)
+
+
+def _history(mu, grads):
+    v, out = 0.0, []
+    for g in grads:
+        v = mu * v + g
+        out.append((g, v))
+    return out
+
+
+def test_outer_rate_scales_with_k_after_a_linear_warm_up():
+    opt = OuterOptimizer(1.0, scale_with_k=True, warmup_rounds=4)
+    rates = []
+    w = _w(0.0)
+    for _ in range(6):
+        rates.append(opt.rate(3))
+        w = opt.step(w, _w(1.0), k=3)
+    assert rates == pytest.approx([1.0, 1.5, 2.0, 2.5, 3.0, 3.0])
+    np.testing.assert_allclose(w[0], -sum(rates), rtol=1e-6)
+    # A schedule of the round replaces the constant rate.
+    sched = OuterOptimizer(lambda t: 1.0 / (t + 1))
+    sched.step(_w(0.0), _w(1.0))
+    assert sched.rate(1) == pytest.approx(0.5)
+
+
+def test_outer_state_round_trip_continues_bit_equal():
+    rng = np.random.default_rng(1)
+    grads = [[rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=2).astype(np.float32)]
+             for _ in range(6)]
+    whole = OuterOptimizer(0.7, 0.9, True)
+    w = _w(0.0)
+    for g in grads:
+        w = whole.step(w, g, 2)
+    first = OuterOptimizer(0.7, 0.9, True)
+    w2 = _w(0.0)
+    for g in grads[:3]:
+        w2 = first.step(w2, g, 2)
+    resumed = OuterOptimizer(0.7, 0.9, True)
+    resumed.load_state(first.state(), first.steps)
+    for g in grads[3:]:
+        w2 = resumed.step(w2, g, 2)
+    for a, b in zip(w, w2):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- learning rates ----------------------------------------------------------------------------
+def test_rates_schedules_and_the_linear_scaling_rule():
+    assert k_multiplier(0, 4, 3) == 1.0 and k_multiplier(3, 4, 3) == 4.0
+    assert k_multiplier(1, 4, 3) == pytest.approx(2.0) and k_multiplier(0, 4, 0) == 4.0
+    assert k_multiplier(5, 1, 3) == 1.0
+    assert steps_in(100, 32) == 4 and steps_in(96, 32, 2) == 6
+    assert evaluate(0.1, 7) == 0.1 and evaluate(lambda s: 0.1 * s, 3) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="gave 0.0 at step 0"):
+        evaluate(lambda s: 0.1 * s, 0)
+    assert InnerRate().at(0, 0, 2) is None                     # trainers keep their own
+    inner = InnerRate(scale_with_k=True, warmup_rounds=2, base=0.01)
+    assert [inner.at(r, 0, 2) for r in range(3)] == pytest.approx([0.01, 0.015, 0.02])
+    with pytest.raises(ValueError, match="report none"):
+        InnerRate(scale_with_k=True).at(0, 0, 2)
+
+
+def test_a_keras_schedule_is_evaluated_on_the_driver():
+    keras = pytest.importorskip("keras")
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
+    assert evaluate(decay, 10) == pytest.approx(0.05)
+    assert InnerRate(decay).at(0, 20, 2) == pytest.approx(0.025)
+
+
+def test_a_keras_trainer_sets_its_optimizers_rate():
+    keras = pytest.importorskip("keras")
+    from ddlf_actors.apps import TrainerActor
+
+    trainer = TrainerActor.__new__(TrainerActor)     # the hooks only, no dataset or actor
+    trainer.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    trainer.model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    assert trainer.get_learning_rate() == pytest.approx(0.01)
+    trainer.set_learning_rate(0.25)
+    assert trainer.get_learning_rate() == pytest.approx(0.25)
+    scheduled = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    scheduled.compile(optimizer=keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)), loss="mse")
+    trainer.model = scheduled
+    with pytest.raises(TypeError, match="pass the schedule as lr_schedule= instead"):
+        trainer.set_learning_rate(0.1)
+
+
+# -- the work ledger ---------------------------------------------------------------------------
+def test_work_straddling_a_row_boundary_is_split_by_time():
+    ledger = WorkLedger(start=0.0)
+    ledger.dispatched("a", 0, 0.0)
+    ledger.dispatched("b", 1, 0.0)
+    ledger.finished("a", compute_s=3.0, eval_s=1.0, when=5.0)   # busy 1..5
+    first = ledger.close(6.0)            # b still running: 0..6 counted as compute
+    assert first == {0: (3.0, 1.0), 1: (6.0, 0.0)}
+    ledger.finished("b", compute_s=9.5, eval_s=0.0, when=10.0)  # busy 0.5..10
+    second = ledger.close(12.0)
+    assert second == {1: (4.0, 0.0)}     # only its part after 6 s
+    # A call that began before the window and finished in it counts from the window.
+    ledger.dispatched("c", 0, 11.0)
+    ledger.finished("c", 5.0, 0.0, when=13.0)   # says 5 s of work, but left at 11
+    assert ledger.close(14.0) == {0: (1.0, 0.0)}
+
+
+def test_no_trainer_is_ever_busier_than_the_window():
+    rng = np.random.default_rng(3)
+    ledger, now, rows = WorkLedger(0.0), 0.0, []
+    running = {}
+    for i in range(400):
+        now += float(rng.exponential(0.3))
+        for j in (0, 1, 2):
+            if j not in running:
+                running[j] = (f"call{i}-{j}", now)
+                ledger.dispatched(running[j][0], j, now)
+        j = int(rng.integers(0, 3))
+        call, started = running.pop(j)
+        # The trainer's own figure may exceed what the driver saw (clock, queueing).
+        ledger.finished(call, compute_s=(now - started) * float(rng.uniform(0.5, 1.5)),
+                        eval_s=float(rng.uniform(0, 0.2)), when=now)
+        if i % 7 == 0:
+            start = ledger.start
+            rows.append((now - start, ledger.close(now)))
+    assert rows
+    for wall, work in rows:
+        assert all(c + e <= wall + 1e-9 for c, e in work.values())
+
+
+# -- easgd and downpour pieces -----------------------------------------------------------------
+def test_elastic_exchange_moves_both_by_alpha_of_their_gap():
+    center, local = _w(0.0), _w(10.0)
+    c, x = elastic_exchange(center, local, 0.25)
+    np.testing.assert_allclose(c[0], 2.5)
+    np.testing.assert_allclose(x[0], 7.5)
+    assert c[0].dtype == np.float32
+
+
+def test_sized_pieces_cover_the_epoch_once():
+    plan = Plan(seed=4, rounds_per_epoch=1, num_train=100)
+    pieces = plan.sized_pieces(1, 32)
+    assert [len(p) for p in pieces] == [32, 32, 32, 4]
+    assert sorted(np.concatenate(pieces).tolist()) == list(range(100))
