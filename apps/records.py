@@ -53,6 +53,10 @@ class HistoryRow(TypedDict, total=False):
     # slot was handed this round, indexed by slot (0: none; balance=True sizes them).
     late: int
     trainer_samples: List[int]
+    # Sync and allreduce: the trainers' learning rate this round (lr_schedule, or the
+    # K-scaling rule on them) and the outer optimizer's rate (outer_lr), when set.
+    learning_rate: float
+    outer_lr: float
 
 
 class EventKind(str, enum.Enum):

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from typing import Any
 
 import numpy as np
 
@@ -205,7 +206,9 @@ class AllreduceScheme(SyncScheme):
                 return w
             return w, [np.array(a, copy=True) for a in v] if v else []
 
-    def _round(self, epoch: int, r: int) -> bool:
+    # The weights stay on the trainers (the ring averages them there), so a round takes no
+    # weights and returns none, unlike sync's.
+    def _round(self, epoch: int, r: int) -> bool:  # type: ignore[override]
         """Run one round; return True if a callback stopped the run."""
         cfg = self.config
         t_round = time.perf_counter()
@@ -293,7 +296,7 @@ class AllreduceScheme(SyncScheme):
                                                                 self.chunk_timeout_s, **extra)
                 calls[ref] = slot
             replies: dict = {}
-            record = {"round": round_no, "attempt": attempt, "ring": [s.index for s in ring],
+            record: dict[str, Any] = {"round": round_no, "attempt": attempt, "ring": [s.index for s in ring],
                       "status": {}}
             self.collectives.append(record)
             lost_any = aborted = False

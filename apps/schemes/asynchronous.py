@@ -58,8 +58,9 @@ class AsyncScheme(Scheme):
     name = "async"
     # Trainers hold different versions, so weights go down whole (encoded or not); a down
     # codec that sends changes of one shared replica is refused (schemes/wire.py).
-    wire_modes = (PLAIN, WHOLE)
-    options = ("rounds_per_epoch", "staleness_bound", "staleness_scaling", "lr_schedule")
+    wire_modes: tuple[str, ...] = (PLAIN, WHOLE)
+    options: tuple[str, ...] = ("rounds_per_epoch", "staleness_bound", "staleness_scaling",
+                                "lr_schedule")
     defaults = {"rounds_per_epoch": 1, "staleness_scaling": False}
 
     def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):

@@ -7,9 +7,14 @@ file plus one ``register`` line.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Scheme
+
 __all__ = ["register", "get", "names", "accepting", "UnknownSchemeError"]
 
-_SCHEMES: dict[str, type] = {}
+_SCHEMES: dict[str, type[Scheme]] = {}
 
 
 class UnknownSchemeError(ValueError):
@@ -30,7 +35,7 @@ def register(name: str, cls: type) -> type:
     return cls
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[Scheme]:
     """The scheme class registered as ``name``; ``UnknownSchemeError`` naming the others."""
     try:
         return _SCHEMES[name]

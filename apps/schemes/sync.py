@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from ..config import TrainConfig
 from ..records import HistoryRow
@@ -70,7 +71,7 @@ def fill_rounds(config: TrainConfig, per_trainer: float) -> TrainConfig:
     """``config`` with the settings that depend on the data's size filled in, where left
     out: ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch)
     and ``warmup_rounds`` (half an epoch's rounds when a K rule is on)."""
-    fill = {}
+    fill: dict[str, Any] = {}
     rounds = config.rounds_per_epoch
     if rounds is None:
         rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
@@ -106,10 +107,10 @@ def inner_rate(config: TrainConfig, base: float | None) -> InnerRate:
 class SyncScheme(Scheme):
     name = "sync"
     # Every trainer of a round gets the same version: a replica of changes can be shared.
-    wire_modes = (PLAIN, WHOLE, CHANGES)
+    wire_modes: tuple[str, ...] = (PLAIN, WHOLE, CHANGES)
     # Averaging settings, and the slow-node ones (stragglers.py, balance.py) that act on
     # this scheme's round barrier.
-    options = AVERAGING_OPTIONS + ("backup_workers", "balance")
+    options: tuple[str, ...] = AVERAGING_OPTIONS + ("backup_workers", "balance")
     # The fastest to a target accuracy that we measured (benchmarks/README.md, "Time to
     # accuracy"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
     # data's size), an outer rate of 0.5 x K reached by a linear warm-up over half an
