@@ -51,8 +51,8 @@ def test_ddlf_train_run_writes_every_output(tmp_path, scheme, verbose):
     out = tmp_path / "out"
     tb = tmp_path / "tb"
     # The sync run also sends its weights and deltas encoded.
-    extra = ["--verbose", "--tensorboard", str(tb)] if verbose else ["--compression",
-                                                                      "fp16,topk:0.1"]
+    extra = (["--verbose", "--tensorboard", str(tb)] if verbose else
+             ["--compression", "fp16,topk:0.1"] if scheme == "sync" else [])
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     with no_leaked_processes():
         proc = _ddlf_train("run", "--dataset", "fashion-mnist", "--data-dir", str(data),

@@ -27,6 +27,9 @@ from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
 MODEL = softmax_model_fn(64, 4)
 RUN = dict(workers=2, master_epochs=3, rounds_per_epoch=2, trainer_cls=NumpyTrainer,
            progress=False, seed=3)
+# For train_sync: plain averaging, every round evaluated (its defaults are Nesterov outer
+# momentum and one evaluation per epoch): the tests compare codecs by each row.
+SYNC = dict(RUN, outer_momentum=0.0, lr_scaling="none", eval_every=1)
 ALL = ["lz4", "zstd", "fp16", "int8", "int8:ef", "topk:0.1", ("fp16", "topk:0.05"),
        ("int8:ef", "topk:0.1"), ("none", "int8")]
 
@@ -44,12 +47,12 @@ def _sends_changes(spec) -> bool:
 @pytest.fixture(scope="module")
 def plain(train_cluster):
     """The run without compression that the others are compared with."""
-    return train_sync(MODEL, hard_blobs_dataset, **RUN)
+    return train_sync(MODEL, hard_blobs_dataset, **SYNC)
 
 
 @pytest.mark.parametrize("spec", ALL, ids=str)
 def test_each_codec_trains_and_learns(train_cluster, plain, spec):
-    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **RUN)
+    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **SYNC)
     acc = _accuracies(result)
     assert len(acc) == 6 and all(a is not None for a in acc)
     assert acc[-1] > 0.6                                   # chance is 0.25
@@ -69,7 +72,7 @@ def test_each_codec_trains_and_learns(train_cluster, plain, spec):
                          ids=str)
 def test_bytes_per_round_drop_by_the_codecs_ratio(train_cluster, plain, spec, ratio):
     down_ratio, up_ratio = ratio if isinstance(ratio, tuple) else (ratio, ratio)
-    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **RUN)
+    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **SYNC)
     indices = 300 * 4      # each round's index arrays go as they are
     # Round 1 also brings back the initial weights; every later round is alike.
     for mine, theirs in zip(result.history[1:], plain.history[1:]):
@@ -78,7 +81,7 @@ def test_bytes_per_round_drop_by_the_codecs_ratio(train_cluster, plain, spec, ra
 
 
 def test_sync_with_fp16_stays_close_to_none(train_cluster, plain):
-    result = train_sync(MODEL, hard_blobs_dataset, compression="fp16", **RUN)
+    result = train_sync(MODEL, hard_blobs_dataset, compression="fp16", **SYNC)
     scale = max(float(np.abs(w).max()) for w in plain.weights)
     for a, b in zip(plain.weights, result.weights):
         # Six rounds from float16 weights, returning float16 deltas (11 significant bits
@@ -91,14 +94,14 @@ def test_sync_with_fp16_stays_close_to_none(train_cluster, plain):
 @pytest.mark.parametrize("spec", ["none", "lz4", "zstd", ("zstd", "lz4"), ("none", "zstd")],
                          ids=str)
 def test_lossless_codecs_give_the_same_weights_bit_for_bit(train_cluster, plain, spec):
-    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **RUN)
+    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **SYNC)
     for a, b in zip(plain.weights, result.weights):
         np.testing.assert_array_equal(a, b)
     assert _accuracies(result) == _accuracies(plain)
 
 
 def test_topk_with_error_feedback_reaches_the_accuracy_of_none(train_cluster):
-    run = dict(RUN, master_epochs=4)
+    run = dict(SYNC, master_epochs=4)
     none = train_sync(MODEL, hard_blobs_dataset, **run)
     ef = train_sync(MODEL, hard_blobs_dataset, compression="topk:0.05", **run)
     noef = train_sync(MODEL, hard_blobs_dataset, compression=("none", "topk:0.05:noef"), **run)
@@ -119,7 +122,7 @@ def test_bytes_in_the_history_are_the_payloads_that_crossed(train_cluster):
     try:
         for spec in [("topk:0.1", "int8"), "fp16", ("zstd", "topk:0.2")]:
             result = train_sync(MODEL, hard_blobs_dataset, trainers=trainers,
-                                compression=spec, **dict(RUN, trainer_cls=MeteredTrainer))
+                                compression=spec, **dict(SYNC, trainer_cls=MeteredTrainer))
             import ddlf_actors as ddlf
 
             logs = ddlf.get([t.meter.remote() for t in trainers])
@@ -153,7 +156,7 @@ def test_sync_trainer_sigkilled_with_compression(train_cluster, tmp_path, spec):
     # min_workers=2: the round after the loss waits for the replacement, so it rejoins at
     # round 3 whatever the machine's load.
     result = train_sync(MODEL, hard_blobs_dataset, compression=spec, min_workers=2,
-                        **dict(RUN, trainer_cls=SigkillOnce,
+                        **dict(SYNC, trainer_cls=SigkillOnce,
                                trainer_options=_kill_env(tmp_path)))
     assert (tmp_path / "killed").exists()
     h = result.history
@@ -198,7 +201,7 @@ class _Abort(Callback):
 ], ids=["topk", "int8ef-topk-momentum", "fp16-int8ef"])
 def test_sync_resume_with_compression_is_bit_equal(train_cluster, tmp_path, spec, trainer,
                                                    model):
-    common = dict(RUN, trainer_cls=trainer, compression=spec, seed=5)
+    common = dict(SYNC, trainer_cls=trainer, compression=spec, seed=5)
     whole = train_sync(model, hard_blobs_dataset, **common)
     with pytest.raises(KeyboardInterrupt):
         train_sync(model, hard_blobs_dataset, checkpoint_dir=str(tmp_path),
@@ -263,6 +266,7 @@ def test_backup_workers_fold_in_a_late_encoded_delta(train_cluster, tmp_path):
     zeros = [np.zeros_like(w) for w in MODEL().get_weights()]
     result = train_sync(MODEL, hard_blobs_dataset, workers=2, backup_workers=1,
                         master_epochs=2, rounds_per_epoch=2, trainer_cls=GatedTrainer,
+                        outer_momentum=0.0, lr_scaling="none", eval_every=1,
                         progress=False, initial_weights=zeros, compression=("lz4", "zstd"),
                         callbacks=[_OpenGateAfterRow1(tmp_path)],
                         trainer_options={"runtime_env": {"env_vars": {

@@ -33,6 +33,9 @@ from ddlf_actors.runtime.client.current import get_core
 from ddlf_actors.runtime.head import runs
 
 MODEL = softmax_model_fn(64, 4)
+# Plain averaging, every round evaluated (sync's defaults are Nesterov outer momentum and
+# one evaluation per epoch): the tests check late deltas and partitions by their arithmetic.
+PLAIN = dict(outer_momentum=0.0, lr_scaling="none", eval_every=1)
 N_TRAIN = 600   # hard_blobs_dataset
 
 
@@ -68,7 +71,7 @@ def _zeros():
 
 
 def test_backup_worker_closes_rounds_and_folds_the_late_delta_in(train_cluster, tmp_path):
-    result = train_sync(MODEL, hard_blobs_dataset, workers=2, backup_workers=1,
+    result = train_sync(MODEL, hard_blobs_dataset, **PLAIN, workers=2, backup_workers=1,
                         master_epochs=2, rounds_per_epoch=2, trainer_cls=GatedTrainer,
                         progress=False, initial_weights=_zeros(),
                         callbacks=[_OpenGate(tmp_path)],
@@ -109,7 +112,7 @@ def test_trainer_lost_while_late_is_replaced_and_the_run_goes_on(train_cluster, 
     gate.mkdir()
     kill.mkdir()
     # min_workers=2: the round after the loss waits for the replacement.
-    result = train_sync(MODEL, hard_blobs_dataset, workers=2, min_workers=2, backup_workers=1,
+    result = train_sync(MODEL, hard_blobs_dataset, **PLAIN, workers=2, min_workers=2, backup_workers=1,
                         master_epochs=3, rounds_per_epoch=2, trainer_cls=GatedTrainer,
                         progress=False, initial_weights=_zeros(),
                         callbacks=[_OpenGate(gate, kill=True)],
@@ -129,7 +132,7 @@ def test_trainer_lost_while_late_is_replaced_and_the_run_goes_on(train_cluster, 
 
 
 def test_balance_gives_the_slow_trainer_fewer_samples(train_cluster):
-    result = train_sync(MODEL, hard_blobs_dataset, workers=2, balance=True, master_epochs=2,
+    result = train_sync(MODEL, hard_blobs_dataset, **PLAIN, workers=2, balance=True, master_epochs=2,
                         rounds_per_epoch=2, trainer_cls=VirtualSpeedTrainer, progress=False,
                         trainer_options=_env(DDLF_TEST_SLOW_FACTOR=4))
     sizes = [r["trainer_samples"] for r in result.history]
@@ -146,7 +149,7 @@ def test_balance_gives_the_slow_trainer_fewer_samples(train_cluster):
 
 
 def test_balance_follows_real_speeds(train_cluster):
-    result = train_sync(MODEL, hard_blobs_dataset, workers=2, balance=True, master_epochs=1,
+    result = train_sync(MODEL, hard_blobs_dataset, **PLAIN, workers=2, balance=True, master_epochs=1,
                         rounds_per_epoch=3, trainer_cls=SlowOneTrainer, progress=False,
                         trainer_options=_env(DDLF_TEST_SLOW_FACTOR=8))
     sizes = [r["trainer_samples"] for r in result.history]
@@ -167,13 +170,13 @@ def test_balanced_run_resumes_bit_equal(train_cluster, tmp_path):
     common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, balance=True,
                   trainer_cls=VirtualSpeedTrainer, progress=False, seed=3,
                   trainer_options=_env(DDLF_TEST_SLOW_FACTOR=3))
-    whole = train_sync(MODEL, hard_blobs_dataset, **common)
+    whole = train_sync(MODEL, hard_blobs_dataset, **PLAIN, **common)
     with pytest.raises(KeyboardInterrupt):
-        train_sync(MODEL, hard_blobs_dataset, checkpoint_dir=str(tmp_path),
+        train_sync(MODEL, hard_blobs_dataset, **PLAIN, checkpoint_dir=str(tmp_path),
                    callbacks=[_Abort(3)], **common)
     ckpt = checkpoint.load(str(tmp_path))
     assert ckpt.round == 3 and set(ckpt.meta["position"]["rates"]) == {"0", "1"}
-    resumed = train_sync(MODEL, hard_blobs_dataset, resume=str(tmp_path), **common)
+    resumed = train_sync(MODEL, hard_blobs_dataset, **PLAIN, resume=str(tmp_path), **common)
     assert [r["round"] for r in resumed.history] == [1, 2, 3, 4, 5, 6]
     assert ([r["trainer_samples"] for r in resumed.history]
             == [r["trainer_samples"] for r in whole.history])
@@ -186,10 +189,9 @@ def test_options_are_checked_and_async_refuses_them():
                 dict(balance=1)):
         with pytest.raises(ValueError):
             TrainConfig(workers=2, **bad)
-    with pytest.raises(ValueError, match="backup_workers= does not apply to the 'async' "
-                                         "scheme; it is read by 'sync'"):
+    with pytest.raises(ValueError, match="train_sync only"):
         train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, backup_workers=1)
-    with pytest.raises(ValueError, match="balance= does not apply to the 'async' scheme"):
+    with pytest.raises(ValueError, match="shared queue"):
         train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, balance=True)
     with pytest.raises(ValueError, match="balance= does not apply to the 'allreduce' scheme"):
         train(MODEL, hard_blobs_dataset, "allreduce", trainer_cls=NumpyTrainer, balance=True)
@@ -220,7 +222,7 @@ def test_no_row_counts_work_from_before_it(train_cluster):
     trainers = start_trainers(MODEL, hard_blobs_dataset, config)
     try:
         for _ in range(2):
-            result = train_sync(MODEL, hard_blobs_dataset, trainers=trainers, workers=2,
+            result = train_sync(MODEL, hard_blobs_dataset, **PLAIN, trainers=trainers, workers=2,
                                 trainer_cls=SlowEvalTrainer, master_epochs=2, progress=False)
             for row in result.history:
                 assert row["overhead_s"] >= 0, row
@@ -230,7 +232,7 @@ def test_no_row_counts_work_from_before_it(train_cluster):
 
 
 def test_backup_workers_and_balance_together_train_every_sample(train_cluster):
-    result = train_sync(MODEL, hard_blobs_dataset, workers=2, backup_workers=1, balance=True,
+    result = train_sync(MODEL, hard_blobs_dataset, **PLAIN, workers=2, backup_workers=1, balance=True,
                         master_epochs=2, rounds_per_epoch=3, trainer_cls=SlowOneTrainer,
                         progress=False, trainer_options=_env(DDLF_TEST_SLOW_FACTOR=8))
     h = result.history
@@ -247,12 +249,12 @@ def test_checkpoint_lists_late_calls_and_resume_goes_on_without_them(train_clust
                   trainer_cls=GatedTrainer, progress=False,
                   trainer_options=_env(DDLF_TEST_GATE_DIR=gate))
     with pytest.raises(KeyboardInterrupt):   # trainer 0 is still at its gate: late
-        train_sync(MODEL, hard_blobs_dataset, checkpoint_dir=str(ckpt_dir),
+        train_sync(MODEL, hard_blobs_dataset, **PLAIN, checkpoint_dir=str(ckpt_dir),
                    callbacks=[_Abort(1)], **common)
     ckpt = checkpoint.load(str(ckpt_dir))
     assert ckpt.round == 1
     assert ckpt.meta["position"]["late"] == [{"trainer": 0, "round": 1, "samples": 150}]
-    resumed = train_sync(MODEL, hard_blobs_dataset, resume=str(ckpt_dir),
+    resumed = train_sync(MODEL, hard_blobs_dataset, **PLAIN, resume=str(ckpt_dir),
                          callbacks=[_OpenGate(gate)], **common)
     h = resumed.history
     assert [r["round"] for r in h] == [1, 2, 3, 4]
