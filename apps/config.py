@@ -11,7 +11,7 @@ import difflib
 import os
 from typing import Any
 
-__all__ = ["TrainConfig", "ConfigError", "SCHEME_OPTIONS", "ASYNC_ONLY", "SYNC_ONLY",
+__all__ = ["TrainConfig", "ConfigError", "SCHEME_OPTIONS", "ASYNC_ONLY",
            "LR_SCALINGS", "describe_schedule"]
 
 # Settings that belong to a scheme: None means "the scheme's own default", and a scheme
@@ -21,9 +21,6 @@ SCHEME_OPTIONS = ("rounds_per_epoch", "eval_every", "staleness_bound", "stalenes
                   "alpha", "tau", "n_fetch", "n_push", "backup_workers", "balance")
 # Kept for callers of the first version: the options only asynchronous schemes read.
 ASYNC_ONLY = ("staleness_bound", "staleness_scaling")
-# Options that only the synchronous scheme reads (the others refuse them, as they refuse
-# any scheme-level setting they do not read): both act on sync's round barrier.
-SYNC_ONLY = ("backup_workers", "balance")
 
 
 class ConfigError(ValueError):
