@@ -1,0 +1,118 @@
+"""The Keras adapter: a compiled Keras 3 model, on whichever backend Keras runs.
+
+Training is one ``train_on_batch`` per batch over the indices the driver sent: the same
+steps as ``model.fit(x, y, epochs, batch_size, shuffle=False)``, without the ~0.2 s of
+set-up ``fit`` pays per call, which rounds of a few dozen steps would pay every round.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from .. import tf_startup
+from .base import FrameworkAdapter
+
+__all__ = ["KerasAdapter"]
+
+
+class KerasAdapter(FrameworkAdapter):
+    name = "keras"
+    model_file = "model.keras"
+
+    @classmethod
+    def owns(cls, model: Any) -> bool:
+        keras = sys.modules.get("keras")
+        return keras is not None and isinstance(model, keras.Model)
+
+    @classmethod
+    def configure_threads(cls, n: int) -> None:
+        """TensorFlow gets ``n`` intra-op threads and 1 inter-op thread, set before TF
+        starts (imported quietly: its start-up lines would reach the driver's terminal,
+        see ``tf_startup.py``)."""
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(n)
+        os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+        tf = tf_startup.import_tensorflow()
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(n)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError:  # TF already ran an op in this process: keep its pools
+            pass
+
+    def get_weights(self) -> list[np.ndarray]:
+        return [np.asarray(w) for w in self.model.get_weights()]
+
+    def set_weights(self, weights) -> None:
+        self.model.set_weights(weights)
+
+    def fit(self, x, y, epochs: int, batch_size: int) -> float:
+        model = self.model
+        logs = None
+        for _ in range(int(epochs)):
+            model.reset_metrics()    # the loss is the mean over this epoch, as fit reports
+            for start in range(0, len(x), batch_size):
+                logs = model.train_on_batch(x[start:start + batch_size],
+                                            y[start:start + batch_size], return_dict=True)
+        return float(logs["loss"]) if logs is not None else 0.0
+
+    def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
+        out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+        acc = out.get("accuracy", out.get("sparse_categorical_accuracy"))
+        if acc is None:  # the model was compiled without an accuracy metric
+            pred = self.model.predict(x, batch_size=batch_size, verbose=0)
+            acc = float(np.mean(np.argmax(pred, axis=-1) == np.asarray(y)))
+        return float(out["loss"]), float(acc)
+
+    def get_optimizer_state(self) -> list | None:
+        opt = getattr(self.model, "optimizer", None)
+        variables = list(getattr(opt, "variables", None) or ())
+        if not variables:
+            return None
+        return [np.array(v.numpy() if hasattr(v, "numpy") else v) for v in variables]
+
+    def set_optimizer_state(self, state) -> None:
+        opt = self.model.optimizer
+        if not getattr(opt, "built", True):
+            opt.build(self.model.trainable_variables)   # Keras creates slots lazily
+        variables = list(opt.variables)
+        if len(variables) != len(state) or any(tuple(v.shape) != np.shape(a)
+                                               for v, a in zip(variables, state)):
+            raise ValueError(f"optimizer state of {len(state)} arrays does not fit this "
+                             f"model's optimizer ({len(variables)} variables)")
+        for v, a in zip(variables, state):
+            v.assign(a)
+
+    def get_learning_rate(self) -> float | None:
+        opt = getattr(self.model, "optimizer", None)
+        rate = getattr(opt, "learning_rate", None)
+        if rate is None:
+            return None
+        try:
+            return float(np.asarray(rate))
+        except (TypeError, ValueError):
+            return None
+
+    def set_learning_rate(self, rate: float) -> None:
+        opt = self.model.optimizer
+        try:
+            opt.learning_rate = float(rate)   # a variable's assign: no retracing
+        except TypeError as e:
+            raise TypeError(
+                "this model's optimizer was built with a LearningRateSchedule, so the run's "
+                "lr_schedule/lr_scaling cannot set its rate: compile the model with a number "
+                "as learning_rate and pass the schedule as lr_schedule= instead") from e
+
+    @classmethod
+    def local_model(cls, model_fn, weights, options=None):
+        with tf_startup.quiet_startup():   # the driver's first TF import, if it is one
+            model = model_fn()
+        model.set_weights(weights)
+        return model
+
+    @classmethod
+    def save(cls, model, path: str) -> None:
+        model.save(path)
