@@ -20,32 +20,25 @@ on with the trainers it has.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import time
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
-from ddlf_actors.errors import ActorDiedError, DDLFError, UnschedulableError
+from ddlf_actors.errors import ActorDiedError, UnschedulableError
 
 from .. import backends, datasets
 from ..config import TrainConfig
 from ..records import EventKind
-from ..trainer import TrainerActor
+from .errors import TrainerStartError
+from .slots import LOSS_ERRORS, Slot, SlotState
 
 __all__ = ["TrainerPool", "Slot", "SlotState", "TrainerStartError", "check_dataset",
-           "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS"]
+           "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS",
+           "default_trainer_cls"]
 
-# What a trainer's call raises when the trainer itself is gone (not when its code raised).
-# Every backend raises DDLF's ActorDiedError for it (Ray's errors are turned into it).
-LOSS_ERRORS = (ActorDiedError,)
 # A replacement that dies while starting, not in __init__ (its node died again...), is
 # started again up to this many times in a row before its slot is given up.
 _START_RETRIES = 3
-
-
-class TrainerStartError(DDLFError):
-    """A trainer could not build its model or load its dataset."""
 
 
 def check_dataset(dataset) -> None:
@@ -62,31 +55,12 @@ def check_dataset(dataset) -> None:
                         f"datasets.partitioned(path), got {type(dataset).__name__}")
 
 
-class SlotState(enum.Enum):
-    STARTING = "starting"
-    LIVE = "live"
-    LOST = "lost"
-    FAILED = "failed"
+def default_trainer_cls() -> type:
+    """``TrainerActor`` (imported when needed: the trainer imports the schemes' trainer
+    sides, whose package imports this module)."""
+    from ..trainer import TrainerActor
 
-
-@dataclasses.dataclass(eq=False)
-class Slot:
-    """One trainer position of a run."""
-
-    index: int
-    handle: Any = None
-    state: SlotState = SlotState.STARTING
-    info: dict | None = None          # the trainer's describe(): sizes, pid, node
-    ready_ref: Any = None                # describe() while STARTING
-    group: Any = None                    # the placement group its bundle is in
-    bundle: int = 0
-    owned: bool = True                   # False for trainers the caller passed in
-    starts: int = 0                      # trainers this slot has had
-    start_failures: int = 0              # in a row, not counting __init__ errors
-
-    @property
-    def node(self) -> str | None:
-        return (self.info or {}).get("node")
+    return TrainerActor
 
 
 class TrainerPool:
@@ -94,7 +68,8 @@ class TrainerPool:
 
     def __init__(self, model_fn, dataset, config: TrainConfig,
                  emit: Callable[[EventKind, Slot | None, str], None],
-                 adopted: list | None = None, backend: backends.Backend | None = None):
+                 adopted: list | None = None, backend: backends.Backend | None = None,
+                 trainer_cls: type | None = None):
         self.model_fn = model_fn
         self.dataset = dataset
         self.config = config
@@ -104,8 +79,8 @@ class TrainerPool:
         self._adopted = adopted
         self.backend = backend or backends.select(config.backend)
         options = dict(config.trainer_options)
-        self._actor_cls = self.backend.remote(config.trainer_cls or TrainerActor,
-                                              num_cpus=config.num_cpus, **options)
+        cls = trainer_cls or config.trainer_cls or default_trainer_cls()
+        self._actor_cls = self.backend.remote(cls, num_cpus=config.num_cpus, **options)
         bundle = {"CPU": float(config.num_cpus), **(options.get("resources") or {})}
         self._bundle = {k: float(v) for k, v in bundle.items() if v}
         # Nothing to reserve, or the caller placed the trainers itself.

@@ -186,7 +186,7 @@ def test_checkpoints_hold_weights_optimizer_state_and_history(train_cluster, tmp
     meta = ckpt.meta
     assert [r["round"] for r in meta["history"]] == [1, 2, 3]   # row 4 was being evaluated
     assert meta["position"]["pending_row"]["round"] == 4
-    assert meta["rng"]["seed"] == 0 and meta["config"]["rounds_per_epoch"] == 2
+    assert meta["rng"]["seed"] == 0 and meta["options"]["rounds_per_epoch"] == 2
     assert meta["fingerprint"]["model"]["weights"] == [[[64, 4], "<f4"], [[4], "<f4"]]
     assert [e["round"] for e in result.events if e["kind"] == "checkpoint"] == [1, 2, 3, 4]
     assert 0 <= result.checkpoint_s < result.history[-1]["time_s"]
