@@ -37,7 +37,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["Mailbox", "CollectiveAborted", "CollectiveTimeout", "PeerLost",
-           "scaled_vectors", "unflatten", "ring_allreduce", "weights_digest", "ring_send_bytes"]
+           "scaled_vectors", "unflatten", "ring_allreduce", "weights_digest", "ring_send_bytes",
+           "run_member"]
 
 
 class CollectiveAborted(Exception):
@@ -219,3 +220,39 @@ class Mailbox:
                         break   # a poll tick: run check() outside the lock
             if check is not None:
                 check()
+
+
+def run_member(vectors: list, rank: int, size: int, tag: tuple, box: Mailbox,
+               send_chunk: Callable[[str, int, Any], Any], runtime: Any,
+               timeout_s: float) -> list:
+    """One member's part of a collective over actor calls: :func:`ring_allreduce` with
+    ``send_chunk(phase, step, chunk)`` (an actor call to the right neighbour, returning its
+    ref) and the chunks from the left taken from ``box`` (filled by the member's
+    ``deliver_chunk``). ``runtime`` is the member's backend (its ``wait``/``get``).
+
+    Raises :class:`PeerLost` as soon as a send's call failed because the right neighbour
+    died, and as :meth:`Mailbox.take` does (aborted, timed out)."""
+    from ddlf_actors.errors import ActorDiedError
+
+    sends: list = []
+
+    def send(phase, step, chunk):
+        sends.append(send_chunk(phase, step, chunk))
+
+    def check():
+        # A send that failed means the right neighbour is gone: stop waiting now rather
+        # than when the driver's abort arrives.
+        if not sends:
+            return
+        ready, _ = runtime.wait(list(sends), num_returns=len(sends), timeout=0)
+        for ref in ready:
+            sends.remove(ref)
+            try:
+                runtime.get(ref)
+            except ActorDiedError as e:
+                raise PeerLost(str(e).strip().splitlines()[0]) from None
+
+    def recv(phase, step):
+        return box.take(tag, phase, step, timeout_s, check)
+
+    return ring_allreduce(vectors, rank, size, send, recv)

@@ -1,43 +1,27 @@
 """Allreduce: the trainers average their deltas among themselves, over a ring.
 
-The driver never ships weights or deltas in a round. It sends indices and control, and
-the trainers keep the model:
+The driver never ships weights or deltas in a round, only indices and control:
 
 1. **Train.** Every live trainer gets ``hold_delta(round, indices)``: it trains from the
-   weights it holds and keeps its delta (and the weights it started from). Only the stats
-   come back. The previous row's evaluation is queued before it, on the weights the
-   trainers hold, in shards, as in ``sync``.
-2. **Average.** The trainers that trained form a ring in slot order. Each gets
-   ``allreduce_held((run, round, attempt), rank, size, right neighbour, n_j / Σn)``: it
-   scales its delta by its share of the samples and runs a ring reduce-scatter plus
-   all-gather with its neighbours, by direct actor calls (``ring.py``), then applies the
-   mean to its starting weights. Each reports a CRC of its new weights (and outer
-   velocity); the driver checks that they agree.
-
-So the driver's bytes per round are the round's indices (the same for any K) plus a few
-hundred bytes of control per trainer, and each trainer sends and receives ``2 (K−1)/K`` of
-the model per round, whatever K. With the same seed and the same plan of indices the
-result equals ``sync``'s up to the order of a floating-point sum (bit-equal for K = 2).
+   weights it holds and keeps its delta (and its starting weights); only the stats come
+   back. The previous row's evaluation is queued before it, in shards, as in ``sync``.
+2. **Average.** The trainers that trained form a ring in slot order; each gets
+   ``allreduce_held((run, round, attempt), rank, size, right neighbour, n_j / Σn)`` and
+   runs a ring reduce-scatter plus all-gather with its neighbours by direct actor calls
+   (``ring.py``), then applies the mean to its starting weights and reports a CRC of its
+   new weights (and outer velocity); the driver checks that they agree. Each trainer
+   sends ``2 (K−1)/K`` of the model; the result is ``sync``'s (bit-equal at K = 2).
 
 Faults. A trainer lost while training: the ring is the survivors, each weighted by its own
-samples. A trainer lost in the collective: the driver sees its call fail, aborts the
-others' wait (``abort_collective``; a member whose send failed stops by itself, and none
-waits longer than ``chunk_timeout_s``), and runs the collective again over the survivors,
-from the deltas and starting weights they still hold. A replacement (started by the pool)
-joins at the next round: it copies the weights from a live trainer (``adopt_weights``),
-directly. Every trainer holding the weights lost at once is a :class:`WeightsLostError`
-naming the last checkpoint, not a hang.
+samples. A trainer lost in the collective: the driver aborts the others' wait
+(``abort_collective``; none waits longer than ``chunk_timeout_s``) and runs it again over
+the survivors, from the deltas they still hold. A replacement copies the weights from a
+live trainer (``adopt_weights``) before its first round. Every holder of the weights lost
+at once is a :class:`WeightsLostError` naming the last checkpoint, not a hang. The
+weights reach the driver only for checkpoints and at the end, from one trainer.
 
-Weights reach the driver only when needed: a checkpoint fetches them from one trainer,
-and so does the end of the run. The start sends them once to every trainer.
-
-The settings are sync's rounds and outer step (``rounds.py``); the trainers take the outer
-step themselves. The driver keeps its schedule and sends each collective the rate,
-momentum and Nesterov flag; each trainer holds a copy of the velocity and applies
-``momentum_update`` (``outer.py``) to the same mean, so the copies stay equal, a
-replacement copies it with the weights, and a checkpoint fetches it with them.
-
-The trainer's side of all this is :class:`AllreduceTrainer`, at the end of this module.
+The settings are sync's (``rounds.py``); each trainer takes the outer step on its own copy
+of the velocity. The trainer's side is :class:`AllreduceTrainer`, below.
 """
 
 from __future__ import annotations
@@ -79,8 +63,7 @@ class CollectiveError(DDLFError):
 
 @dataclasses.dataclass
 class AllreduceOptions(RoundOptions):
-    """Sync's averaging settings; not its slow-node ones (a ring needs every member each
-    collective)."""
+    """Sync's averaging settings (not its slow-node ones: a ring needs every member)."""
 
     scheme: ClassVar[str] = "allreduce"
 
@@ -130,9 +113,7 @@ class _Fetch:
     slots: list[Slot] | None
     velocity: bool
     then: Callable[[list, list], list]
-    source: Slot | None = None
-    calls: dict[int, str] = dataclasses.field(default_factory=dict)   # call id -> what
-    got: dict[str, Any] = dataclasses.field(default_factory=dict)
+    call: int = 0
 
 
 class AllreduceMachine(Machine):
@@ -150,11 +131,9 @@ class AllreduceMachine(Machine):
         self.evals = Evaluations(self.num_test, self.call)
         self.fresh: set[int] = set()   # slots whose trainer does not hold the weights yet
         self.digest: int | None = None  # CRC of the weights the trainers hold
-        # Per collective: {"round", "attempt", "ring": slots, "status": {slot: status}}
-        # ("lost" for a trainer whose call failed). Tests and benchmarks read it.
+        # {"round", "attempt", "ring", "status": {slot: "done", "lost"...}}: for tests.
         self.collectives: list[dict] = []
-        # Names this run's collectives: trainers can outlive a run and serve the next one.
-        self.run_id = secrets.randbits(63)
+        self.run_id = secrets.randbits(63)   # trainers can outlive a run: name its rounds
         self.adopting: dict[int, tuple[Slot, Slot]] = {}   # call -> (newcomer, source)
         self.after_adopt: Callable[[], list] | None = None
         self.open: _Round | None = None
@@ -174,12 +153,9 @@ class AllreduceMachine(Machine):
         return orders
 
     def _members_ready(self, then: Callable[[], list]) -> list[Order] | None:
-        """None when every live trainer holds the weights and there are enough of them;
-        else the orders that get there (copying the weights to newcomers, waiting for
-        trainers), after which ``then()`` runs.
-
-        Raises :class:`WeightsLostError` at once when no live trainer holds them (waiting
-        for replacements would not bring them back)."""
+        """None when enough live trainers all hold the weights; else the orders that get
+        there (newcomers copy them, or wait for trainers), then ``then()`` runs.
+        :class:`WeightsLostError` at once when no live trainer holds them."""
         if not any(j not in self.fresh for j in self.live):
             raise WeightsLostError(self._weights_lost_message())
         need = self.too_few()
@@ -228,9 +204,8 @@ class AllreduceMachine(Machine):
 
     # -- the run -------------------------------------------------------------------------------
     def begin(self, weights: list) -> list[Order]:
-        """The one time the driver sends the weights: one ``put``, set on every trainer,
-        with the velocity a resumed run continues from (None otherwise: adopted trainers
-        may hold one from an earlier run)."""
+        """The one time the driver sends the weights (one ``put``), with the velocity a
+        resumed run continues from (None otherwise: adopted trainers may hold an old one)."""
         live = self.members()
         ref = self.wire.put(weights)
         velocity = self.rounds.outer.velocity
@@ -396,7 +371,7 @@ class AllreduceMachine(Machine):
         return orders + self._finished()
 
     def _finished(self) -> list[Order]:
-        if self.evals.busy:
+        if self.evals.busy or self.fetch is not None:
             return []
         rows = self.evals.emit_ready()
         return [*rows, *self._fetch_weights(None, False, lambda w, v: [Stop(w)])]
@@ -415,33 +390,22 @@ class AllreduceMachine(Machine):
         holders = [s for s in candidates if s.index not in self.fresh and s.index in self.live]
         if not holders:
             raise WeightsLostError(self._weights_lost_message())
-        f.source = holders[0]
-        f.calls, f.got = {}, {}
-        calls = [self.call(f.source, ("get_weights", (), {}))]
-        f.calls[calls[0].id] = "weights"
-        if f.velocity:
-            calls.append(self.call(f.source, ("get_outer_velocity", (), {})))
-            f.calls[calls[1].id] = "velocity"
-        return list(calls)
+        call = self.call(holders[0], ("held_weights", (f.velocity,), {}))
+        f.call = call.id
+        return [call]
 
     def _fetched(self, event: CallDone) -> list[Order]:
-        f = self.fetch
-        f.got[f.calls.pop(event.call)] = event.value
-        if f.calls:
-            return []
-        self.fetch = None
-        w, v = f.got["weights"], f.got.get("velocity")
-        self.bytes_received += nbytes(w) + (nbytes(v) if v else 0)
-        w = [np.array(a, copy=True) for a in w]
-        v = [np.array(a, copy=True) for a in v] if v else []
-        return f.then(w, v)
+        f, self.fetch = self.fetch, None
+        w, v = event.value
+        self.bytes_received += nbytes(w) + nbytes(v)
+        return f.then([np.array(a, copy=True) for a in w], [np.array(a, copy=True) for a in v])
 
     # -- events --------------------------------------------------------------------------------
     def on_done(self, event: CallDone) -> list[Order]:
         call = event.call
         if call in self.adopting:
             return self._adopted(event)
-        if self.fetch is not None and call in self.fetch.calls:
+        if self.fetch is not None and call == self.fetch.call:
             return self._fetched(event)
         if self.evals.owns(call):
             self.evals.record(call, event.value)
@@ -471,20 +435,18 @@ class AllreduceMachine(Machine):
         lost = set(event.calls)
         for call in lost & set(self.adopting):
             self.adopting.pop(call)
-        if self.fetch is not None and lost & set(self.fetch.calls):
+        if self.fetch is not None and self.fetch.call in lost:
             orders += self._fetch_from()   # from another trainer that holds them
         rd, c = self.open, self.coll
-        if c is not None and lost & set(c.calls):
-            for call in lost & set(c.calls):
-                slot = c.calls.pop(call)
-                c.lost_any = True
-                c.record["status"][slot.index] = "lost"
-                orders += self._member_out(slot, f"trainer {slot.index} was lost")
+        for call in lost & set(c.calls if c is not None else ()):
+            slot = c.calls.pop(call)
+            c.lost_any = True
+            c.record["status"][slot.index] = "lost"
+            orders += self._member_out(slot, f"trainer {slot.index} was lost")
             if not c.calls:
                 orders += self._attempt_over()
-        elif rd is not None and c is None:
-            for call in lost & set(rd.calls):
-                del rd.calls[call]    # its share of the round is lost
+        for call in lost & set(rd.calls if rd is not None and c is None else ()):
+            del rd.calls[call]    # its share of the round is lost
         orders += self.evals.lost(event.calls, self.members())
         orders += self._adoption_over()   # a newcomer lost while copying: go on without it
         if self.finishing:
@@ -519,8 +481,7 @@ class AllreduceTrainer:
     """The trainer side of allreduce: ``TrainerActor`` inherits these methods. A round is
     :meth:`hold_delta` on every trainer, then :meth:`allreduce_held` on every trainer."""
 
-    # What the class it is mixed into (TrainerActor) provides.
-    _ddlf_index: int
+    _ddlf_index: int        # what TrainerActor provides
     _last_call_end: float | None
     train: Callable[..., Any]
     get_weights: Callable[[], list]
@@ -530,7 +491,6 @@ class AllreduceTrainer:
     # trainer: each applies the same step to the same mean, so the copies stay equal).
     _held: tuple | None = None
     _velocity: list | None = None
-    _ring_sends: list | None = None
 
     def _ring_mailbox(self) -> ring.Mailbox:
         box = getattr(self, "_ddlf_mailbox", None)
@@ -540,14 +500,10 @@ class AllreduceTrainer:
 
     def hold_delta(self, key, indices, epochs: int, batch_size: int,
                    return_state: bool = False, learning_rate: float | None = None):
-        """Train on rows ``indices`` from the current weights (at ``learning_rate`` if
-        given) and keep the delta here for :meth:`allreduce_held`, under ``key``
-        (``(run, round)``); return only the stats (as ``train`` does).
-
-        The model is left holding the weights the round started from, so an evaluation
-        queued behind this call sees them, and a collective that has to be redone starts
-        again from the same place.
-        """
+        """Train on rows ``indices`` from the current weights and keep the delta here for
+        :meth:`allreduce_held` under ``key`` (``(run, round)``); return only the stats. The
+        model keeps the round's starting weights: an evaluation queued behind this call
+        sees them, and a collective that is redone starts again from them."""
         old = self.get_weights()
         delta, stats = self.train(None, indices, epochs, batch_size, return_state,
                                   learning_rate)
@@ -558,18 +514,14 @@ class AllreduceTrainer:
 
     def allreduce_held(self, tag, rank: int, size: int, right, fraction: float,
                        timeout_s: float, outer: dict | None = None) -> dict:
-        """Average the held delta with the ring's, each scaled by its ``fraction`` of the
-        samples, and apply the mean to the round's starting weights: plainly, or with
-        ``outer = {"rate", "momentum", "nesterov"}`` as the driver's outer optimizer
-        would, on this trainer's copy of the velocity.
-
-        ``tag`` is ``(run, round, attempt)``; this trainer is member ``rank`` of ``size``
-        and sends to ``right`` (a handle). Returns ``{"status": "done", "digest": CRC of the
-        new weights, ...}``; or, with the weights left unchanged, ``"aborted"`` (the driver
-        called it off), ``"peer_lost"`` (the right neighbour died) or ``"timeout"`` (no
-        chunk from the left for ``timeout_s``). Raises ``RuntimeError`` if no delta of that
-        run and round is held (the driver's bug, not a fault).
-        """
+        """Average the held delta with the ring's (member ``rank`` of ``size``, sending to
+        the handle ``right``; ``tag`` is ``(run, round, attempt)``), each scaled by its
+        ``fraction`` of the samples, and apply the mean to the round's starting weights:
+        plainly, or with ``outer = {"rate", "momentum", "nesterov"}`` on this trainer's
+        copy of the velocity. Returns ``{"status": "done", "digest": CRC, ...}``, or with
+        the weights unchanged ``"aborted"`` (called off), ``"peer_lost"`` (the right
+        neighbour died) or ``"timeout"`` (nothing from the left for ``timeout_s``).
+        ``RuntimeError`` if no delta of that run and round is held (a driver bug)."""
         start = time.perf_counter()
         tag = tuple(int(t) for t in tag)
         if self._held is None or self._held[0] != tag[:2]:
@@ -579,32 +531,12 @@ class AllreduceTrainer:
         _, old, delta, velocity = self._held
         box = self._ring_mailbox()
         box.begin(tag)
-        self._ring_sends = sends = []
-        runtime = backends.here()   # the ring's calls go through this trainer's runtime
-
-        def send(phase, step, chunk):
-            sends.append(self.ring_send(right, tag, phase, step, chunk))
-
-        def check():
-            # A send that failed means the right neighbour is gone: stop waiting now
-            # rather than when the driver's abort arrives.
-            if not sends:
-                return
-            ready, _ = runtime.wait(list(sends), num_returns=len(sends), timeout=0)
-            for ref in ready:
-                sends.remove(ref)
-                try:
-                    runtime.get(ref)
-                except ActorDiedError as e:
-                    raise ring.PeerLost(str(e).strip().splitlines()[0]) from None
-
-        def recv(phase, step):
-            return box.take(tag, phase, step, timeout_s, check)
-
         vectors, spec = ring.scaled_vectors(delta, fraction)
         reply = {"index": self._ddlf_index, "sent_bytes": ring.ring_send_bytes(vectors, rank, size)}
-        try:
-            summed = ring.ring_allreduce(vectors, rank, size, send, recv)
+        try:   # the ring's calls go through this trainer's own runtime
+            summed = ring.run_member(vectors, rank, size, tag, box,
+                                     lambda *chunk: self.ring_send(right, tag, *chunk),
+                                     backends.here(), timeout_s)
         except ring.CollectiveAborted as e:
             return {**reply, "status": "aborted", "detail": str(e)}
         except ring.PeerLost as e:
@@ -627,45 +559,39 @@ class AllreduceTrainer:
                 "collective_s": spent}
 
     def ring_send(self, right, tag, phase: str, step: int, chunk):
-        """Send one chunk to the right neighbour; return the call's ref (a hook: the
-        tests' fault injection overrides it)."""
+        """Send one chunk to the right neighbour; its call's ref (tests override it)."""
         return right.deliver_chunk.remote(tag, phase, step, chunk)
 
     async def deliver_chunk(self, tag, phase: str, step: int, chunk) -> None:
-        """A chunk from the left neighbour. ``async``: it runs on the event loop, so it
-        arrives while the execution thread is inside :meth:`allreduce_held`."""
+        """A chunk from the left. ``async``: it runs on the event loop, while the
+        execution thread is inside :meth:`allreduce_held`."""
         self._ring_mailbox().deliver(tag, phase, step, chunk)
 
     async def abort_collective(self, tag, reason: str) -> None:
-        """The driver calls collective ``tag`` off (a member was lost); the member stops
-        waiting and returns ``"aborted"`` with its weights unchanged."""
+        """The driver calls collective ``tag`` off (a member was lost)."""
         self._ring_mailbox().abort(tag, reason)
 
     def adopt_weights(self, source) -> dict:
-        """Copy the current weights from the live trainer ``source`` (a handle), straight
-        from it, not through the driver: how a replacement joins an allreduce run.
-
-        Returns ``{"status": "done", "digest": ..., "bytes": ...}``, or ``{"status":
-        "source_lost"}`` when ``source`` died first (the driver picks another).
-        """
-        runtime = backends.here()
+        """Copy the weights (and velocity) straight from the live trainer ``source``: how
+        a replacement joins. ``{"status": "done", "digest", "bytes"}``, or
+        ``{"status": "source_lost"}`` when ``source`` died first."""
         try:
-            weights = runtime.get(source.get_weights.remote())
-            self._velocity = runtime.get(source.get_outer_velocity.remote())
+            weights, velocity = backends.here().get(source.held_weights.remote(True))
         except ActorDiedError as e:
             return {"status": "source_lost", "detail": str(e).strip().splitlines()[0]}
         self.set_weights(weights)
+        self._velocity = velocity or None   # None: no momentum step yet (zeros)
         return {"status": "done", "digest": self.held_digest(), "bytes": nbytes(weights)}
+
+    def held_weights(self, velocity: bool = False) -> tuple[list, list]:
+        """The weights held here and, with ``velocity``, the outer velocity ([] without):
+        what the driver fetches for a checkpoint and at the end."""
+        return self.get_weights(), list(self._velocity or []) if velocity else []
 
     def held_digest(self) -> int:
         """A CRC of the weights and the outer velocity this trainer holds: the driver checks
         that every member of an allreduce run holds the same."""
         return ring.weights_digest(list(self.get_weights()) + list(self._velocity or []))
-
-    def get_outer_velocity(self) -> list | None:
-        """This trainer's copy of the outer optimizer's velocity (None before any
-        momentum step): what an allreduce checkpoint keeps and a replacement copies."""
-        return self._velocity
 
     def set_outer_velocity(self, velocity) -> None:
         """Start from ``velocity`` (a resumed allreduce run's, or None)."""
