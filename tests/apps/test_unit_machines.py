@@ -260,3 +260,121 @@ def test_checkpoint_events_reach_the_callbacks(tmp_path):
 
     _train("sync", rounds_per_epoch=2, checkpoint_dir=str(tmp_path), callbacks=[Events()])
     assert seen.count("checkpoint") >= 5
+
+
+# -- a machine alone: events in, orders out, no backend at all ---------------------------------
+def _sync(workers=2, num_train=8, num_test=0, **options):
+    """A SyncMachine over slots with no trainers behind them (calls are only orders)."""
+    from ddlf_actors.apps.config import TrainConfig
+    from ddlf_actors.apps.schemes.machine import RunContext
+    from ddlf_actors.apps.schemes.plan import Plan
+    from ddlf_actors.apps.schemes.slots import Slot, SlotState
+    from ddlf_actors.apps.schemes.sync import SyncMachine, SyncOptions
+    from ddlf_actors.apps.schemes.wire import Wire
+
+    config = TrainConfig(workers=workers, master_epochs=1, batch_size=2, progress=False)
+    defaults = dict(rounds_per_epoch=2, eval_every=1, outer_momentum=0.0, lr_scaling="none")
+    opts = SyncOptions(**{**defaults, **options}).resolve(config)
+    info = {"num_train": num_train, "num_test": num_test, "learning_rate": None}
+    opts = opts.for_data(config, [info])
+    ctx = RunContext(config, opts, Plan(0, opts.rounds_per_epoch, num_train),
+                     Wire(None, "sync", SyncMachine.wire_modes, put=lambda v: v),
+                     num_test, info, t0=0.0)
+    slots = [Slot(j, handle=f"trainer-{j}", state=SlotState.LIVE, info=info)
+             for j in range(workers)]
+    return SyncMachine(ctx), slots
+
+
+def _stats(j, samples):
+    return {"samples": samples, "loss": 0.5, "compute_s": 0.1, "idle_s": 0.0, "eval_s": 0.0,
+            "index": j}
+
+
+def _calls(orders, kind="train"):
+    from ddlf_actors.apps.schemes.orders import Call
+
+    return [o for o in orders if isinstance(o, Call) and o.kind == kind]
+
+
+def test_sync_machine_a_round_waits_for_every_delta_then_averages():
+    from ddlf_actors.apps.schemes.events import CallDone
+    from ddlf_actors.apps.schemes.orders import EmitRow
+
+    m, (a, b) = _sync()
+    w = [np.zeros(3, np.float32)]
+    first = _calls(m.start(w, [a, b]))
+    assert [c.slot for c in first] == [a, b] and [len(c.args[1]) for c in first] == [2, 2]
+    assert m.handle(CallDone(first[0].id, a, ([np.full(3, 1.0, np.float32)], _stats(0, 2)),
+                             now=1.0)) == []                    # still waiting for b
+    orders = m.handle(CallDone(first[1].id, b, ([np.full(3, 3.0, np.float32)],
+                                                _stats(1, 2)), now=2.0))
+    # The mean of the two deltas was applied; round 2 went out with the new weights.
+    np.testing.assert_array_equal(m.w[0], np.full(3, -2.0, np.float32))
+    second = _calls(orders)
+    assert [c.slot for c in second] == [a, b]
+    np.testing.assert_array_equal(second[0].args[0][0], m.w[0])
+    assert not any(isinstance(o, EmitRow) for o in orders)     # evaluated with round 2
+    assert m.round_no == 1
+
+
+def test_sync_machine_a_lost_trainer_costs_its_share_and_a_joiner_gets_work():
+    from ddlf_actors.apps.schemes.events import CallDone, TrainerLost, TrainersJoined
+    from ddlf_actors.apps.schemes.slots import Slot, SlotState
+
+    m, (a, b) = _sync()
+    first = _calls(m.start([np.zeros(2, np.float32)], [a, b]))
+    m.handle(CallDone(first[0].id, a, ([np.ones(2, np.float32)], _stats(0, 2)), now=1.0))
+    orders = m.handle(TrainerLost(b, RuntimeError("gone"), (first[1].id,), now=2.0))
+    # The round closed with a's delta alone, for its own samples; round 2 is a's only.
+    np.testing.assert_array_equal(m.w[0], -np.ones(2, np.float32))
+    assert [c.slot for c in _calls(orders)] == [a]
+    replacement = Slot(1, handle="trainer-1b", state=SlotState.LIVE, info=b.info, starts=2)
+    joined = m.handle(TrainersJoined((replacement,), now=3.0))
+    assert _calls(joined) == []                # it takes work from the next round on
+    assert 1 in m.live and m.live[1] is replacement
+
+
+def test_sync_machine_a_late_delta_is_folded_in_with_its_staleness():
+    from ddlf_actors.apps.schemes.events import CallDone
+
+    m, (a, b) = _sync(backup_workers=1)
+    first = _calls(m.start([np.zeros(1, np.float32)], [a, b]))
+    # b's delta is in: the round may leave one call late, so it closes now.
+    second = _calls(m.handle(CallDone(first[1].id, b, ([np.full(1, 2.0, np.float32)],
+                                                       _stats(1, 2)), now=1.0)))
+    assert [c.slot for c in second] == [b]     # a is still busy with round 1
+    np.testing.assert_array_equal(m.w[0], [-2.0])
+    assert m.handle(CallDone(first[0].id, a, ([np.full(1, 4.0, np.float32)], _stats(0, 2)),
+                             now=1.5)) == []   # late: kept for the round open now
+    m.handle(CallDone(second[0].id, b, ([np.full(1, 1.0, np.float32)], _stats(1, 4)),
+                      now=2.0))
+    # Round 2: b's delta (4 samples, weight 4) and a's late one (2 samples, staleness 1:
+    # weight 2 / 2 = 1): w = -2 - (4*1 + 1*4) / 5.
+    np.testing.assert_allclose(m.w[0], [-2.0 - 8.0 / 5.0])
+    assert [u["staleness"] for u in m.updates] == [0, 0, 1]
+
+
+def test_sync_machine_position_restores_where_it_was():
+    import json
+
+    from ddlf_actors.apps.schemes.events import CallDone
+
+    m, (a, b) = _sync(rounds_per_epoch=4, eval_every=2)
+    orders = m.start([np.zeros(1, np.float32)], [a, b])
+    for c in _calls(orders):
+        orders = m.handle(CallDone(c.id, c.slot, ([np.ones(1, np.float32)],
+                                                  _stats(c.slot.index, 1)), now=1.0))
+    second = _calls(orders)                           # round 2 of the run never stopped
+    position = json.loads(json.dumps(m.position()))   # what a checkpoint keeps
+    assert position["pending_row"] is None and position["outer_steps"] == 1
+
+    class _Ckpt:
+        meta = {"position": position}
+        arrays: dict = {}
+
+    again, (a2, b2) = _sync(rounds_per_epoch=4, eval_every=2)
+    again.round_no = m.round_no
+    again.restore(_Ckpt())
+    resumed = _calls(again.start(list(m.w), [a2, b2]))
+    assert [c.args[1].tolist() for c in resumed] == [c.args[1].tolist() for c in second]
+    assert again.rounds.outer.steps == m.rounds.outer.steps
