@@ -17,6 +17,7 @@ dataclass metadata, as Ray Train's config dataclasses are.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any, Callable, ClassVar
 
@@ -122,8 +123,8 @@ def describe_schedule(schedule_fn: Any) -> str:
     if callable(get_config):
         try:
             return f"{name}({get_config()})"
-        except Exception:   # a schedule whose config is not serialisable: its name will do
-            pass
+        except Exception as e:   # a schedule whose config is not serialisable: its name will do
+            logging.getLogger("ddlf_actors.train").debug("%s.get_config() failed: %s", name, e)
     return name
 
 

@@ -126,7 +126,7 @@ class RayBackend(Backend):
     def node_id(self):
         try:
             return self.ray.get_runtime_context().get_node_id()
-        except Exception:
+        except Exception:   # no Ray worker context here: the node is not known
             return None
 
 

@@ -20,6 +20,7 @@ on with the trainers it has.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from typing import Callable
@@ -35,6 +36,8 @@ from .slots import LOSS_ERRORS, Slot, SlotState
 __all__ = ["TrainerPool", "Slot", "SlotState", "TrainerStartError", "check_dataset",
            "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS",
            "default_trainer_cls"]
+
+log = logging.getLogger("ddlf_actors.train")
 
 # A replacement that dies while starting, not in __init__ (its node died again...), is
 # started again up to this many times in a row before its slot is given up.
@@ -53,6 +56,16 @@ def check_dataset(dataset) -> None:
     elif not callable(dataset):
         raise TypeError(f"dataset must be a registered name, a callable or "
                         f"datasets.partitioned(path), got {type(dataset).__name__}")
+
+
+def _quietly(what: str, arg, fn, *args) -> None:
+    """``fn(*args)``, whose failure only means there is nothing left to end: the actor or
+    group is already gone with its node or session, which is what ending it wanted.
+    Logged at debug level, never raised: cleanup must reach every other trainer."""
+    try:
+        fn(*args)
+    except Exception as e:
+        log.debug(what + " failed (already gone?): %s", arg, e)
 
 
 def default_trainer_cls() -> type:
@@ -128,15 +141,9 @@ class TrainerPool:
             return   # their cluster is gone with them; do not start a new one to kill them
         for slot in self.slots:
             if slot.owned and slot.handle is not None:
-                try:
-                    self.backend.kill(slot.handle)
-                except Exception:  # the session may already be gone
-                    pass
+                _quietly("killing trainer %s", slot.index, self.backend.kill, slot.handle)
         for pg in self._groups:
-            try:
-                self.backend.remove_placement_group(pg)
-            except Exception:
-                pass
+            _quietly("freeing placement group %s", pg, self.backend.remove_placement_group, pg)
         self._groups = []
 
     # -- membership ------------------------------------------------------------------------
@@ -198,10 +205,9 @@ class TrainerPool:
     # -- internals -------------------------------------------------------------------------
     def _create(self, slot: Slot) -> None:
         if slot.handle is not None and slot.owned:
-            try:
-                self.backend.kill(slot.handle)   # usually dead already; a hung one must not linger
-            except Exception:
-                pass
+            # Usually dead already; a hung one must not linger.
+            _quietly("killing the trainer of slot %s", slot.index, self.backend.kill,
+                     slot.handle)
         cls = self._actor_cls
         if slot.group is not None:
             cls = cls.options(scheduling_strategy=self.backend.in_bundle(slot.group, slot.bundle))
@@ -280,7 +286,8 @@ class TrainerPool:
             return True
         try:
             return self.backend.placement_group_table(pg).get("state") == "CREATED"
-        except Exception:
+        except Exception as e:   # a group the head no longer knows is not placed
+            log.debug("placement group %s: %s", pg, e)
             return False
 
 
@@ -317,10 +324,7 @@ def stop_trainers(trainers) -> None:
     if not backend.is_initialized():
         return
     for t in trainers or ():
-        try:
-            backend.kill(t)
-        except Exception:
-            pass
+        _quietly("killing trainer %s", t, backend.kill, t)
 
 
 def describe_trainers(trainers, backend=None) -> list[dict]:
