@@ -143,7 +143,7 @@ def _add_scheme_flags(run) -> None:
         "see docs/training.md)")
     for name, readers in _scheme_fields().items():
         f = readers[0][1]
-        helps = {}
+        helps: dict[str, list[str]] = {}
         for scheme, field in readers:
             helps.setdefault(field.metadata["help"], []).append(scheme)
         text = "; ".join(f"{', '.join(schemes)}: {h}" for h, schemes in helps.items())

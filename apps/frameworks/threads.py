@@ -70,7 +70,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             run(module)
             hook(module)
 
-        loader.exec_module = exec_module   # this module's loader only
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # its loader only
         return spec
 
 

@@ -38,6 +38,7 @@ from ddlf_actors.errors import ActorDiedError, DDLFError
 from .. import backends, ring
 from ..arrays import nbytes
 from ..options import number_in, option
+from ..records import TrainStats
 from .averaging import apply_delta
 from .errors import TooFewTrainersError
 from .evaluation import Evaluations
@@ -84,7 +85,7 @@ class _Round:
     pieces: dict
     rate: dict
     calls: dict[int, Slot] = dataclasses.field(default_factory=dict)
-    results: dict[int, dict] = dataclasses.field(default_factory=dict)   # slot -> stats
+    results: dict[int, TrainStats] = dataclasses.field(default_factory=dict)   # slot -> stats
     handles: dict[int, Any] = dataclasses.field(default_factory=dict)    # slot -> its trainer
 
 

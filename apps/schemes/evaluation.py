@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ..arrays import combine_shards
 from ..records import HistoryRow
-from .orders import EVALUATE, Call, EmitRow
+from .orders import EVALUATE, Call, EmitRow, Order
 from .wire import Broadcast
 
 __all__ = ["ShardedEvaluation", "Evaluations"]
@@ -109,14 +109,14 @@ class Evaluations:
         self.make_call = make_call
         self.queue: list[tuple[HistoryRow, ShardedEvaluation | None]] = []
 
-    def add(self, row: HistoryRow, weights_ref, live: Sequence) -> list[Call]:
+    def add(self, row: HistoryRow, weights_ref, live: Sequence) -> list[Order]:
         """Evaluate ``row``'s weights on ``live`` (queued later if none is live)."""
         if not self.num_test:
             self.queue.append((row, None))
             return []
         ev = ShardedEvaluation(row, weights_ref, self.num_test, self.make_call)
         self.queue.append((row, ev))
-        return ev.submit(live) if live else []
+        return [*ev.submit(live)] if live else []
 
     def owns(self, call_id: int) -> bool:
         return any(ev is not None and ev.owns(call_id) for _row, ev in self.queue)
@@ -127,9 +127,9 @@ class Evaluations:
                 ev.record(call_id, value)
                 return
 
-    def lost(self, call_ids, live: Sequence) -> list[Call]:
+    def lost(self, call_ids, live: Sequence) -> list[Order]:
         """Calls of a lost trainer: every shard among them goes to a live trainer."""
-        out: list[Call] = []
+        out: list[Order] = []
         for call_id in call_ids:
             for _row, ev in self.queue:
                 if ev is not None and ev.owns(call_id):
@@ -137,9 +137,9 @@ class Evaluations:
                     break
         return out
 
-    def joined(self, live: Sequence) -> list[Call]:
+    def joined(self, live: Sequence) -> list[Order]:
         """Trainers are live again: submit what waited for one, requeue orphaned shards."""
-        out: list[Call] = []
+        out: list[Order] = []
         for _row, ev in self.queue:
             if ev is None:
                 continue
@@ -177,7 +177,7 @@ class Evaluations:
             out.append(ev.finish() if ev is not None else row)
         return out
 
-    def emit_ready(self) -> list[EmitRow]:
+    def emit_ready(self) -> list[Order]:
         """:meth:`ready`'s rows as orders to hand them to the callbacks."""
         return [EmitRow(row) for row in self.ready()]
 

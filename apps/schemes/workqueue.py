@@ -31,7 +31,7 @@ from .evaluation import Evaluations
 from .events import CallDone, RowDone, TrainerLost, TrainersJoined
 from .ledger import WorkLedger
 from .machine import Machine, RunContext
-from .orders import Call, NeedTrainers, Order, Stop
+from .orders import Call, EmitRow, NeedTrainers, Order, Stop
 from .rates import InnerRate
 from .slots import Slot
 
@@ -284,12 +284,12 @@ class QueueMachine(Machine):
         return orders + self._emit_ready()
 
     def _emit_ready(self) -> list[Order]:
-        orders = self.evals.emit_ready()
-        for order in orders:
-            self.last_row = order.row["round"]
+        rows = self.evals.ready()
+        for row in rows:
+            self.last_row = row["round"]
             for old in [r for r in self.weights_at if r < self.last_row]:
                 del self.weights_at[old]
-        return list(orders)
+        return [EmitRow(row) for row in rows]
 
     def on_lost(self, event: TrainerLost) -> list[Order]:
         for call_id in event.calls:
