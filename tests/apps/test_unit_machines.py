@@ -79,7 +79,9 @@ def test_a_seeded_sync_run_is_repeatable():
 
 # -- losses ------------------------------------------------------------------------------------
 def test_sync_a_trainer_lost_mid_round_costs_its_share_and_is_replaced():
-    result = _train("sync", rounds_per_epoch=3,
+    # min_workers=2: the round after the loss waits for the replacement (in-process rounds
+    # take microseconds; without it the run could end before the replacement is built).
+    result = _train("sync", rounds_per_epoch=3, min_workers=2,
                     backend=FakeBackend(fail_when=_dies(1, "train", 2)))
     lost = _kinds(result, "trainer_lost")
     assert len(lost) == 1 and lost[0]["trainer"] == 1 and lost[0]["round"] == 2
@@ -116,8 +118,8 @@ def test_asynchronous_a_lost_trainers_work_is_done_again(scheme):
 
 def test_allreduce_a_member_lost_in_the_collective_is_redone_by_the_survivors():
     backend = FakeBackend(fail_when=_dies(1, "allreduce_held", 2))
-    result = _train("allreduce", workers=3, rounds_per_epoch=2, backend=backend,
-                    chunk_timeout_s=5.0)
+    result = _train("allreduce", workers=3, min_workers=3, rounds_per_epoch=2,
+                    backend=backend, chunk_timeout_s=5.0)
     lost = _kinds(result, "trainer_lost")
     assert len(lost) == 1 and lost[0]["trainer"] == 1
     assert [r["round"] for r in result.history] == list(range(1, 7))
@@ -196,10 +198,10 @@ def test_sync_backup_workers_fold_a_late_delta_into_a_later_round():
                     callbacks=[_OpenGate()])
     h = result.history
     assert h[0]["workers"] == 1 and h[0]["late"] == 0   # closed without the straggler
-    # Its delta is folded into the round open when it arrives (round 2, or 3 if round 2
-    # closed first), weighted down by its staleness.
+    # Its delta is folded into the round open when it arrives (round 2, or a later one
+    # when the machine is busy), weighted down by its staleness.
     first = next(u for u in result.updates if u["trainer"] == 0)
-    assert first["start_version"] == 0 and first["applied_version"] in (2, 3)
+    assert first["start_version"] == 0 and first["applied_version"] >= 2
     assert first["staleness"] == first["applied_version"] - 1
     assert first["weight"] == pytest.approx(first["samples"] / (1 + first["staleness"]))
     assert h[first["applied_version"] - 1]["late"] >= 1
