@@ -29,10 +29,11 @@ rounding. The member that completes a chunk encodes it once and keeps the *decod
 chunk itself; in all-gather that one payload is forwarded verbatim, so every member
 decodes the same bytes and ends with bit-identical vectors, as without a codec. A chunk
 is thus encoded n times on its way (n − 1 partial sums and the complete sum), each time
-with the codec's own error bound. The codec is stateless here (error feedback, if the
-codec has it on, is the caller's to apply to what it passes in), and codecs that keep
-only a fraction of each chunk (``topk``) are refused: forwarded verbatim in all-gather,
-what they drop would be lost for every member.
+with the codec's own error bound. The codec's own ``:ef`` flag is not read: error
+feedback across collectives is a :class:`HopFeedback` the member keeps and passes in
+(``feedback=``), which carries each hop's error to the same hop next time. Codecs that
+keep only a fraction of each chunk (``topk``) are refused: forwarded verbatim in
+all-gather, what they drop would be lost for every member.
 
 Failures: a member waiting for a chunk gives up when the driver aborts the collective (it
 noticed a member die), when one of its own sends failed (its right neighbour is gone), or
@@ -53,7 +54,7 @@ from . import codecs
 
 __all__ = ["Mailbox", "CollectiveAborted", "CollectiveTimeout", "PeerLost",
            "scaled_vectors", "unflatten", "ring_allreduce", "weights_digest", "ring_send_bytes",
-           "ring_codec", "chunk_nbytes"]
+           "ring_codec", "chunk_nbytes", "HopFeedback"]
 
 
 class CollectiveAborted(Exception):
@@ -116,9 +117,59 @@ def ring_codec(codec) -> codecs.Codec | None:
     return codec
 
 
+class HopFeedback:
+    """Error feedback for one ring member's encodes, kept across its collectives.
+
+    A member encodes the same hops every collective: at reduce-scatter step ``s`` the
+    partial sum of chunk ``(rank − s) mod n``, and at the end the chunk it completes.
+    With feedback, each hop's input gets what that hop's codec dropped last time added to
+    it, and keeps what it drops now (Seide et al.'s 1-bit SGD and Karimireddy et al.'s
+    error feedback, applied per hop): over any number of collectives, the sum of what the
+    ring delivered equals the sum of its inputs minus the residuals still held, bounded
+    by one encoding's error per hop, where without feedback a quantizer's bias adds up
+    every round. Every member decodes the same payloads, so members stay bit-identical.
+
+    The residuals are committed only when a collective completes on this member (one
+    that raises leaves them as they were, so a redone collective starts from the same
+    state). A ring of another size, another rank or other vectors carries other chunks
+    on each hop: the residuals are dropped then (what they held is lost, one encoding's
+    error). :meth:`state` and :meth:`load` save and restore them (checkpoints).
+    """
+
+    def __init__(self):
+        self._key: tuple | None = None
+        self._residuals: dict = {}
+
+    def reset(self) -> None:
+        self._key, self._residuals = None, {}
+
+    def state(self) -> dict:
+        """``{"key": ..., "residuals": {hop: [array or None per vector]}}``: copies."""
+        return {"key": self._key, "residuals": {
+            h: [None if r is None else r.copy() for r in rs]
+            for h, rs in self._residuals.items()}}
+
+    def load(self, state: dict) -> None:
+        self._key = state["key"]
+        self._residuals = {h: [None if r is None else np.array(r) for r in rs]
+                           for h, rs in state["residuals"].items()}
+
+    def _bind(self, rank: int, size: int, vectors: list) -> None:
+        key = (rank, size, tuple((len(v), v.dtype.str) for v in vectors))
+        if key != self._key:
+            self._key, self._residuals = key, {}
+
+    def _corrected(self, hop: str, chunk: list) -> list:
+        res = self._residuals.get(hop)
+        if res is None:
+            return chunk
+        return [c if r is None else c + r for c, r in zip(chunk, res)]
+
+
 def ring_allreduce(vectors: Sequence[np.ndarray], rank: int, size: int,
                    send: Callable[[str, int, Any], None],
-                   recv: Callable[[str, int], Any], codec=None) -> list:
+                   recv: Callable[[str, int], Any], codec=None,
+                   feedback: HopFeedback | None = None) -> list:
     """Sum ``vectors`` over the ``size`` members of a ring; this member is ``rank``.
 
     ``send(phase, step, chunk)`` delivers ``chunk`` to the right neighbour; ``recv(phase,
@@ -130,9 +181,15 @@ def ring_allreduce(vectors: Sequence[np.ndarray], rank: int, size: int,
     codec the ring refuses, and a codec's ValueError for NaN or inf in a lossy chunk.
     Arrays and payloads passed to ``send`` are never written afterwards, so a transport
     may hold on to them without copying.
+
+    ``feedback`` (a :class:`HopFeedback` this member keeps across collectives; needs a
+    lossy ``codec``) adds each hop's last error to its next input: see there.
     """
     codec = ring_codec(codec)
     vectors = [np.asarray(v) for v in vectors]
+    if feedback is not None and (codec is None or codec.lossless):
+        raise ValueError("feedback= carries a lossy codec's error to the next collective: "
+                         f"it needs a lossy codec (fp16, int8, int4), got {codec!r}")
     if size == 1:
         return [v.copy() for v in vectors]
     parts = [np.array_split(v, size) for v in vectors]
@@ -148,20 +205,32 @@ def ring_allreduce(vectors: Sequence[np.ndarray], rank: int, size: int,
             send("ag", s, chunks[(rank + 1 - s) % size])
             chunks[(rank - s) % size] = [np.asarray(g) for g in recv("ag", s)]
     else:
+        staged: dict = {}   # this collective's new residuals, committed at the end
+
+        def encode(hop: str, chunk: list):
+            if feedback is None:
+                return codec.encode(chunk)
+            payload, staged[hop] = codec.encode_with_error(feedback._corrected(hop, chunk))
+            return payload
+
+        if feedback is not None:
+            feedback._bind(rank, size, vectors)
         for s in range(size - 1):
-            send("rs", s, codec.encode(chunks[(rank - s) % size]))
+            send("rs", s, encode(f"rs{s}", chunks[(rank - s) % size]))
             c = (rank - s - 1) % size
             got = codec.decode(recv("rs", s))
             # Decoded to float32 and added there, in the same order as without a codec.
             chunks[c] = [g + m for g, m in zip(got, chunks[c])]
         done = (rank + 1) % size
-        payload = codec.encode(chunks[done])
+        payload = encode("done", chunks[done])
         # Keep what the others will decode, not the exact sum: bit-identical members.
         chunks[done] = codec.decode(payload)
         for s in range(size - 1):
             send("ag", s, payload)
             payload = recv("ag", s)      # forwarded verbatim at the next step
             chunks[(rank - s) % size] = codec.decode(payload)
+        if feedback is not None:
+            feedback._residuals.update(staged)
     return [np.concatenate([chunks[c][g] for c in range(size)]) for g in range(len(vectors))]
 
 

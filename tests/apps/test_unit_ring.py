@@ -25,7 +25,7 @@ def ship(chunk):
     return [np.array(c) for c in chunk]
 
 
-def run_ring(vectors_per_member, timeout_s=10.0, codec=None):
+def run_ring(vectors_per_member, timeout_s=10.0, codec=None, feedbacks=None):
     """Run ring_allreduce with one thread per member; return (results, bytes sent each)."""
     n = len(vectors_per_member)
     boxes = [ring.Mailbox() for _ in range(n)]
@@ -48,8 +48,9 @@ def run_ring(vectors_per_member, timeout_s=10.0, codec=None):
             if codec is None:   # the call as it was before codecs: the default
                 results[r] = ring.ring_allreduce(vectors_per_member[r], r, n, send, recv)
             else:
-                results[r] = ring.ring_allreduce(vectors_per_member[r], r, n, send, recv,
-                                                 codec=codec)
+                results[r] = ring.ring_allreduce(
+                    vectors_per_member[r], r, n, send, recv, codec=codec,
+                    feedback=None if feedbacks is None else feedbacks[r])
         except BaseException as e:  # surfaced by the test
             errors.append(e)
 
@@ -316,3 +317,79 @@ def test_a_codec_refuses_nan_in_a_chunk_rather_than_spreading_it():
         ring.ring_allreduce(vectors[1], 1, n,
                             lambda p, s, c: boxes[0].deliver((1, 1, 1), p, s, c),
                             lambda p, s: boxes[1].take((1, 1, 1), p, s, 1.0), codec="int4")
+
+
+def run_rounds(vectors, rounds, codec, feedbacks=None):
+    """``rounds`` collectives of the same vectors, as a run's rounds: the running sum of
+    the results (float64), every round's members checked bit-identical."""
+    total = None
+    for _ in range(rounds):
+        results, _ = run_ring(vectors, codec=codec, feedbacks=feedbacks)
+        for res in results[1:]:
+            assert all(np.array_equal(a, b) for a, b in zip(res, results[0]))
+        got = [a.astype(np.float64) for a in results[0]]
+        total = got if total is None else [x + y for x, y in zip(total, got)]
+    return total
+
+
+@pytest.mark.parametrize("spec", ["int4", "int8"])
+def test_hop_feedback_keeps_the_running_sum_on_track(spec):
+    # The same deltas every round (a steady drift, where a deterministic quantiser's bias
+    # adds up): without feedback the running sum's error grows with the rounds; with a
+    # HopFeedback per member it stays within one encoding's error per hop.
+    k, rounds = 3, 40
+    vectors = _deltas(k, np.random.default_rng(21))
+    exact = [sum(v[g].astype(np.float64) for v in vectors) * rounds for g in range(2)]
+    plain = run_rounds(vectors, rounds, spec)
+    fed = run_rounds(vectors, rounds, spec, [ring.HopFeedback() for _ in range(k)])
+
+    def gap(total):
+        return max(float(np.max(np.abs(t - e))) for t, e in zip(total, exact))
+
+    # What is held back: per chunk, one residual per hop (K of them), each at most α
+    # times the peak of that hop's input: a decoded partial sum plus its residual, under
+    # P·(1 + α)^K with P = Σ_j max|v_j| (as in the bound above).
+    alpha = ALPHA[spec]
+    peak = max(sum(float(np.max(np.abs(v[g]))) for v in vectors) for g in range(2))
+    assert gap(fed) <= k * alpha * peak * (1 + alpha) ** k, (gap(fed), peak)
+    assert gap(plain) > 5 * gap(fed), (gap(plain), gap(fed))
+
+
+def test_hop_feedback_resets_for_another_ring_and_needs_a_lossy_codec():
+    fb = ring.HopFeedback()
+    vectors = _deltas(2, np.random.default_rng(3))
+    run_rounds(vectors, 1, "int4", [fb, ring.HopFeedback()])
+    saved = fb.state()
+    assert saved["key"][:2] == (0, 2) and set(saved["residuals"]) == {"rs0", "done"}
+    fb2 = ring.HopFeedback()
+    fb2.load(saved)
+    assert all(np.array_equal(a, b) for a, b in zip(fb2.state()["residuals"]["rs0"],
+                                                  saved["residuals"]["rs0"]))
+    # A ring of 3 carries other chunks on each hop: member 0's residuals are dropped.
+    run_rounds(_deltas(3, np.random.default_rng(4)), 1, "int4",
+               [fb, ring.HopFeedback(), ring.HopFeedback()])
+    assert fb.state()["key"][:2] == (0, 3) and set(fb.state()["residuals"]) == \
+        {"rs0", "rs1", "done"}
+    with pytest.raises(ValueError, match="needs a lossy codec"):
+        ring.ring_allreduce([np.ones(4, np.float32)], 0, 2, None, None, codec="zstd",
+                            feedback=fb)
+    with pytest.raises(ValueError, match="needs a lossy codec"):
+        ring.ring_allreduce([np.ones(4, np.float32)], 0, 2, None, None, feedback=fb)
+
+
+def test_an_aborted_collective_leaves_the_residuals_as_they_were():
+    fb = ring.HopFeedback()
+    vectors = _deltas(2, np.random.default_rng(5))
+    run_rounds(vectors, 1, "int4", [fb, ring.HopFeedback()])
+    before = fb.state()
+    box = ring.Mailbox()
+    box.begin((1, 1, 1))
+    box.abort((1, 1, 1), "member 1 lost")
+    with pytest.raises(ring.CollectiveAborted):
+        ring.ring_allreduce(vectors[0], 0, 2, lambda p, s, c: None,
+                            lambda p, s: box.take((1, 1, 1), p, s, 5.0), codec="int4",
+                            feedback=fb)
+    after = fb.state()
+    assert before["key"] == after["key"]
+    for hop, res in before["residuals"].items():
+        assert all(np.array_equal(a, b) for a, b in zip(res, after["residuals"][hop]))
