@@ -49,11 +49,22 @@ def _layout() -> tuple[bool, str] | None:
 
 
 def cgroup_unavailable() -> str | None:
-    """Why no CPU cap can be made here, or None."""
+    """Why no CPU cap can be made here, or None: a probe group with a capped child is
+    made and removed (in a container, cgroup v2 may refuse to delegate the controller)."""
     if os.geteuid() != 0:
         return "needs root to create cgroups"
     if _layout() is None:
         return "no cgroup cpu controller (neither v2 cpu.max nor v1 cpu.cfs_quota_us)"
+    try:
+        probe = CpuGroups(f"ddlf-probe-{os.getpid()}", weight=1)
+    except OSError as e:
+        return f"cannot make a cgroup with a CPU cap here: {e}"
+    try:
+        probe.child("probe", 0.5)
+    except OSError as e:
+        return f"cannot cap a cgroup's CPU here: {e}"
+    finally:
+        probe.close()
     return None
 
 
