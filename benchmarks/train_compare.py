@@ -1,5 +1,7 @@
-"""Time to accuracy by the protocol of issue 21: every column tuned on a validation split,
-several seeds interleaved, framework and algorithm measured apart.
+"""Time to accuracy by the protocol of issue 21, with every column tuned on validation.
+
+Every column is tuned on a validation split with the same grid, several seeds run
+interleaved, and framework and algorithm are measured apart.
 
     # 1. selection: each column's grid on the first 50,000 training images, judged on the
     #    last 10,000 (validation); the test set is not read. Writes the choices file.
@@ -212,12 +214,14 @@ class SeededModel:
         return build_model(self.seed, self.spec)
 
 
-def evaluate_arrays(model, x, y) -> tuple[float, float]:
+def evaluate_arrays(model, x, y, forward=None) -> tuple[float, float]:
     """``(loss, accuracy)`` by forward passes only (no metric state touched, so it is safe
-    inside ``fit``'s callbacks); the loss is the sparse categorical cross-entropy."""
+    inside ``fit``'s callbacks); the loss is the sparse categorical cross-entropy.
+    ``forward(batch) -> probabilities``: ``model.predict_on_batch`` unless given."""
+    forward = forward or model.predict_on_batch
     loss, hits = 0.0, 0
     for i in range(0, len(x), EVAL_BATCH):
-        p = np.asarray(model.predict_on_batch(x[i:i + EVAL_BATCH]), np.float64)
+        p = np.asarray(forward(x[i:i + EVAL_BATCH]), np.float64)
         yb = np.asarray(y[i:i + EVAL_BATCH])
         loss -= float(np.log(np.clip(p[np.arange(len(yb)), yb], 1e-12, None)).sum())
         hits += int((p.argmax(axis=1) == yb).sum())
@@ -623,7 +627,10 @@ def raytrain_loop(config: dict) -> None:
             t = now()
             train_s = t - clock["t0"] - clock["eval_s"]
             local.set_weights(self.model.get_weights())
-            loss, acc = evaluate_arrays(local, xe, ye)
+            # A direct call, not predict: tf_keras's predict under this strategy gathers
+            # across workers, and the other worker is not evaluating.
+            loss, acc = evaluate_arrays(local, xe, ye,
+                                        lambda b: local(b, training=False).numpy())
             clock["eval_s"] += now() - t
             with open(config["out"], "a") as f:
                 f.write(json.dumps({"epoch": clock["epoch"] + (batch + 1) / steps,
@@ -996,8 +1003,9 @@ def one_line(r: dict, target: float) -> str:
     m = protocol.metrics(r, target)
     hit = "never" if m["time_to_target"] is None else \
         f"epoch {m['epochs_to_target']:.2f} / {m['time_to_target']:.1f} s"
+    acc = "-" if m["final_accuracy"] is None else f"{m['final_accuracy']:.4f}"
     return (f"{head}  {m['s_per_epoch']:6.1f} s/epoch, {target} at {hit}, "
-            f"{r['eval_on']} acc {m['final_accuracy']:.4f}, start-up {r['startup_s']:.1f} s")
+            f"{r['eval_on']} acc {acc}, start-up {r['startup_s']:.1f} s")
 
 
 # -- the two stages -------------------------------------------------------------------------------
