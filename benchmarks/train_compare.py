@@ -730,7 +730,7 @@ def sync_default_rounds(n_train: int, workers: int) -> int:
 
 def describe_settings(cfg) -> str:
     """A sync run's scheme-level settings, as the run resolved them."""
-    text = f"{cfg.rounds_per_epoch} rounds/epoch"
+    text = f"{cfg.rounds_per_epoch} round{'' if cfg.rounds_per_epoch == 1 else 's'}/epoch"
     lr = cfg.outer_lr if isinstance(cfg.outer_lr, (int, float)) else "schedule"
     if cfg.lr_scaling == "outer":
         text += f", outer lr {lr} x K (warm-up {cfg.warmup_rounds} rounds)"
@@ -1107,7 +1107,8 @@ def write_png(results: list, path: str, target: float) -> None:
     ax.axhline(target, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("training time, s (start-up and evaluation excluded)")
     ax.set_ylabel(f"{results[0].get('eval_on', 'test') if results else 'test'} accuracy")
-    ax.set_ylim(max(0.0, target - 0.25), 1.0)
+    accs = [p["accuracy"] for r in results if r.get("status") == "ok" for p in r["evals"]]
+    ax.set_ylim(max(0.0, min([target - 0.25, *(a - 0.02 for a in accs)])), 1.0)
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title("Fashion-MNIST, paper CNN: every seed of every column")

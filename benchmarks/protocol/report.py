@@ -49,7 +49,7 @@ def selection_table(column: str, rows: Sequence[dict], target: float, epochs: in
     for row in rows:
         status = "CHOSEN" if row.get("chosen") else ""
         if row["problems"]:
-            status = ("diverged: " if row["diverged"] else "failed: ") + "; ".join(row["problems"])
+            status = "never chosen: " + "; ".join(row["problems"])
         lines.append(f"{(row.get('label') or str(row['candidate'])):<34} "
                      f"{_acc(row['final_accuracy']):>10} {_js(row['epochs_to_target'], '.2f'):>14} "
                      f"{_js(row['time_to_target']):>15}  {status}")

@@ -326,3 +326,20 @@ def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluste
     assert eval_s > 0
     hit = first_crossing(points, 0.3)
     assert hit is not None and hit.epoch in [p["epoch"] for p in points]
+
+
+def test_the_tables_mark_once_per_epoch_columns_failed_runs_and_the_choice():
+    ok = {"column": "ray", "seed": 1, "status": "ok", "train_s": 30.0, "epochs_done": 2,
+          "settings": "alg6", "load_1min": 2.5, "evals": _pts((1.0, 15.0, 0.8), (2.0, 30.0, 0.86))}
+    failed = {"column": "spark", "seed": 1, "status": "error", "reason": "no Java",
+              "load_1min": 3.0}
+    table = protocol.headline_table(protocol.headline_rows([ok, failed], 0.85), 0.85, 2, "test")
+    ray_line = next(line for line in table.splitlines() if line.startswith("ray "))
+    assert "1.0*" in ray_line and "2.00" in ray_line and "30.0" in ray_line and "2.5-2.5" in ray_line
+    assert "seed 1: error: no Java" in table
+    rows = [candidate_row({"optimizer": "adam", "lr": 1e-3}, [_run(1, [(10, 0.86)])], 0.85),
+            candidate_row({"optimizer": "sgd", "lr": 0.1, "momentum": 0.9},
+                          [_run(1, [(10, 0.1)])], 0.85)]
+    rows[0]["chosen"], rows[1]["chosen"] = True, False
+    text = protocol.selection_table("keras", rows, 0.85, 2)
+    assert "CHOSEN" in text.splitlines()[3] and "never chosen: seed 1: diverged: accuracy 0.100" in text
