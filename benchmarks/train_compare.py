@@ -1059,10 +1059,13 @@ def run_select(args, jobs: list, settings: dict) -> dict:
 
 
 def run_final(args, jobs: list, settings: dict) -> dict:
+    chosen_labels = {}
     if args.choices and os.path.exists(args.choices):
         with open(args.choices) as f:
             doc = json.load(f)
         for c, entry in doc.get("columns", {}).items():
+            chosen_labels[c] = next((r.get("label") for r in entry.get("selection", ())
+                                     if r.get("chosen")), None)
             if c in args.columns and entry.get("limit"):
                 print(f"note: {c}'s choice was selected with --limit {entry['limit']} "
                       "(a smoke run), not on the full split")
@@ -1070,6 +1073,12 @@ def run_final(args, jobs: list, settings: dict) -> dict:
     for job in jobs:
         results.append(run_job(job, settings, args.timeout))
         log("== " + one_line(results[-1], args.target))
+        # "model default" is read when the run starts: say so if the model changed since.
+        r, src = results[-1], COLUMNS[job.column].choice_from or job.column
+        if (job.candidate == protocol.MODEL_DEFAULT and r.get("status") == "ok"
+                and chosen_labels.get(src) and r.get("label") != chosen_labels[src]):
+            print(f"note: {job.column} seed {job.seed} ran {r['label']}, but selection chose "
+                  f"{chosen_labels[src]}: models.paper_cnn's optimizer changed since --select")
     rows = protocol.headline_rows(results, args.target)
     eval_on = "validation" if args.select else "test"
     print(f"\nTime to {eval_on} accuracy {args.target}: Fashion-MNIST, paper CNN, batch "
