@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -154,6 +155,9 @@ def test_too_few_trainers_left_fails_after_the_rejoin_timeout():
 
 # -- joins -------------------------------------------------------------------------------------
 class _AddCpuAfter(Callback):
+    """A CPU appears after ``rows`` rows; the run goes on once the trainer it lets start
+    has answered (in-process rounds take microseconds: the run could end first)."""
+
     def __init__(self, backend, rows):
         self.backend, self.rows, self.seen = backend, rows, 0
 
@@ -161,6 +165,10 @@ class _AddCpuAfter(Callback):
         self.seen += 1
         if self.seen == self.rows:
             self.backend.add_cpus(1)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not all(
+                    a.calls.get("describe") and a.running is None for a in self.backend.actors):
+                time.sleep(0.005)
 
 
 @pytest.mark.parametrize("scheme", ["sync", "async", "allreduce"])
