@@ -34,6 +34,7 @@ import numpy as np
 
 from ddlf_actors.errors import ActorDiedError, DDLFError
 
+from .. import ring
 from ..arrays import nbytes
 from ..options import ConfigError, number_in, option
 from ..records import TrainStats
@@ -45,7 +46,7 @@ from .orders import TRAIN, Lose, Order, Stop
 from .ring_trainer import AllreduceTrainer
 from .rounds import RoundOptions, Rounds
 from .slots import Slot
-from .wire import PLAIN
+from .wire import CHANGES, PLAIN, WHOLE
 
 __all__ = ["AllreduceOptions", "AllreduceMachine", "AllreduceTrainer",
            "WeightsLostError", "CollectiveError"]
@@ -75,9 +76,33 @@ class AllreduceOptions(RoundOptions):
 
     def validate(self, config) -> None:
         super().validate(config)
+        ring_spec(config.compression)
         if self.streaming:
             raise ConfigError("overlap" if self.overlap else f"fragments={self.fragments}",
                               "is not built for allreduce yet: use train_sync")
+
+
+def ring_spec(compression) -> tuple[str | None, bool]:
+    """``(codec spec or None, error feedback)`` of an allreduce run's ``compression=``: one
+    codec for the ring's hops (a ring has one direction), refusing what it cannot carry.
+    Error feedback per hop is on with ``:ef``, and by default for ``int4``, whose 16
+    levels leave a bias that would otherwise add up round after round (``:noef``: off)."""
+    if compression is None:
+        return None, False
+    if isinstance(compression, (tuple, list)):
+        raise ConfigError("compression", f"{tuple(compression)!r}: allreduce sends one stream, "
+                          "around the ring, so it takes one codec, not a (down, up) pair: "
+                          "e.g. compression='int4'")
+    try:
+        codec = ring.ring_codec(compression)
+    except ValueError as e:
+        raise ConfigError("compression", f"{compression!r}: {e}") from None
+    if codec is None or codec.name == "none":
+        return None, False
+    spec = compression if isinstance(compression, str) else codec.spec
+    feedback = not codec.lossless and (codec.error_feedback or (
+        codec.name == "int4" and not spec.endswith(":noef")))
+    return codec.spec, feedback
 
 
 @dataclasses.dataclass
@@ -123,8 +148,9 @@ class _Fetch:
 class AllreduceMachine(Machine):
     name = "allreduce"
     Options = AllreduceOptions
-    # No codec yet: the trainers exchange plain chunks (wire.py).
-    wire_modes = (PLAIN,)
+    # The driver sends no weights in a round: compression= is the ring's codec per hop
+    # (ring_spec), which the options check; the driver's wire stays idle.
+    wire_modes = (PLAIN, WHOLE, CHANGES)
     # Collectives that fail with no trainer lost (timeouts) before the run gives up.
     max_quiet_failures = 2
 
@@ -144,6 +170,9 @@ class AllreduceMachine(Machine):
         self.coll: _Collective | None = None
         self.fetch: _Fetch | None = None
         self.waiting: Callable[[], list] | None = None   # what to go on with once trainers join
+        self.codec, self.feedback = ring_spec(self.config.compression)
+        self.hops: dict[int, dict] = {}         # slot -> its hop feedback (checkpoints)
+        self.pending_hops: dict[int, dict] = {}  # from a checkpoint, for the resumed trainers
         self.finishing = False
         self.stopping = False
 
@@ -218,6 +247,9 @@ class AllreduceMachine(Machine):
         for slot in live:
             orders.append(self.call(slot, ("set_weights", (ref,), {}), wait=False))
             orders.append(self.call(slot, ("set_outer_velocity", (v_ref,), {}), wait=False))
+            if self.feedback:   # a resumed run's hop feedback, or none (trainers reused)
+                hops = self.pending_hops.pop(slot.index, None)
+                orders.append(self.call(slot, ("set_hop_feedback", (hops,), {}), wait=False))
         self.bytes_sent += len(live) * (nbytes(weights) + (nbytes(velocity) if velocity else 0))
         self.fresh.difference_update(s.index for s in live)
         return orders + self._next_round()
@@ -285,7 +317,10 @@ class AllreduceMachine(Machine):
         n = len(c.ring)
         # The outer step for this ring's size (the K rule counts the deltas averaged).
         c.outer = self.rounds.outer.remote_settings(n)
-        extra = {} if c.outer is None else {"outer": c.outer}
+        extra: dict = {} if c.outer is None else {"outer": c.outer}
+        if self.codec is not None:
+            extra.update(codec=self.codec, feedback=self.feedback,
+                         want_hops=self.feedback and self.checkpoint_due(self.round_no + 1))
         total = float(sum(rd.results[s.index]["samples"] for s in c.ring))
         c.calls, c.replies = {}, {}
         c.lost_any = c.aborted = False
@@ -314,7 +349,17 @@ class AllreduceMachine(Machine):
     def _attempt_over(self) -> list[Order]:
         c = self.coll
         survivors = [s for s in c.ring if self._alive(s)]
+        bad = sorted(j for j, rep in c.replies.items() if rep["status"] == "nonfinite")
+        if bad:
+            raise CollectiveError(
+                f"round {self.round_no + 1}'s delta of trainer(s) {bad} holds NaN or inf, "
+                f"which the ring's codec {self.codec!r} cannot encode "
+                f"({c.replies[bad[0]].get('detail', '')}): the model diverged. Lower the "
+                "learning rate (the model's, or outer_lr), or clip its gradients")
         if survivors and all(c.replies[s.index]["status"] == "done" for s in survivors):
+            for s in survivors:
+                if "hops" in c.replies[s.index]:
+                    self.hops[s.index] = c.replies[s.index].pop("hops")
             digests = {c.replies[s.index]["digest"] for s in survivors}
             if len(digests) != 1:
                 raise CollectiveError(
@@ -354,7 +399,10 @@ class AllreduceMachine(Machine):
             self.open = self.coll = None
             orders = self.rounds.end(row, self.round_no, rd.rate)
             if w is not None:
-                orders.append(self.checkpoint(w, {"outer": velocity} if velocity else None))
+                arrays = {"outer": velocity} if velocity else {}
+                for j, state in self.hops.items():
+                    arrays[f"hop{j}"] = _hop_arrays(state)
+                orders.append(self.checkpoint(w, arrays))
             return orders + self._next_round()
 
         if self.checkpoint_due(self.round_no):
@@ -435,6 +483,7 @@ class AllreduceMachine(Machine):
         return self._maybe_reduce()
 
     def on_lost(self, event: TrainerLost) -> list[Order]:
+        self.hops.pop(event.slot.index, None)   # its replacement starts without feedback
         orders: list[Order] = []
         lost = set(event.calls)
         for call in lost & set(self.adopting):
@@ -475,7 +524,31 @@ class AllreduceMachine(Machine):
 
     # -- checkpoints ---------------------------------------------------------------------------
     def position(self) -> dict:
-        return self.rounds.position()
+        return {**self.rounds.position(),
+                "hops": {str(j): _hop_meta(state) for j, state in self.hops.items()}}
 
     def restore(self, ckpt) -> None:
-        self.rounds.restore(ckpt.meta["position"], ckpt.arrays, self.round_no)
+        pos = ckpt.meta["position"]
+        self.rounds.restore(pos, ckpt.arrays, self.round_no)
+        for j, meta in pos.get("hops", {}).items():
+            self.pending_hops[int(j)] = _hop_state(meta, ckpt.arrays.get(f"hop{j}", []))
+
+
+# -- hop feedback in checkpoints: JSON for its key and layout, arrays for its residuals --------
+def _hop_meta(state: dict) -> dict:
+    key = state["key"]
+    return {"key": None if key is None else [key[0], key[1], [list(v) for v in key[2]]],
+            "hops": {h: [r is not None for r in rs] for h, rs in sorted(state["residuals"].items())}}
+
+
+def _hop_arrays(state: dict) -> list:
+    return [r for _h, rs in sorted(state["residuals"].items()) for r in rs if r is not None]
+
+
+def _hop_state(meta: dict, arrays: list) -> dict:
+    it = iter(arrays)
+    key = meta["key"]
+    return {"key": None if key is None else (int(key[0]), int(key[1]),
+                                             tuple((int(n), str(d)) for n, d in key[2])),
+            "residuals": {h: [np.array(next(it)) if kept else None for kept in flags]
+                          for h, flags in sorted(meta["hops"].items())}}

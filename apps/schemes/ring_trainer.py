@@ -9,6 +9,7 @@ collective. The driver's end, and the faults, are ``allreduce.py``.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ from .fragments import StreamingTrainer
 from .outer import momentum_update
 
 __all__ = ["AllreduceTrainer"]
+
+_MAILBOX_LOCK = threading.Lock()
 
 
 class AllreduceTrainer(StreamingTrainer):
@@ -41,11 +44,19 @@ class AllreduceTrainer(StreamingTrainer):
     # trainer: each applies the same step to the same mean, so the copies stay equal).
     _held: tuple | None = None
     _velocity: list | None = None
+    # Error feedback per hop with a lossy ring codec (ring.HopFeedback), as of the last
+    # collective that completed here.
+    _hop_feedback: ring.HopFeedback | None = None
 
     def _ring_mailbox(self) -> ring.Mailbox:
         box = getattr(self, "_ddlf_mailbox", None)
         if box is None:
-            box = self._ddlf_mailbox = ring.Mailbox()
+            # The execution thread (the collective) and the event loop (a neighbour's first
+            # chunk) can both get here first: two mailboxes would lose that chunk.
+            with _MAILBOX_LOCK:
+                box = getattr(self, "_ddlf_mailbox", None)
+                if box is None:
+                    box = self._ddlf_mailbox = ring.Mailbox()
         return box
 
     def hold_delta(self, key, indices, epochs: int, batch_size: int,
@@ -58,19 +69,26 @@ class AllreduceTrainer(StreamingTrainer):
         delta, stats = self.train(None, indices, epochs, batch_size, return_state,
                                   learning_rate)
         self.set_weights(old)
-        # The velocity the round starts from too: a redone collective starts again there.
-        self._held = (tuple(key), old, delta, self._velocity)
+        # The velocity (and hop feedback) the round starts from too: a redone collective
+        # starts again there.
+        hops = None if self._hop_feedback is None else self._hop_feedback.state()
+        self._held = (tuple(key), old, delta, self._velocity, hops)
         return stats
 
     def allreduce_held(self, tag, rank: int, size: int, right, fraction: float,
-                       timeout_s: float, outer: dict | None = None) -> dict:
+                       timeout_s: float, outer: dict | None = None, codec=None,
+                       feedback: bool = False, want_hops: bool = False) -> dict:
         """Average the held delta with the ring's (member ``rank`` of ``size``, sending to
         the handle ``right``; ``tag`` is ``(run, round, attempt)``), each scaled by its
         ``fraction`` of the samples, and apply the mean to the round's starting weights:
         plainly, or with ``outer = {"rate", "momentum", "nesterov"}`` on this trainer's
-        copy of the velocity. Returns ``{"status": "done", "digest": CRC, ...}``, or with
-        the weights unchanged ``"aborted"`` (called off), ``"peer_lost"`` (the right
-        neighbour died) or ``"timeout"`` (nothing from the left for ``timeout_s``).
+        copy of the velocity. ``codec`` (a spec) encodes each hop's chunk, summed in
+        float32 (``ring.ring_allreduce``), with this trainer's error feedback per hop if
+        ``feedback``; ``want_hops`` adds that feedback's state to the reply (``hops``, a
+        checkpoint's). Returns ``{"status": "done", "digest": CRC, "sent_bytes", ...}``,
+        or with the weights unchanged ``"aborted"`` (called off), ``"peer_lost"`` (the
+        right neighbour died), ``"timeout"`` (nothing from the left for ``timeout_s``) or
+        ``"nonfinite"`` (the codec met NaN or inf in this trainer's delta: it diverged).
         ``RuntimeError`` if no delta of that run and round is held (a driver bug)."""
         start = time.perf_counter()
         tag = tuple(int(t) for t in tag)
@@ -78,21 +96,40 @@ class AllreduceTrainer(StreamingTrainer):
             held = None if self._held is None else self._held[0]
             raise RuntimeError(f"allreduce {tag} on trainer {self._ddlf_index}, which holds "
                                f"the delta of (run, round) {held}")
-        _, old, delta, velocity = self._held
+        _, old, delta, velocity, hops = self._held
         box = self._ring_mailbox()
         box.begin(tag)
         vectors, spec = ring.scaled_vectors(delta, fraction)
-        reply = {"index": self._ddlf_index, "sent_bytes": ring.ring_send_bytes(vectors, rank, size)}
+        sent = [0]
+        fb = None
+        if feedback:   # from the round's start: a redone collective feeds back the same
+            fb = ring.HopFeedback()
+            if hops is not None:
+                fb.load(hops)
+
+        def send(phase, step, chunk):
+            sent[0] += ring.chunk_nbytes(chunk)
+            return self.ring_send(right, tag, phase, step, chunk)
+
+        reply: dict = {"index": self._ddlf_index}
         try:   # the ring's calls go through this trainer's own runtime
-            summed = ring.run_member(vectors, rank, size, tag, box,
-                                     lambda *chunk: self.ring_send(right, tag, *chunk),
-                                     backends.here(), timeout_s)
+            summed = ring.run_member(vectors, rank, size, tag, box, send, backends.here(),
+                                     timeout_s, codec=codec, feedback=fb)
         except ring.CollectiveAborted as e:
-            return {**reply, "status": "aborted", "detail": str(e)}
+            return {**reply, "sent_bytes": sent[0], "status": "aborted", "detail": str(e)}
         except ring.PeerLost as e:
-            return {**reply, "status": "peer_lost", "detail": str(e)}
+            return {**reply, "sent_bytes": sent[0], "status": "peer_lost", "detail": str(e)}
         except ring.CollectiveTimeout as e:
-            return {**reply, "status": "timeout", "detail": str(e)}
+            return {**reply, "sent_bytes": sent[0], "status": "timeout", "detail": str(e)}
+        except ValueError as e:
+            if codec is None:
+                raise
+            return {**reply, "sent_bytes": sent[0], "status": "nonfinite", "detail": str(e)}
+        reply["sent_bytes"] = sent[0]
+        if fb is not None:
+            self._hop_feedback = fb
+            if want_hops:
+                reply["hops"] = fb.state()
         mean = ring.unflatten(summed, spec)
         if outer is None:
             self.set_weights(apply_delta(old, mean))
@@ -142,6 +179,14 @@ class AllreduceTrainer(StreamingTrainer):
         """A CRC of the weights and the outer velocity this trainer holds: the driver checks
         that every member of an allreduce run holds the same."""
         return ring.weights_digest(list(self.get_weights()) + list(self._velocity or []))
+
+    def set_hop_feedback(self, state: dict | None) -> None:
+        """Continue from a checkpoint's hop feedback (``ring.HopFeedback.state()``), or
+        start without any (None)."""
+        self._hop_feedback = None
+        if state is not None:
+            self._hop_feedback = ring.HopFeedback()
+            self._hop_feedback.load(state)
 
     def set_outer_velocity(self, velocity) -> None:
         """Start from ``velocity`` (a resumed allreduce run's, or None)."""
