@@ -290,6 +290,7 @@ class StreamingTrainer:
         trainer holds them once ``globals_`` are in (as :meth:`train_stream` takes them):
         every fragment's last global."""
         st = self._local_stream(key[0], fragments)
+        self._commit_staged()
         for (f, base), msg in zip(heads, globals_):
             st.receive(int(f), int(base), msg)
         if any(g is None for g in st.globals):
@@ -299,6 +300,10 @@ class StreamingTrainer:
         for f, (_base, values) in enumerate(st.globals):
             weights = st.layout.put(weights, f, values)
         return self.evaluate(weights, shard)
+
+    def _commit_staged(self) -> None:
+        """Make a global this trainer computed itself its own (allreduce's, see
+        ``ring_stream.py``); nothing here."""
 
     def load_stream_state(self, run, fragments: int, meta: dict, arrays: list) -> None:
         """Continue run ``run`` from a checkpoint's state of this trainer's slot."""

@@ -22,17 +22,18 @@ from ..arrays import nbytes
 from .averaging import apply_delta
 from .fragments import StreamingTrainer
 from .outer import momentum_update
+from .ring_stream import RingStreamTrainer
 
 __all__ = ["AllreduceTrainer"]
 
 _MAILBOX_LOCK = threading.Lock()
 
 
-class AllreduceTrainer(StreamingTrainer):
+class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
     """The trainer side of allreduce: ``TrainerActor`` inherits these methods. A round is
     :meth:`hold_delta` on every trainer, then :meth:`allreduce_held` on every trainer.
-    (Sync's streamed rounds, ``fragments.StreamingTrainer``, come to ``TrainerActor``
-    through this class.)"""
+    Streamed rounds are :class:`~.ring_stream.RingStreamTrainer`'s. (Sync's,
+    ``fragments.StreamingTrainer``, come to ``TrainerActor`` through this class too.)"""
 
     _ddlf_index: int        # what TrainerActor provides
     _last_call_end: float | None
