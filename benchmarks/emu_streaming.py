@@ -137,6 +137,16 @@ def utilization(r: dict) -> float | None:
     return sum(x.get("compute_total_s") or 0.0 for x in rows) / (r["k"] * wall)
 
 
+def steady_utilization(r: dict) -> float | None:
+    """:func:`utilization` after the first row (which holds the run's start: the first
+    weights sent whole, TensorFlow's first calls): what a long run tends to."""
+    rows = r["rows"]
+    if len(rows) < 3:
+        return None
+    wall = rows[-1]["time_s"] - rows[0]["time_s"]
+    return sum(x.get("compute_total_s") or 0.0 for x in rows[1:]) / (r["k"] * wall)
+
+
 def time_to(r: dict, target: float) -> float | None:
     return next((x["time_s"] for x in r["rows"] if (x["test_accuracy"] or 0) >= target), None)
 
@@ -175,9 +185,9 @@ def _reached(runs: list, target: float) -> tuple[float | None, str]:
 # -- tables (the parent) -------------------------------------------------------------------------
 def streaming_table(results: list, target: float) -> str:
     """Per link and setting: medians over the seeds; ratios against blocking sync."""
-    out = [f"| link | setting | seeds | utilization | time to {target} s | reached | vs sync | "
-           "accuracy at the end | vs sync, points | s/epoch | MB/round | load avg |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out = [f"| link | setting | seeds | utilization | after row 1 | time to {target} s | reached | "
+           "vs sync | accuracy at the end | vs sync, points | s/epoch | MB/round | load avg |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     groups: dict = {}
     for r in results:
         groups.setdefault((r["rate"], r["codec"]), []).append(r)
@@ -196,7 +206,9 @@ def streaming_table(results: list, target: float) -> str:
         ratio = tt / b_tt if tt is not None and b_tt else None
         diff = 100 * (acc - b_acc) if acc is not None and b_acc is not None else None
         load = [v for r in runs for v in r["load"]]
-        out.append(f"| {rate} | {name} | {len(runs)} | {_fmt(util, '.0%')} | {_fmt(tt)} | "
+        steady = _median(steady_utilization(r) for r in runs)
+        out.append(f"| {rate} | {name} | {len(runs)} | {_fmt(util, '.0%')} | "
+                   f"{_fmt(steady, '.0%')} | {_fmt(tt)} | "
                    f"{hits} | {_fmt(ratio, '.2f')}{'x' if ratio is not None else ''} | "
                    f"{_fmt(acc, '.4f')} | {_fmt(diff, '+.2f')} | {_fmt(per_epoch)} | "
                    f"{mb_per_round(runs[0]):.2f} | {min(load):.1f}-{max(load):.1f} |")

@@ -211,6 +211,12 @@ class AllreduceMachine(RingMembers):
             return []
         if self.stopping:
             return self._fetch_weights(None, False, lambda w, v: [Stop(w)])
+        if self.rounds.pending_row is not None:
+            # A row no round handed out took (overlap: before a round whose collective
+            # runs on its own): evaluated first, on the weights it reports.
+            where = LocalEval(self.run_id, self.F) if self.streamed else None
+            holders = [s for s in self.members() if s.index not in self.fresh]
+            return self.evals.add(self.rounds.take_pending(), where, holders)
         for j, stats in rd.results.items():
             self.keep_state(j, stats)
         ring_slots = [self.live[j] for j in sorted(rd.results) if j in self.live

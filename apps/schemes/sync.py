@@ -225,6 +225,10 @@ class SyncMachine(Machine):
         rd = self.open
         if rd is None:
             return []
+        if self.rounds.pending_row is not None:
+            # A row whose evaluation no round handed out took (with overlap, the round
+            # before the last): it is evaluated now, before the weights change.
+            return self._evaluate_pending()
         must = (len(rd.calls) > rd.allowed or (rd.calls and not rd.results)
                 or (rd.drain and self.late.inflight) or self.evals.busy)
         if must:
@@ -314,6 +318,18 @@ class SyncMachine(Machine):
             self.open.t_start = self.now   # its row's window starts here
         orders += self._next_round()
         return orders + self._maybe_close()
+
+    def _evaluate_pending(self) -> list[Order]:
+        live = self.late.idle(self.members()) or self.members()
+        bc: Any
+        if self.stream is not None:
+            self.stream.publish(self.w)
+            bc = self.stream.evaluation()
+        else:
+            bc = self.wire.broadcast(self.w)
+        orders = self.evals.add(self.rounds.take_pending(), bc, live)
+        self.bytes_sent += bc.take_bytes()
+        return orders
 
     def _finish(self) -> list[Order]:
         """After the last round: the last weights' evaluation, then stop. The result is

@@ -364,3 +364,17 @@ def test_allreduce_elastic_a_trainer_joins_a_streamed_run(extra):
     workers = [r["workers"] for r in result.history]
     assert workers[0] == 1 and workers[-1] == 2, workers
     assert result.history[-1]["test_accuracy"] > 0.6
+
+
+@pytest.mark.parametrize("scheme", ["sync", "allreduce"])
+@pytest.mark.parametrize("extra", [dict(overlap=True), dict(overlap=True, fragments=2),
+                                   dict(overlap=True, checkpoint_every=2)])
+def test_every_row_is_evaluated_with_overlap(scheme, extra, tmp_path):
+    """With overlap no round is handed out after the one before the last (and allreduce
+    hands none out with a checkpoint round's): rows made then are evaluated all the same."""
+    if "checkpoint_every" in extra:
+        extra = {**extra, "checkpoint_dir": str(tmp_path)}
+    result = _train(scheme=scheme, rounds_per_epoch=3, eval_every=1, **extra)
+    h = result.history
+    assert [r["round"] for r in h] == list(range(1, len(h) + 1))
+    assert all(r["test_accuracy"] is not None for r in h)
