@@ -9,7 +9,7 @@ network namespace, their links limited with ``tc ... tbf``.
                                                     [--features 4096] [--samples 800]
     sudo python benchmarks/cluster_emu.py caps     [--k 2] [--node-cpus 0.5] [--seconds 10]
     sudo python benchmarks/cluster_emu.py streaming [--k 4] [--settings ...] [--seeds 1,2,3]
-    sudo python benchmarks/cluster_emu.py scaling  [--ks 1,2,4] [--setting overlap+codec]
+    sudo python benchmarks/cluster_emu.py scaling  [--ks 1,2,4] [--setting overlap+frag+codec]
 
 ``streaming`` and ``scaling`` (issue 23 section 4: overlapped and streamed averaging,
 utilization, time to the target, efficiency T1/(K·TK)) are ``emu_streaming.py``'s; they
@@ -515,7 +515,8 @@ def main(argv=None) -> int:
     p.add_argument("--settings", help="streaming: comma-separated, of "
                    "sync,sync+codec,overlap,overlap+codec,overlap+frag,overlap+frag+codec,"
                    "allreduce,allreduce+codec,alg6 (default: all)")
-    p.add_argument("--setting", default="overlap+codec", help="scaling: the setting")
+    p.add_argument("--setting", default="overlap+frag+codec",
+                   help="scaling: the setting (comma-separated for several)")
     p.add_argument("--codec", default="int4:ef", help="streaming, scaling: the '+codec' codec")
     p.add_argument("--fragments", type=int, default=4, help="streaming: the '+frag' F")
     p.add_argument("--seeds", default="1,2,3", help="streaming, scaling: data-order seeds")
@@ -540,7 +541,7 @@ def main(argv=None) -> int:
     if streamed:
         import emu_streaming
 
-        settings = ([a.setting] if a.mode == "scaling" else
+        settings = (a.setting.split(",") if a.mode == "scaling" else
                     a.settings.split(",") if a.settings else emu_streaming.STREAMING)
         for name in settings:
             emu_streaming.options_for(name, a.codec, a.fragments)   # a bad name fails here

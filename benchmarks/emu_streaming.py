@@ -5,7 +5,7 @@ holds what the driver runs there and the tables the parent prints.
 
     sudo python benchmarks/cluster_emu.py streaming [--k 4] [--rates 1gbit,100mbit]
         [--settings sync,overlap+codec,...] [--seeds 1,2,3] [--epochs 3]
-    sudo python benchmarks/cluster_emu.py scaling [--ks 1,2,4] [--setting overlap+codec]
+    sudo python benchmarks/cluster_emu.py scaling [--ks 1,2,4] [--setting overlap+frag+codec]
 
 Both default to the workload of issue 23 section 1: ``models.wide_cnn`` (5.1 M
 parameters) on Fashion-MNIST, trainer nodes capped at 0.5 CPU, target 0.875, DDLF's
@@ -47,7 +47,6 @@ SETTINGS = {
     "alg6": ("sync", {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}),
 }
 STREAMING = list(SETTINGS)
-BEST = "overlap+codec"
 
 
 def options_for(name: str, codec: str, fragments: int) -> tuple[str, dict]:
@@ -218,8 +217,8 @@ def streaming_table(results: list, target: float) -> str:
 def scaling_table(results: list, target: float) -> str:
     """Per link and K: median time to the target and the efficiency T1 / (K·TK)."""
     out = [f"| link | setting | K | seeds | time to {target} s | reached | efficiency T1/(K·TK) | "
-           "utilization | accuracy at the end | s/epoch | load avg |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "utilization | after row 1 | accuracy at the end | s/epoch | load avg |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     groups: dict = {}
     for r in results:
         groups.setdefault((r["rate"], r["codec"], r["k"]), []).append(r)
@@ -235,6 +234,7 @@ def scaling_table(results: list, target: float) -> str:
         load = [v for r in runs for v in r["load"]]
         out.append(f"| {rate} | {name} | {k} | {len(runs)} | {_fmt(tt)} | {hits} | "
                    f"{_fmt(eff, '.0%')} | {_fmt(_median(utilization(r) for r in runs), '.0%')} | "
+                   f"{_fmt(_median(steady_utilization(r) for r in runs), '.0%')} | "
                    f"{_fmt(_median(final_accuracy(r) for r in runs), '.4f')} | "
                    f"{_fmt(per_epoch)} | {min(load):.1f}-{max(load):.1f} |")
     return "\n".join(out)
@@ -246,8 +246,9 @@ def estimate(plan: dict, ks: list[int], settings: list[str]) -> float:
     sync round also waits for K weight copies down and K deltas up through the driver's
     link one after the other, an overlapped one for the larger of its compute and one
     direction (the link is full duplex); an allreduce member sends 2(K−1)/K of the model
-    over its own link. Codecs divide the bytes by 7.5 (int4). Plus 10 % for evaluations
-    and 2 minutes per cluster to start."""
+    over its own link. Codecs divide the bytes by 7.5 (int4). Times 1.3 (evaluations, and
+    what the K = 2 smoke runs took beyond the model: 0-35 % a round), 15 s a run (its
+    first round) and 2 minutes per cluster to start."""
     model_mb, compute = 20.4, 1.1
     total = 0.0
     for k in ks:
@@ -267,7 +268,7 @@ def estimate(plan: dict, ks: list[int], settings: list[str]) -> float:
                     per_round = max(work, k * model_mb * 8 / mbit / ratio)
                 else:
                     per_round = work + 2 * k * model_mb * 8 / mbit / ratio
-                total += 1.1 * plan["epochs"] * rounds * per_round * len(plan["seeds"])
+                total += (1.3 * plan["epochs"] * rounds * per_round + 15) * len(plan["seeds"])
     return total
 
 
