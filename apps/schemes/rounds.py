@@ -92,12 +92,7 @@ class RoundOptions(SchemeOptions):
         Nesterov is off; with ``lr_scaling='none'`` there is nothing to warm up and the
         outer rate is 1 (a plain average, unless ``outer_lr`` or momentum say otherwise)."""
         out = dict(self.DEFAULTS)
-        if self.overlap and (self.fragments or 1) == 1 and self.outer_momentum is None:
-            # Overlapped rounds of one fragment send each outer gradient before the step
-            # of the round before arrives: momentum on a gradient one step stale overshoots
-            # (docs/training.md). With fragments the correction comes first: no staleness.
-            out["outer_momentum"] = 0.0
-        if self.outer_momentum == 0 or out["outer_momentum"] == 0:
+        if self.outer_momentum == 0:
             out["nesterov"] = False
         if self.lr_scaling in ("none", "inner") and self.outer_lr is None:
             out["outer_lr"] = 1.0

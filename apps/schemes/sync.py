@@ -225,7 +225,7 @@ class SyncMachine(Machine):
         rd = self.open
         if rd is None:
             return []
-        if self.rounds.pending_row is not None:
+        if self.rounds.pending_row is not None and not self.stopping:
             # A row whose evaluation no round handed out took (with overlap, the round
             # before the last): it is evaluated now, before the weights change.
             return self._evaluate_pending()

@@ -378,3 +378,15 @@ def test_every_row_is_evaluated_with_overlap(scheme, extra, tmp_path):
     h = result.history
     assert [r["round"] for r in h] == list(range(1, len(h) + 1))
     assert all(r["test_accuracy"] is not None for r in h)
+
+
+@pytest.mark.parametrize("scheme", ["sync", "allreduce"])
+def test_a_stopped_overlapped_run_returns_the_weights_of_its_last_row(scheme):
+    """Round 1 is the same overlapped or not: a run stopped at its first row returns its
+    weights, though round 2 (and with allreduce its collective) ran on meanwhile."""
+    blocking = _train(rounds_per_epoch=3, eval_every=1, target_accuracy=0.3)
+    overlapped = _train(scheme=scheme, rounds_per_epoch=3, eval_every=1, target_accuracy=0.3,
+                        overlap=True, outer_momentum=0.9)
+    assert len(blocking.history) == len(overlapped.history) == 1
+    for a, b in zip(blocking.weights, overlapped.weights):
+        np.testing.assert_array_equal(a, b)
