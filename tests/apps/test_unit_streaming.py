@@ -259,10 +259,11 @@ def test_backup_workers_fold_late_deltas_into_their_fragments_round(extra):
                     callbacks=[_OpenGate()], **extra)
     h = result.history
     assert h[0]["workers"] == 1 and sum(r["late"] for r in h) >= 1
-    # Trainer 0's first delta (round 1) was late (with overlap its round 2 may be on time).
-    first = next(u for u in result.updates if u["trainer"] == 0 and u["staleness"])
+    # Trainer 0's first delta (round 1) was late (folded in whichever later round of its
+    # fragment is open when it arrives; with overlap its round 2 may be late or not).
+    first = next(u for u in result.updates if u["trainer"] == 0 and u["start_version"] == 0)
     f = extra.get("fragments", 1)
-    assert first["start_version"] == 0 and first["applied_version"] >= 2
+    assert first["staleness"] > 0 and first["applied_version"] >= 2
     # A late delta lands in a round of its own fragment, its weight scaled down by the
     # outer steps of that fragment it missed.
     assert first["staleness"] % f == 0
