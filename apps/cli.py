@@ -391,10 +391,12 @@ def _run(args) -> int:
 
 
 class _ModelFn:
-    """``models.paper_cnn`` for an input shape, picklable by reference."""
+    """``models.paper_cnn`` for an input shape, picklable by reference. Named for it, as a
+    function is (``__name__``): the dashboard and checkpoints call it ``paper_cnn``."""
 
     def __init__(self, input_shape):
         self.input_shape = tuple(input_shape)
+        self.__name__ = "paper_cnn"
 
     def __call__(self):
         from . import models

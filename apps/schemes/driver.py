@@ -50,11 +50,16 @@ __all__ = ["Driver", "Run", "TooFewTrainersError", "describe_callable"]
 
 def describe_callable(obj) -> str:
     """A stable name for a model function or dataset: what a checkpoint compares and the
-    dashboard shows. An object may name itself with a ``name`` attribute."""
+    dashboard shows. A function or class is ``module.qualname``; an object that names
+    itself with a ``__name__`` (``ddlf-train``'s model: ``paper_cnn``) is that name; any
+    other object is its class's, with its ``name`` in brackets if it has one."""
     if isinstance(obj, str):
         return obj
     if isinstance(obj, datasets.PartitionedDataset):
         return f"partitioned:{obj.path}"
+    own = getattr(obj, "__name__", None)
+    if isinstance(own, str) and not hasattr(obj, "__qualname__"):
+        return own
     name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
     module = getattr(obj, "__module__", None) or type(obj).__module__
     label = f"{module}.{name}"

@@ -151,7 +151,8 @@ class Core:
 
     # -- connection to the head ------------------------------------------------------------
     def connect(self, timeout: float = 30.0) -> None:
-        self.io.run(self._connect(timeout), timeout + 5)
+        # A new head whose own node is still starting holds the hello up to another timeout.
+        self.io.run(self._connect(timeout), 2 * timeout + 5)
 
     async def _connect(self, timeout):
         host, port = split_address(self.head_address)
@@ -161,8 +162,8 @@ class Core:
         except OSError as e:   # refused, unknown host, unreachable, timed out
             raise _unreachable(self.head_address, e, timeout) from e
         info = await rpc.call(self.head, "hello_driver", {
-            **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
-        }, timeout=timeout)
+            **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id,
+            "pid": os.getpid(), "await_node_s": timeout}, timeout=2 * timeout)
         self.job_id = info["job_id"]
         self.node_totals = info["node_totals"]
 

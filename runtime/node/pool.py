@@ -113,6 +113,17 @@ class WorkerPool:
             w = self.spawn()
             self.background.spawn(self._park(w))
 
+    async def warm(self, timeout: float) -> bool:
+        """Start the prestarted workers and wait, at most ``timeout`` s, until they are idle;
+        whether they are. The first start also starts the forkserver, which imports what
+        every worker needs: that is most of a new node's first actor start."""
+        self.refill()
+        starting = [w.ready for w in self.workers.values() if w.state is WorkerState.STARTING]
+        if not starting:
+            return True
+        done, _ = await asyncio.wait(starting, timeout=timeout)
+        return len(done) == len(starting)
+
     async def _park(self, w: WorkerProc) -> None:
         try:
             await w.ready
