@@ -9,6 +9,7 @@ and parametrized over the kits; a framework whose package is missing is skipped.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -38,18 +39,21 @@ class KerasKit:
     model_file = "model.keras"
 
     def __init__(self):
-        pytest.importorskip("keras")
         from ddlf_actors.apps import tf_startup
         from ddlf_actors.apps.frameworks.keras import KerasAdapter
 
-        tf_startup.import_tensorflow()
+        with tf_startup.quiet_startup():   # on the TF backend, keras imports TF
+            pytest.importorskip("keras")
         self.adapter_cls = KerasAdapter
 
     def model(self, seed: int, optimizer: str = "sgd", batchnorm: bool = False, lr=0.1):
         import keras
         from keras import layers
 
-        keras.utils.set_random_seed(seed)
+        from ddlf_actors.apps import tf_startup
+
+        with tf_startup.quiet_startup():   # it imports TF, whatever the backend
+            keras.utils.set_random_seed(seed)
         opt = {"sgd": lambda: keras.optimizers.SGD(learning_rate=lr),
                "momentum": lambda: keras.optimizers.SGD(learning_rate=lr, momentum=0.9,
                                                         nesterov=True),
@@ -305,6 +309,36 @@ def test_for_model_refuses_an_unknown_object_by_name():
     text = str(info.value)
     assert "MyModel" in text and "keras" in text and "torch" in text
     assert "trainer_cls=" in text and "register" in text
+
+
+# -- Keras on its JAX and torch backends ------------------------------------------------------
+
+
+def test_keras_runs_on_the_backend_asked_for():
+    from ddlf_actors.apps import tf_startup
+
+    with tf_startup.quiet_startup():
+        keras = pytest.importorskip("keras")
+    assert keras.backend.backend() == os.environ.get("KERAS_BACKEND", "tensorflow")
+
+
+_ON_BACKEND = ("keras and not another_backend and (backend_asked or weights_round_trip or "
+               "resumed or learning_rate or for_model or evaluate_changes or batchnorm)")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_keras_adapter_works_unchanged_on_another_backend(backend):
+    """The Keras contract tests above, in a process whose Keras runs on ``backend``
+    (``KERAS_BACKEND`` is read once, when keras is first imported)."""
+    pytest.importorskip(backend)
+    pytest.importorskip("keras")
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", os.path.abspath(__file__), "-k", _ON_BACKEND],
+                          capture_output=True, text=True, env=env, cwd=_REPO, timeout=880)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert re.search(r"^8 passed", proc.stdout, re.M), proc.stdout[-2000:]
 
 
 # -- PyTorch specifics ----------------------------------------------------------------------
