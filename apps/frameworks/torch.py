@@ -149,7 +149,10 @@ class TorchAdapter(FrameworkAdapter):
         # the optimizer keeps referring to the same parameters.
         with torch.no_grad():
             for t, w in zip(tensors, weights):
-                t.copy_(torch.as_tensor(np.asarray(w)))
+                w = np.asarray(w)
+                if not w.flags.writeable:   # weights from the object store are read-only,
+                    w = w.copy()            # and torch warns (once, to the terminal) on those
+                t.copy_(torch.from_numpy(w))
 
     # -- training ------------------------------------------------------------------------------
     def fit(self, x, y, epochs: int, batch_size: int) -> float:

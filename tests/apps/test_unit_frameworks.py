@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -136,8 +137,13 @@ def test_weights_round_trip(kit):
     wa = a.get_weights()
     assert all(isinstance(w, np.ndarray) for w in wa)
     assert not _same(wa, b.get_weights())
-    b.set_weights(wa)
+    for w in wa:
+        w.flags.writeable = False   # as weights arrive from the object store
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # nothing to say about them on the terminal
+        b.set_weights(wa)
     assert _same(b.get_weights(), wa)
+    wa = [w.copy() for w in wa]
     # What get_weights returned is a copy: the trainer subtracts weights taken before
     # and after training.
     wa[0] += 1.0
@@ -385,6 +391,20 @@ def test_torch_evaluate_restores_train_mode_and_takes_read_only_arrays():
     model.eval()
     a.evaluate(x, y)
     assert not model.training
+
+
+def test_torch_threads_can_be_set_after_the_first_op():
+    torch = pytest.importorskip("torch")
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    torch.ones(4) @ torch.ones(4)   # an op has run (model_fn builds the model first)
+    try:
+        TorchAdapter.configure_threads(2)
+        assert torch.get_num_threads() == 2
+        TorchAdapter.configure_threads(1)   # again: the inter-op pool is set once, no error
+        assert torch.get_num_threads() == 1 and torch.get_num_interop_threads() == 1
+    finally:
+        TorchAdapter.configure_threads(1)
 
 
 def test_paper_cnn_torch_matches_the_keras_model():
