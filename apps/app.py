@@ -33,12 +33,14 @@ from typing import Any
 import ddlf_actors as ddlf
 from ddlf_actors.cluster import Cluster, WorkerProxy
 
-from . import datasets, models
+from . import backends, datasets, models
+from .arrays import combine_shards
 from .config import TrainConfig
-from .schemes.asynchronous import AsyncScheme
+from .schemes import registry
+from .schemes.api import split_options
+from .schemes.driver import Driver
 from .schemes.pool import describe_trainers, start_trainers, stop_trainers
-from .schemes.sync import SyncScheme
-from .trainer import TrainerActor, combine_shards
+from .trainer import TrainerActor
 
 __all__ = ["App"]
 
@@ -129,17 +131,17 @@ class App:
 
     async def train_sync(self, master_epochs: int, worker_epochs: int = 1,
                          batch_size: int = 32, **options):
-        return await self._train(SyncScheme, master_epochs, worker_epochs, batch_size, options)
+        return await self._train("sync", master_epochs, worker_epochs, batch_size, options)
 
     async def train_async(self, master_epochs: int, worker_epochs: int = 1,
                           batch_size: int = 32, **options):
-        return await self._train(AsyncScheme, master_epochs, worker_epochs, batch_size, options)
+        return await self._train("async", master_epochs, worker_epochs, batch_size, options)
 
     async def evaluate_model(self) -> dict:
         """Test loss and accuracy of the current weights, evaluated on the trainers."""
         trainers = await self._trainers()
         weights = await self._current_weights()
-        ref = ddlf.put(weights)
+        ref = backends.select().put(weights)
         shards = await asyncio.gather(*(t.evaluate.remote(ref, (j, len(trainers)))
                                         for j, t in enumerate(trainers)))
         num_test = (await trainers[0].describe.remote())["num_test"]
@@ -192,10 +194,9 @@ class App:
         self._ddlf_cluster = None
 
     # -- internals -----------------------------------------------------------------------------
-    def _config(self, **kw) -> TrainConfig:
-        return TrainConfig.from_options(dict(workers=self.workers, num_cpus=self.num_cpus,
-                                             trainer_cls=self.trainer_cls,
-                                             progress=self.progress, **kw), caller="App")
+    def _config(self) -> TrainConfig:
+        return TrainConfig(workers=self.workers, num_cpus=self.num_cpus,
+                           trainer_cls=self.trainer_cls, progress=self.progress)
 
     async def _trainers(self) -> list:
         if self._ddlf_trainers is None:
@@ -222,7 +223,7 @@ class App:
         self.model.set_weights(await self._current_weights())
         return self.model
 
-    async def _train(self, scheme_cls, master_epochs, worker_epochs, batch_size, options):
+    async def _train(self, scheme: str, master_epochs, worker_epochs, batch_size, options):
         trainers = await self._trainers()
         initial = options.pop("initial_weights", None)
         resume = options.pop("resume", None)
@@ -230,11 +231,13 @@ class App:
             options.setdefault("checkpoint_dir", resume)
         elif initial is None:
             initial = await self._current_weights()
-        config = self._config(master_epochs=master_epochs, worker_epochs=worker_epochs,
-                              batch_size=batch_size, **options)
-        scheme = scheme_cls(_AppStep(self, "create_model"), _AppStep(self, "load_dataset"),
-                            config, trainers)
-        self.result = await asyncio.to_thread(scheme.run, initial, resume)
+        config, scheme_options = split_options(scheme, dict(
+            workers=self.workers, num_cpus=self.num_cpus, trainer_cls=self.trainer_cls,
+            progress=self.progress, master_epochs=master_epochs, worker_epochs=worker_epochs,
+            batch_size=batch_size, **options), caller=f"App.train_{scheme}")
+        driver = Driver(registry.get(scheme), _AppStep(self, "create_model"),
+                        _AppStep(self, "load_dataset"), config, scheme_options, trainers)
+        self.result = await asyncio.to_thread(driver.run, initial, resume)
         self.weights = self.result.weights
         if self.model is not None:
             self.model.set_weights(self.weights)

@@ -78,42 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--master-epochs", type=int, default=2)
     run.add_argument("--worker-epochs", type=int, default=1)
     run.add_argument("--batch-size", type=int, default=32)
-    run.add_argument("--rounds-per-epoch", type=int,
-                     help="sync, allreduce: average this many times per epoch (default: "
-                          "about 32 local steps per round); async: pieces per trainer per epoch")
-    run.add_argument("--eval-every", type=int,
-                     help="sync, allreduce: evaluate every N rounds and the last (default: "
-                          "once per epoch)")
     run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
-    run.add_argument("--staleness-bound", type=int, help="async, easgd, downpour: SSP bound")
-    run.add_argument("--staleness-scaling", action="store_true", default=None,
-                     help="async, downpour: divide each update by its staleness + 1")
-    outer = run.add_argument_group("sync and allreduce: the outer optimizer and learning rates "
-                                   "(defaults: the scheme's, see docs/training.md)")
-    outer.add_argument("--outer-lr", type=float, help="the driver's rate on the averaged delta")
-    outer.add_argument("--outer-momentum", type=float, help="momentum of the outer step")
-    outer.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
-                       help="Nesterov outer momentum")
-    outer.add_argument("--lr-scaling", choices=("none", "inner", "outer"),
-                       help="the linear scaling rule for K: on the outer rate or the trainers'")
-    outer.add_argument("--warmup-rounds", type=int,
-                       help="ramp the K-scaling up linearly over this many rounds")
-    other = run.add_argument_group("easgd and downpour")
-    other.add_argument("--alpha", type=float, help="easgd: elastic coefficient (0.9/K)")
-    other.add_argument("--tau", type=int, help="easgd: local steps between exchanges")
-    other.add_argument("--n-fetch", type=int, help="downpour: fetch every N local steps")
-    other.add_argument("--n-push", type=int, help="downpour: push every N local steps")
     run.add_argument("--compression", metavar="SPEC",
                      help="encode what crosses the wire: one codec spec for weights and "
                           "deltas (none, lz4, zstd[:level], fp16, int8, topk:FRACTION, a lossy "
                           "one with :ef or :noef), or DOWN,UP for the weights the driver sends "
                           "and the deltas the trainers return, e.g. fp16,topk:0.01")
-    slow = run.add_argument_group("sync: slow nodes")
-    slow.add_argument("--backup-workers", type=int,
-                      help="close a round once all but B deltas are in; late ones are folded "
-                           "into a later round, scaled by staleness")
-    slow.add_argument("--balance", action="store_true", default=None,
-                      help="size each trainer's partition by its measured samples/s")
+    _add_scheme_flags(run)
     run.add_argument("--target-accuracy", type=float,
                      help="stop at the first evaluation with this test accuracy")
     run.add_argument("--patience", type=int)
@@ -138,14 +109,57 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-# The scheme-level settings the command line sets: TrainConfig field -> flag.
-_SCHEME_FLAGS = {"rounds_per_epoch": "--rounds-per-epoch", "eval_every": "--eval-every",
-                 "staleness_bound": "--staleness-bound",
-                 "staleness_scaling": "--staleness-scaling", "outer_lr": "--outer-lr",
-                 "outer_momentum": "--outer-momentum", "nesterov": "--nesterov",
-                 "lr_scaling": "--lr-scaling", "warmup_rounds": "--warmup-rounds",
-                 "alpha": "--alpha", "tau": "--tau", "n_fetch": "--n-fetch", "n_push": "--n-push",
-                 "backup_workers": "--backup-workers", "balance": "--balance"}
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _scheme_fields() -> dict:
+    """Every scheme setting the command line takes: name -> [(scheme, dataclass field)],
+    from the registered schemes' options dataclasses (one list, not two)."""
+    import dataclasses
+
+    from .schemes import registry
+
+    out: dict = {}
+    for scheme in registry.names():
+        for f in dataclasses.fields(registry.get(scheme).Options):
+            if f.metadata.get("cli") is not None:
+                out.setdefault(f.name, []).append((scheme, f))
+    return out
+
+
+def _cli_type(f) -> str:
+    kind = f.metadata.get("cli")
+    if kind == "auto":
+        kind = getattr(f.metadata.get("check"), "cli_type", "str")
+    return kind
+
+
+def _add_scheme_flags(run) -> None:
+    """A flag per scheme setting, its help saying which schemes read it (and how, when
+    they read it differently)."""
+    group = run.add_argument_group(
+        "scheme settings (each applies to the schemes it names; defaults: the scheme's, "
+        "see docs/training.md)")
+    for name, readers in _scheme_fields().items():
+        f = readers[0][1]
+        helps: dict[str, list[str]] = {}
+        for scheme, field in readers:
+            helps.setdefault(field.metadata["help"], []).append(scheme)
+        text = "; ".join(f"{', '.join(schemes)}: {h}" for h, schemes in helps.items())
+        kind = _cli_type(f)
+        if kind == "flag":
+            group.add_argument(_flag(name), dest=name, action="store_true", default=None,
+                               help=text)
+        elif kind == "bool":
+            group.add_argument(_flag(name), dest=name, default=None,
+                               action=argparse.BooleanOptionalAction, help=text)
+        else:
+            conv = {"int": int, "float": float}.get(kind, str)
+            group.add_argument(_flag(name), dest=name, type=conv, help=text,
+                               choices=f.metadata.get("choices"),
+                               metavar=None if f.metadata.get("choices") else
+                               {"int": "N", "float": "X"}.get(kind, "VALUE"))
 
 
 def _scheme_names() -> list[str]:
@@ -155,8 +169,9 @@ def _scheme_names() -> list[str]:
 
 
 def _scheme_options(args) -> dict:
-    """The scheme-level settings given on the command line (the rest stay None)."""
-    return {name: getattr(args, name) for name in _SCHEME_FLAGS}
+    """The scheme settings given on the command line (the rest stay None)."""
+    return {name: getattr(args, name) for name in _scheme_fields()
+            if getattr(args, name, None) is not None}
 
 
 def _workers_arg(text: str):
@@ -176,12 +191,15 @@ def _workers_arg(text: str):
 def _compression_arg(text: str, scheme):
     """``--compression``: ``SPEC`` or ``DOWN,UP``, checked for the ``scheme`` class; a
     ``_UsageError`` naming the valid forms for anything else."""
+    from .config import ConfigError
     from .schemes.wire import Wire
 
     parts = [p.strip() for p in text.split(",")]
     spec = parts[0] if len(parts) == 1 else tuple(parts)
     try:
         Wire(spec, scheme.name, scheme.wire_modes)
+    except ConfigError as e:
+        raise _UsageError(f"--compression {text}: {e.problem}") from None
     except ValueError as e:
         raise _UsageError(f"--compression {text}: {e}") from None
     return spec
@@ -195,7 +213,7 @@ def _check_args(args) -> None:
     """Every check that needs neither a cluster nor a download, so that a mistake is
     reported before either starts. Reads --token-file into ``args.token``."""
     from . import checkpoint, datasets
-    from .config import ConfigError, TrainConfig
+    from .config import ConfigError
 
     if args.out is None:
         args.out = args.resume or "ddlf-run"
@@ -204,35 +222,33 @@ def _check_args(args) -> None:
         if path is not None:
             _check_output_dir(flag, path)
     from .schemes import registry
+    from .schemes.api import split_options
 
     try:
         scheme = registry.get(args.scheme)
     except registry.UnknownSchemeError as e:
         raise _UsageError(f"--scheme {args.scheme}: {e}") from None
-    given = {k: v for k, v in _scheme_options(args).items() if v is not None}
+    given = _scheme_options(args)
     for name in given:
-        if name not in scheme.options:
-            readers = registry.accepting(name)
-            raise _UsageError(f"{_SCHEME_FLAGS[name]} does not apply to --scheme {args.scheme}; "
-                              f"it applies to --scheme {', '.join(readers)}")
+        if name not in scheme.Options.names():
+            raise _UsageError(f"{_flag(name)} does not apply to --scheme {args.scheme}; it "
+                              f"applies to --scheme {', '.join(registry.accepting(name))}")
     if args.limit is not None and args.limit < 1:
         raise _UsageError(f"--limit must be >= 1, got {args.limit}")
     if args.compression is not None:
         args.compression = _compression_arg(args.compression, scheme)
     try:   # the same checks train() makes, named by their flags
-        config = TrainConfig(workers=args.workers, master_epochs=args.master_epochs,
-                             worker_epochs=args.worker_epochs, batch_size=args.batch_size,
-                             num_cpus=args.num_cpus, target_accuracy=args.target_accuracy,
-                             patience=args.patience, min_workers=args.min_workers,
-                             rejoin_timeout_s=args.rejoin_timeout,
-                             checkpoint_dir=args.out if args.checkpoint_every else None,
-                             checkpoint_every=args.checkpoint_every, **given)
-        scheme.resolve(config)
+        config, options = split_options(args.scheme, dict(
+            workers=args.workers, master_epochs=args.master_epochs,
+            worker_epochs=args.worker_epochs, batch_size=args.batch_size,
+            num_cpus=args.num_cpus, target_accuracy=args.target_accuracy,
+            patience=args.patience, min_workers=args.min_workers,
+            rejoin_timeout_s=args.rejoin_timeout,
+            checkpoint_dir=args.out if args.checkpoint_every else None,
+            checkpoint_every=args.checkpoint_every, **given))
+        options.resolve(config)
     except ConfigError as e:
-        flag = _SCHEME_FLAGS.get(e.option, f"--{e.option.replace('_', '-')}")
-        raise _UsageError(f"{flag} {e.problem}") from None
-    except ValueError as e:
-        raise _UsageError(_flag_names(str(e))) from None
+        raise _UsageError(f"{_option_flag(e.option)} {e.problem}") from None
     if os.path.isdir(args.dataset):
         if args.limit or args.data_dir:
             raise _UsageError("--limit and --data-dir apply to named datasets only")
@@ -278,18 +294,16 @@ def _check_backend(args) -> None:
         raise _UsageError(f"--backend ray: {e}") from None
 
 
-def _flag_names(message: str) -> str:
-    """A TrainConfig message with its option names written as this command's flags."""
-    import re
+# Options whose flag is not --name-with-dashes.
+_FLAGS = {"rejoin_timeout_s": "--rejoin-timeout"}
 
-    flags = {**_SCHEME_FLAGS, "workers": "--workers", "master_epochs": "--master-epochs",
-             "worker_epochs": "--worker-epochs", "batch_size": "--batch-size",
-             "num_cpus": "--num-cpus", "target_accuracy": "--target-accuracy",
-             "patience": "--patience", "min_workers": "--min-workers",
-             "rejoin_timeout_s": "--rejoin-timeout", "checkpoint_every": "--checkpoint-every"}
-    return re.sub(r"\b(" + "|".join(sorted(flags, key=len, reverse=True)) + r")\b=?",
-                  lambda m: flags[m.group(1)] + (" " if m.group(0).endswith("=") else ""),
-                  message)
+
+def _option_flag(option: str) -> str:
+    """The flag for a ``ConfigError``'s option (``"min_workers=3"``: ``--min-workers 3``)."""
+    name, eq, value = option.partition("=")
+    flag = _FLAGS.get(name.strip(), _flag(name.strip()))
+    value = value.strip().rstrip(":")
+    return f"{flag} {value}" if eq and value else flag
 
 
 def _check_output_dir(flag: str, path: str) -> None:

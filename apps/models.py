@@ -7,7 +7,7 @@ without starting TensorFlow's or torch's threads (neither is fork-safe once they
 
 from __future__ import annotations
 
-__all__ = ["paper_cnn", "paper_cnn_torch", "INPUT_SHAPES"]
+__all__ = ["paper_cnn", "wide_cnn", "paper_cnn_torch", "INPUT_SHAPES"]
 
 # The image shape of each built-in dataset, as datasets.load returns it (NHWC).
 INPUT_SHAPES = {"mnist": (28, 28, 1), "fashion-mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
@@ -30,6 +30,40 @@ def paper_cnn(input_shape=(28, 28, 1), num_classes: int = 10, learning_rate: flo
         layers.Conv2D(64, (3, 3), activation="relu"),
         layers.Flatten(),
         layers.Dense(64, activation="relu"),
+        layers.Dense(num_classes, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def wide_cnn(input_shape=(28, 28, 1), num_classes: int = 10, learning_rate: float = 0.01,
+             filters: tuple = (32, 64), dense: int = 656):
+    """The paper CNN with a dense layer ten times wider: a workload where the links matter.
+
+    Conv2D(filters[0], 3x3, relu) → MaxPool(2x2) → Conv2D(filters[1], 3x3, relu) →
+    Flatten → Dense(dense, relu) → Dense(num_classes, softmax), SGD at ``learning_rate``;
+    sparse categorical cross-entropy. At 28x28x1 with the defaults it has 5,106,106
+    parameters, 20.4 MB of float32, 99.5 % of them in the first dense layer.
+
+    Why this shape (issue 23 section 1; ``benchmarks/README.md``, "A workload where the
+    links matter"): the bytes grow with the dense layer much faster than the compute, so
+    at 100 Mbit/s one plain sync round's transfer (weights down, delta up: 40.8 MB per
+    trainer, 3.3 s) takes three times as long as its 32 local steps of batch 32 on half a
+    CPU (1.1 s), and at 1 Gbit/s a third of them; on one such node it reaches 0.887-0.889
+    after 2 epochs of Fashion-MNIST. ``filters=(64, 128), dense=324`` (5,096,182
+    parameters) has 1.5x the compute per byte, for runs that want the two closer.
+    """
+    import keras
+    from keras import layers
+
+    model = keras.Sequential([
+        keras.Input(shape=tuple(input_shape)),
+        layers.Conv2D(filters[0], (3, 3), activation="relu"),
+        layers.MaxPooling2D((2, 2)),
+        layers.Conv2D(filters[1], (3, 3), activation="relu"),
+        layers.Flatten(),
+        layers.Dense(dense, activation="relu"),
         layers.Dense(num_classes, activation="softmax"),
     ])
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),

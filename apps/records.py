@@ -7,7 +7,7 @@ go to JSON, CSV and checkpoints as they are); the TypedDicts say which keys each
 from __future__ import annotations
 
 import enum
-from typing import Any, List, NotRequired, TypedDict
+from typing import Any, List, TypedDict
 
 __all__ = ["TrainStats", "HistoryRow", "RunEvent", "EventKind", "UpdateRecord"]
 
@@ -81,16 +81,21 @@ class RunEvent(TypedDict):
     detail: str
 
 
-class UpdateRecord(TypedDict):
-    """An asynchronous run's record of one applied update (``result.updates``)."""
-
+class _UpdateKeys(TypedDict):
     trainer: int
     start_version: int
     applied_version: int
     staleness: int
     lead: int
     loss: float
+
+
+class UpdateRecord(_UpdateKeys, total=False):
+    """An asynchronous run's record of one applied update (``result.updates``).
+
+    (``typing.NotRequired`` would say this in one class, from Python 3.11 only.)"""
+
     # Sync with backup_workers: the delta's samples and its weight in the round's mean
     # (samples / (1 + staleness)).
-    samples: NotRequired[int]
-    weight: NotRequired[float]
+    samples: int
+    weight: float

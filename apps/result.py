@@ -12,7 +12,8 @@ __all__ = ["TrainResult"]
 class TrainResult:
     """``history``: one dict per row (a round for ``train_sync``, an epoch for
     ``train_async``); ``weights``: the final weights (a list of numpy arrays);
-    ``model``: a model holding them, built on first access by the trainer class's
+    ``config``: the run's shared settings (``TrainConfig``), ``options``: the scheme's
+(``SyncOptions`` ...) with its defaults filled in; ``model``: a model holding them, built on first access by the trainer class's
     ``local_model`` (for Keras, ``model_fn()`` in this process); ``events``: what happened
     to the run (trainers lost and joined, resumes, checkpoints), see ``records.RunEvent``;
     ``checkpoint``: the path of the last checkpoint written, if any; ``checkpoint_s``: the
@@ -25,6 +26,8 @@ class TrainResult:
     history: list
     weights: list
     config: Any
+    # The scheme's own settings (SyncOptions ...), its defaults filled in.
+    options: Any = None
     model_fn: Callable | None = None
     trainer_cls: Any = None
     # Asynchronous runs: one record per applied update (trainer, versions, staleness).

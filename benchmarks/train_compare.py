@@ -1,132 +1,134 @@
-"""The DDLF paper's headline experiment (its Table 4.3), every column in one run.
+"""Time to accuracy by the protocol of issue 21, with every column tuned on validation.
 
-    python benchmarks/train_compare.py [--epochs 2] [--columns keras,spark,ray,ddlf-sync,ddlf-async,
-                                                      ddlf-sync@ray,ddlf-async@ray]
-                                       [--timeout 900] [--png benchmarks/train_compare.png]
-                                       [--json out.json] [--data-dir DIR] [--seed 0]
-    python benchmarks/train_compare.py --epochs 10 --target 0.85     # time to accuracy
+Every column is tuned on a validation split with the same grid, several seeds run
+interleaved, and framework and algorithm are measured apart.
 
-The paper's CNN (``ddlf_actors.apps.models.paper_cnn``: SGD 0.01, batch 32) on
-Fashion-MNIST (60k/10k), K = 2 trainers with one TensorFlow thread each (intra-op 1,
-inter-op 1, ``OMP_NUM_THREADS=1``), one worker epoch per round, M master epochs:
+    # 1. selection: each column's grid on the first 50,000 training images, judged on the
+    #    last 10,000 (validation); the test set is not read. Writes the choices file.
+    python benchmarks/train_compare.py --select [--select-epochs 2] [--select-seeds 1]
+    # 2. the final run (the default): every column on all 60,000 images with its chosen
+    #    settings, evaluated on the test set, --seeds 3 interleaved, --epochs 10.
+    python benchmarks/train_compare.py [--final] [--seeds 3] [--epochs 10]
 
-keras       one process, ``model.fit`` one epoch at a time, TF intra-op K threads.
-spark       the paper's Example 3.1 on pyspark ``local[K]``: every round the driver shuffles
-            the data, ``parallelize``s it into K partitions and broadcasts the weights;
-            each partition rebuilds the model from JSON, trains one epoch and returns
-            its delta; the driver applies ``w -= mean(delta)``.
-ray         the same synchronous scheme by hand on K Ray actors (``num_cpus=1``) that
-            build the model and load the data once; each round the driver ``ray.put``s
-            the weights and sends each actor its shuffled index partition.
-raytrain    Ray Train's ``TensorflowTrainer`` (what a Ray user would pick instead of writing
-            the loop): ``MultiWorkerMirroredStrategy`` over K workers, gradients
-            all-reduced every step (per-worker batch 32). It needs ``tf_keras`` and
-            ``TF_USE_LEGACY_KERAS=1``: with Keras 3 it fails at once (ray-project/ray#47464).
-ddlf-sync   ``ddlf_actors.apps.train_sync`` as the paper's Algorithm 6: one round per
-            epoch, plain average (``rounds_per_epoch=1``, no outer momentum).
-ddlf-rounds the same averaging rounds as the default, plain average: the rounds alone.
-ddlf-default ``train_sync`` with no scheme options (``ddlf-train run``'s defaults).
-ddlf-async  ``train_async`` (Algorithm 3); ddlf-easgd, ddlf-downpour: those schemes with
-            their defaults (``train(..., scheme=...)``).
-ddlf-sync@ray, ddlf-async@ray
-            ddlf-sync and ddlf-async with ``backend="ray"``: DDLF's schemes and trainers on
-            Ray actors (``ddlf.init(backend="ray", num_cpus=K)``: a local Ray instance),
-            what a team with a Ray cluster would run. Against ``ray`` it is DDLF's scheme
-            against the hand-written one on the same runtime; against ``ddlf-sync`` the
-            same scheme on the two runtimes.
+    common: [--columns a,b] [--target 0.85] [--evals-per-epoch 4] [--workers 2]
+            [--choices benchmarks/train_compare_choices.json] [--json out.json]
+            [--png benchmarks/train_compare.png] [--timeout 3600]
+            [--limit N] [--eval-limit M]        # smoke runs: N training images, M evaluated
 
-Every column starts from the same initial weights (the paper CNN built after
-``keras.utils.set_random_seed(seed)``; Ray Train's tf_keras model is given them) and
-trains with the same optimizer (SGD 0.01) and batch (32 per trainer): only the scheme
-differs.
+The paper's CNN (``models.paper_cnn``) on Fashion-MNIST, batch 32 per trainer, K = 2
+trainers of one TensorFlow thread each (intra-op 1, inter-op 1, ``OMP_NUM_THREADS=1``);
+the single process gets K threads. Every run of seed s starts from the same initial
+weights (the paper CNN built after ``keras.utils.set_random_seed(s)``) and shuffles with
+s: seeds change both the data order and the initial weights. Selection uses seeds 1001,
+1002, ... (``--select-seeds``, default 1 to keep the budget sane: one seed judges each
+candidate, so close candidates may swap between runs), the final run seeds 1, 2, 3.
 
-``--target A`` adds the time-to-accuracy table: for each column, the first epoch whose
-test accuracy is at least A, the training time to the end of it (evaluation excluded, as
-in the table above; every column evaluates once per epoch), the same with the
-evaluations' time included, and the accuracy after the last epoch. Its default columns
-are the time-to-accuracy set (all of the above).
+Columns (``protocol/columns.py`` holds their framework, algorithm and grid):
 
-Each column runs in its own process (this script with ``--column NAME``), one after
-another, so no two share the cores; the parent collects one JSON line from each, prints
-a table and ratios, and draws accuracy against time.
+keras             one process, K TF threads, Keras ``fit``'s compiled loop over all epochs
+                  (``shuffle=True``). Grid: SGD momentum 0.9 with lr in {0.01, 0.03, 0.1},
+                  Adam with lr in {3e-4, 1e-3, 3e-3}.
+raytrain          Ray Train ``TensorflowTrainer``: ``MultiWorkerMirroredStrategy`` over K
+                  workers, gradients all-reduced every step (global batch 32 x K). Needs
+                  ``tf_keras`` and ``TF_USE_LEGACY_KERAS=1`` (Keras 3 fails at once,
+                  ray-project/ray#47464). Grid: the 6 above, each without and with the
+                  linear scaling rule (lr x K): 12.
+ray, spark        the paper's Algorithm 6 as before: one round per epoch, plain average of
+                  the K deltas, SGD 0.01 (no grid: the published reference). ``ray`` by
+                  hand on K actors; ``spark`` as the paper's Example 3.1 on ``local[K]``.
+ray-rounds        the best scheme DDLF found, written by hand on Ray with
+                  ``train_on_batch`` (:func:`run_ray_rounds`, about 30 lines): rounds of
+                  about 32 local steps, the averaged delta taken as a gradient by outer
+                  Nesterov momentum 0.9 at rate 0.5 x K, warmed up linearly from 0.5 over
+                  half an epoch's rounds. Grid: the keras 6 (the trainers' optimizer).
+ddlf-default      ``train_sync`` with no scheme options. Grid: the model's own optimizer
+                  (whatever ``models.paper_cnn()`` compiles when the run starts) and the 6.
+ddlf-alg6         ``train_sync(rounds_per_epoch=1, outer_momentum=0, lr_scaling="none")``,
+                  SGD 0.01: Algorithm 6 in DDLF (no grid).
+ddlf-default@ray  ddlf-default's chosen settings with ``backend="ray"``: DDLF's scheme and
+                  trainers on a local Ray instance.
 
-What is timed (seconds, ``time.perf_counter``):
+Selection picks, per column, the candidate reaching ``--target`` on validation in the
+least training time (median over the selection seeds), ties broken by validation
+accuracy after ``--select-epochs``; candidates that diverge (NaN loss, accuracy at
+chance) are marked and never chosen (``protocol/choices.py``). The final run refuses
+to start without a choice for every column that has a grid, and names the command.
 
-- ``startup_s``: from the column's start (before the framework or TensorFlow is
-  imported) until the trainers (or the model) are built and have the data.
-- ``train_s``: training time, the sum of the round times (shuffle, shipping weights and
-  data, fitting, averaging). For keras, spark and ray the test-set evaluation after
-  each epoch runs *between* rounds and is reported apart as ``eval_s``: keras in its
-  process, spark on the driver (the driver holds the model, as in Example 3.1), ray
-  sharded over its actors (half the test set each, in parallel, as DDLF does).
-  DDLF evaluates each epoch's weights sharded on its trainers, queued right before the
-  next round's training; each history row reports that time (``eval_s``, the slower
-  trainer's), and it is taken out of DDLF's ``train_s`` the same way. DDLF's rows also
-  give ``overhead_s``: round time beyond the busier trainer's training and evaluation.
-- ``epochs[i].time_s``: ``train_s`` up to the end of epoch i.
-- ``total_s``: wall clock from the column's start to the end of the last round:
-  start-up, training and the evaluations between epochs (not the last one, nor shutdown).
-- ``compute_s``: per round, the slowest trainer's time inside its training call, summed
-  (spark: the slowest task's ``fit``; keras: ``train_s``). ``train_s - compute_s`` is
-  what the framework costs on top of the work.
+Evaluation. Every column with a global model is evaluated at least ``--evals-per-epoch``
+E times per epoch, and the first evaluation at or above the target counts (no
+interpolation): keras and raytrain between steps (a callback after steps k*S/E of each
+epoch of S steps), ray-rounds and DDLF every ``R // E`` rounds (R rounds per epoch, as
+``apps/schemes/sync.py`` sizes them: about 32 local steps each) and after the last.
+ray, spark and ddlf-alg6 average once per epoch, so they have a global model, and an
+evaluation, once per epoch; the table marks them.
 
-A column that cannot run here (package not installed) is reported as
-``unavailable: <reason>``; one that fails or runs past ``--timeout`` as ``error``.
-Every process a column starts is ended with it: Spark's JVM and Ray's daemons by their
-own shutdown, and anything left over (or the whole process group on timeout) by the
-parent, which makes itself the reaper of orphaned descendants where Linux allows.
+What is timed (``time.perf_counter``), the same way for every column:
+
+- ``train_s``: training time: wall time from the start of training to the end of the
+  last epoch *minus the evaluation pauses*. keras, ray, ray-rounds and spark time each
+  evaluation on the process that drives training and subtract it; raytrain's rank 0
+  does the same inside its workers (rank 0 evaluates a local copy of the weights while
+  the other worker waits at the next all-reduce); DDLF evaluates on its trainers,
+  queued before their next train call, and each history row's ``eval_s`` (the slower
+  trainer's) is subtracted. An evaluation point's ``train_s`` is the training time up to
+  the weights it evaluated. Start-up (framework, TensorFlow, data, model) is not
+  training time and is reported apart (``startup_s``).
+- seconds per epoch = ``train_s / epochs``: the framework's speed.
+- epochs to the target: the evaluation's epoch (fractional): the algorithm.
+- time to the target: that evaluation's ``train_s``: both.
+
+Each column-run is its own process (this script with ``--job JSON``), in a fresh
+process group; the parent takes one JSON line from it, samples the process tree's CPU,
+ends anything it left behind (the parent makes itself the reaper of orphaned
+descendants where Linux allows) and records the 1-minute load average at its start.
+Runs are interleaved: seed 1 of every column (and candidate), then seed 2, and so on.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 # Before numpy loads, so its BLAS and the trainers (which inherit the environment) start
 # single-threaded; each column then sets TensorFlow's own pools explicitly.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The bookkeeping package sits next to this script; trainers and Ray workers import it
+# too (DDLF ships the driver's sys.path; Ray's and Spark's workers inherit PYTHONPATH).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+if _HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_HERE, os.environ.get("PYTHONPATH")) if p)
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
-import gzip  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
 import numpy as np  # noqa: E402
+import protocol  # noqa: E402
+from protocol import COLUMNS, Job, SplitDataset  # noqa: E402
 
-# The paper's Table 4.3 (the default set) and the time-to-accuracy set (--target).
-TABLE_COLUMNS = ("keras", "spark", "ray", "ddlf-sync", "ddlf-async")
-TARGET_COLUMNS = ("keras", "spark", "ray", "raytrain", "ddlf-sync", "ddlf-rounds",
-                  "ddlf-default", "ddlf-allreduce", "ddlf-async", "ddlf-easgd", "ddlf-downpour")
-# DDLF's schemes on Ray (backend="ray"): a column name with "@ray".
-RAY_BACKEND_COLUMNS = ("ddlf-sync@ray", "ddlf-async@ray")
-ALL_COLUMNS = tuple(dict.fromkeys(TABLE_COLUMNS + TARGET_COLUMNS + RAY_BACKEND_COLUMNS))
-# DDLF's columns: (scheme, scheme-level options). Only scheme-level settings differ: the
-# model, its optimizer (SGD 0.01) and the batch (32) are the same in every column.
-DDLF_COLUMNS = {
-    # The paper's Algorithm 6: one round per epoch, plain average (DDLF's first default).
-    "ddlf-sync": ("sync", dict(rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none")),
-    # Averaging as often as the default does, but plainly: what the rounds alone give.
-    "ddlf-rounds": ("sync", dict(outer_momentum=0.0, lr_scaling="none")),
-    # train_sync / ddlf-train run with no scheme options.
-    "ddlf-default": ("sync", {}),
-    # The same settings, the trainers averaging among themselves over a ring.
-    "ddlf-allreduce": ("allreduce", {}),
-    "ddlf-async": ("async", {}),
-    "ddlf-easgd": ("easgd", {}),
-    "ddlf-downpour": ("downpour", {}),
-}
 RESULT_PREFIX = "TRAIN_COMPARE_RESULT "  # Spark's JVM shares the column's stdout
 DATASET = "fashion-mnist"
+FASHION_SIZES = (60_000, 10_000)   # train, test: to size DDLF's rounds before the run
 BATCH_SIZE = 32
-WORKER_EPOCHS = 1
 EVAL_BATCH = 512
+SELECT_SEED_BASE = 1000       # selection seeds 1001, 1002, ...: never the final run's
+# ray-rounds: DDLF's default scheme, written by hand (apps/schemes/sync.py, rounds.py,
+# outer.py, rates.py), with DDLF's own numbers so the two cannot drift apart.
+from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND, RoundOptions  # noqa: E402
+
+OUTER_LR = RoundOptions.DEFAULTS["outer_lr"]
+OUTER_MOMENTUM = RoundOptions.DEFAULTS["outer_momentum"]
+DEFAULT_CHOICES = os.path.join(_HERE, "train_compare_choices.json")
 now = time.perf_counter
 
 
@@ -138,34 +140,14 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# -- data and TensorFlow (run in the column processes, and in Spark and Ray workers) -------------
-
-
-def load_data():
-    """``((x, y), (x_test, y_test))``: float32 NHWC ``x / 255 - 0.5`` and int64 labels."""
+def load_average() -> float | None:
     try:
-        from ddlf_actors.apps import datasets
-    except ImportError:  # ddlf_actors.apps not landed: read the IDX files ourselves
-        return _load_idx_dir(os.environ.get("DDLF_DATA_DIR", ""))
-    return datasets.load(DATASET)
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
-def _load_idx_dir(directory: str):
-    def read(name):
-        with gzip.open(os.path.join(directory, name + ".gz"), "rb") as f:
-            raw = f.read()
-        ndim = raw[3]
-        shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
-        return np.frombuffer(raw, np.uint8, offset=4 + 4 * ndim).reshape(shape)
-
-    def images(name):
-        return (read(name)[..., None].astype(np.float32) / 255.0 - 0.5).astype(np.float32)
-
-    def labels(name):
-        return read(name).astype(np.int64)
-
-    return ((images("train-images-idx3-ubyte"), labels("train-labels-idx1-ubyte")),
-            (images("t10k-images-idx3-ubyte"), labels("t10k-labels-idx1-ubyte")))
+# -- in the column process: TensorFlow, the model, evaluation ------------------------------------
 
 
 def configure_tf(threads: int):
@@ -183,86 +165,163 @@ def configure_tf(threads: int):
     return tf
 
 
-def build_model(seed: int):
+def make_optimizer(spec: dict, keras_module, scale: float = 1.0):
+    """The optimizer a candidate names, from ``keras_module`` (Keras 3, or tf_keras for
+    Ray Train), its rate times ``scale``."""
+    if spec["optimizer"] == "sgd":
+        return keras_module.optimizers.SGD(learning_rate=spec["lr"] * scale,
+                                           momentum=spec.get("momentum", 0.0))
+    if spec["optimizer"] == "adam":
+        return keras_module.optimizers.Adam(learning_rate=spec["lr"] * scale)
+    raise ValueError(f"no optimizer for candidate {spec!r}")
+
+
+def describe_optimizer(opt) -> str:
+    """``SGD lr 0.01``, ``SGD m0.9 nesterov lr 0.03``, ``Adam lr 0.001``: what a model's
+    compiled optimizer is."""
+    cfg = opt.get_config()
+    text = type(opt).__name__
+    if cfg.get("momentum"):
+        text += f" m{cfg['momentum']:g}"
+    if cfg.get("nesterov"):
+        text += " nesterov"
+    lr = cfg.get("learning_rate")
+    return f"{text} lr {float(lr):.3g}" if isinstance(lr, (int, float)) else f"{text} (schedule)"
+
+
+def build_model(seed: int, spec: dict):
+    """``models.paper_cnn()`` after ``keras.utils.set_random_seed(seed)``, recompiled
+    with the candidate's optimizer unless it is the model's own (``"default"``): the
+    loss and metrics stay what ``paper_cnn`` compiled."""
     import keras
 
     from ddlf_actors.apps.models import paper_cnn
 
     keras.utils.set_random_seed(seed)
-    return paper_cnn()
+    model = paper_cnn()
+    if spec["optimizer"] != "default":
+        cfg = model.get_compile_config()
+        cfg["optimizer"] = keras.optimizers.serialize(make_optimizer(spec, keras))
+        model.compile_from_config(cfg)
+    return model
 
 
-def evaluate(model, x, y) -> tuple[float, float]:
-    out = model.evaluate(x, y, batch_size=EVAL_BATCH, verbose=0, return_dict=True)
-    return float(out["loss"]), float(out["accuracy"])
+class SeededModel:
+    """A picklable model_fn: :func:`build_model` for one seed and optimizer candidate, so
+    DDLF's trainers (and Ray's actors) all start from the same weights."""
+
+    def __init__(self, seed: int, spec: dict):
+        self.seed, self.spec = seed, dict(spec)
+
+    def __call__(self):
+        return build_model(self.seed, self.spec)
 
 
-def apply_mean_delta(w: list, deltas: list) -> list:
-    """``w - (1/K) sum_j delta_j``, layer by layer."""
-    return [wi - sum(d[i] for d in deltas) / len(deltas) for i, wi in enumerate(w)]
+def evaluate_arrays(model, x, y, forward=None) -> tuple[float, float]:
+    """``(loss, accuracy)`` by forward passes only (no metric state touched, so it is safe
+    inside ``fit``'s callbacks); the loss is the sparse categorical cross-entropy.
+    ``forward(batch) -> probabilities``: ``model.predict_on_batch`` unless given."""
+    forward = forward or model.predict_on_batch
+    loss, hits = 0.0, 0
+    for i in range(0, len(x), EVAL_BATCH):
+        p = np.asarray(forward(x[i:i + EVAL_BATCH]), np.float64)
+        yb = np.asarray(y[i:i + EVAL_BATCH])
+        loss -= float(np.log(np.clip(p[np.arange(len(yb)), yb], 1e-12, None)).sum())
+        hits += int((p.argmax(axis=1) == yb).sum())
+    return loss / max(1, len(x)), hits / max(1, len(x))
 
 
-# -- the epoch loop the baselines share ---------------------------------------------------------
+class EvalClock:
+    """Training time with the evaluation pauses taken out, and the evaluation points."""
 
+    def __init__(self, column: str, eval_name: str):
+        self.column, self.eval_name = column, eval_name
+        self.t0 = 0.0
+        self.eval_s = 0.0
+        self.points: list = []
 
-@dataclasses.dataclass
-class Timeline:
-    """Training and evaluation times of a run, and one row per epoch."""
+    def start(self) -> None:
+        self.t0 = now()
 
-    rows: list = dataclasses.field(default_factory=list)
-    train_s: float = 0.0
-    eval_s: float = 0.0
-    last_train_end: float = 0.0
+    def train_s(self) -> float:
+        return now() - self.t0 - self.eval_s
 
-
-def run_epochs(column: str, epochs: int, train_epoch, evaluate_now,
-               stop_at: float | None = None) -> Timeline:
-    """``train_epoch(e)`` then ``evaluate_now() -> (loss, acc)`` for each epoch; only the
-    former counts as training time (see the module docstring). With ``stop_at``, stop
-    after the first epoch whose test accuracy reaches it."""
-    tl = Timeline()
-    for e in range(1, epochs + 1):
+    def evaluate(self, epoch: float, fn) -> float:
+        """Record ``fn() -> (loss, accuracy)`` at ``epoch``, its time not counted as
+        training; return the accuracy."""
         t = now()
-        train_epoch(e)
-        tl.last_train_end = now()
-        tl.train_s += tl.last_train_end - t
-        t = now()
-        loss, acc = evaluate_now()
-        tl.eval_s += now() - t
-        tl.rows.append({"epoch": e, "time_s": tl.train_s, "test_accuracy": acc,
-                        "test_loss": loss})
-        log(f"[{column}] epoch {e}: {tl.train_s:.1f} s of training, test accuracy {acc:.4f}")
-        if stop_at is not None and acc >= stop_at:
-            break
-    return tl
+        train_s = t - self.t0 - self.eval_s
+        loss, acc = fn()
+        self.eval_s += now() - t
+        self.points.append({"epoch": round(epoch, 6), "train_s": train_s,
+                            "accuracy": float(acc), "loss": float(loss)})
+        log(f"[{self.column}] epoch {epoch:.2f}: {train_s:.1f} s of training, "
+            f"{self.eval_name} accuracy {acc:.4f}")
+        return acc
 
 
-def ok_result(column: str, t0: float, t_ready: float, tl: Timeline, compute_s, **extra) -> dict:
-    return {"column": column, "status": "ok", "startup_s": t_ready - t0, "epochs": tl.rows,
-            "train_s": tl.train_s, "eval_s": tl.eval_s, "total_s": tl.last_train_end - t0,
-            "compute_s": compute_s, **extra}
+def eval_steps(steps_per_epoch: int, evals: int) -> set:
+    """The 1-based steps of an epoch after which to evaluate: k*S/E for k = 1..E."""
+    return {max(1, round(k * steps_per_epoch / evals)) for k in range(1, evals + 1)}
 
 
-# -- (a) keras ----------------------------------------------------------------------------------
+def split_for(job: Job, args) -> SplitDataset:
+    return SplitDataset(job.stage, DATASET, limit=args.limit, eval_limit=args.eval_limit)
 
 
-def run_keras(args) -> dict:
+def eval_name(job: Job) -> str:
+    return "validation" if job.stage == "select" else "test"
+
+
+def result(job: Job, args, *, startup_s: float, train_s: float, eval_s: float, points: list,
+           settings: str, label: str, **extra) -> dict:
+    return {"column": job.column, "status": "ok", "stage": job.stage, "seed": job.seed,
+            "candidate": job.candidate, "label": label, "settings": settings,
+            "startup_s": startup_s, "train_s": train_s, "eval_s": eval_s,
+            "epochs_done": args.epochs, "evals": points, "eval_on": eval_name(job),
+            "granularity": COLUMNS[job.column].granularity, **extra}
+
+
+# -- keras: one process, fit's compiled loop -----------------------------------------------------
+
+
+def run_keras(job: Job, args) -> dict:
     t0 = now()
     configure_tf(args.workers)
-    (x, y), (x_test, y_test) = load_data()
-    model = build_model(args.seed)
+    import keras
+
+    (x, y), (xe, ye) = split_for(job, args)()
+    model = build_model(job.seed, job.candidate)
+    label = protocol.candidate_label(job.candidate, describe_optimizer(model.optimizer))
+    clock = EvalClock(job.column, eval_name(job))
+    steps = math.ceil(len(x) / BATCH_SIZE)
+    at = eval_steps(steps, args.evals_per_epoch)
+    losses: list = []
+
+    class EvalBetweenSteps(keras.callbacks.Callback):
+        epoch = 0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 in at:
+                losses.append(float(logs["loss"]) if logs and "loss" in logs else None)
+                clock.evaluate(self.epoch + (batch + 1) / steps,
+                               lambda: evaluate_arrays(model, xe, ye))
+
     t_ready = now()
+    clock.start()
+    # One fit for every epoch: Keras's compiled loop with its own shuffle (seeded above).
+    model.fit(x, y, epochs=args.epochs, batch_size=BATCH_SIZE, shuffle=True, verbose=0,
+              callbacks=[EvalBetweenSteps()])
+    train_s = clock.train_s()
+    return result(job, args, startup_s=t_ready - t0, train_s=train_s, eval_s=clock.eval_s,
+                  points=clock.points, train_losses=losses, label=label,
+                  settings=f"one process, {args.workers} TF threads, fit; {label}")
 
-    def train_epoch(_e):
-        model.fit(x, y, epochs=1, batch_size=BATCH_SIZE, shuffle=True, verbose=0)
 
-    tl = run_epochs("keras", args.epochs, train_epoch, lambda: evaluate(model, x_test, y_test),
-                    args.stop_at)
-    return ok_result("keras", t0, t_ready, tl, tl.train_s, threads=args.workers,
-                     settings=f"one process, {args.workers} TF threads")
-
-
-# -- (b) spark: the paper's Example 3.1 ---------------------------------------------------------
+# -- spark: the paper's Example 3.1, Algorithm 6 ------------------------------------------------
 
 _LOG4J2 = """\
 rootLogger.level = error
@@ -279,7 +338,12 @@ appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
 """
 
 
-def spark_worker_train(bc_model, bc_weights, epochs: int, batch_size: int):
+def apply_mean_delta(w: list, deltas: list) -> list:
+    """``w - (1/K) sum_j delta_j``, layer by layer."""
+    return [wi - sum(d[i] for d in deltas) / len(deltas) for i, wi in enumerate(w)]
+
+
+def spark_worker_train(bc_model, bc_weights, batch_size: int):
     """Example 3.1's ``worker_train``: runs in a Spark Python worker, once per partition."""
 
     def train(rows):
@@ -287,23 +351,19 @@ def spark_worker_train(bc_model, bc_weights, epochs: int, batch_size: int):
         pairs = list(rows)  # the partition arrives as pickled (image, label) rows
         x = np.stack([p[0] for p in pairs])
         y = np.array([p[1] for p in pairs])
-        t_rows = now()
         configure_tf(1)
         import keras
 
-        t_tf = now()
         model_json, compile_config = bc_model.value
         model = keras.models.model_from_json(model_json)
         model.compile_from_config(compile_config)
         weights = bc_weights.value
         model.set_weights(weights)
-        t_build = now()
-        model.fit(x, y, epochs=epochs, batch_size=batch_size, verbose=0)
         t_fit = now()
+        model.fit(x, y, epochs=1, batch_size=batch_size, verbose=0)
+        fit_s = now() - t_fit
         delta = [w - n for w, n in zip(weights, model.get_weights())]
-        yield delta, {"rows_s": t_rows - t, "tf_import_s": t_tf - t_rows,
-                      "build_s": t_build - t_tf, "fit_s": t_fit - t_build,
-                      "task_s": now() - t, "pid": os.getpid()}
+        yield delta, {"fit_s": fit_s, "task_s": now() - t}
 
     return train
 
@@ -331,45 +391,7 @@ def _spark_context(workers: int, tmpdir: str):
     return sc
 
 
-class SparkSync:
-    """The driver side of Example 3.1: one ``mapPartitions`` job per round."""
-
-    def __init__(self, sc, model, x, y, workers: int, seed: int):
-        self.sc, self.model, self.x, self.y, self.K = sc, model, x, y, workers
-        self.rng = np.random.default_rng(seed)
-        self.w = model.get_weights()
-        # Broadcast once, as the paper does with the model's YAML (Keras 3 has only JSON).
-        self.bc_model = sc.broadcast((model.to_json(), model.get_compile_config()))
-        self.rounds: list[dict] = []
-
-    def train_epoch(self, _e) -> None:
-        t = now()
-        perm = self.rng.permutation(len(self.x))
-        x, y = self.x[perm], self.y[perm]
-        t_shuffle = now()
-        rdd = self.sc.parallelize(list(zip(x, y)), self.K)  # pickles every row, every round
-        t_par = now()
-        bc_w = self.sc.broadcast(self.w)
-        t_bc = now()
-        out = rdd.mapPartitions(spark_worker_train(self.bc_model, bc_w, WORKER_EPOCHS,
-                                                   BATCH_SIZE)).collect()
-        t_job = now()
-        bc_w.unpersist()
-        self.w = apply_mean_delta(self.w, [d for d, _ in out])
-        tasks = [s for _, s in out]
-        self.rounds.append({
-            "shuffle_s": t_shuffle - t, "parallelize_s": t_par - t_shuffle,
-            "broadcast_s": t_bc - t_par, "job_s": t_job - t_bc, "average_s": now() - t_job,
-            **{k: max(s[k] for s in tasks) for k in ("rows_s", "tf_import_s", "build_s",
-                                                     "fit_s", "task_s")},
-            "worker_pids": sorted(s["pid"] for s in tasks)})
-
-    def evaluate(self, x_test, y_test):
-        self.model.set_weights(self.w)
-        return evaluate(self.model, x_test, y_test)
-
-
-def run_spark(args) -> dict:
+def run_spark(job: Job, args) -> dict:
     t0 = now()
     try:
         import pyspark  # noqa: F401
@@ -380,106 +402,201 @@ def run_spark(args) -> dict:
         try:
             # The driver's TF only evaluates, between rounds, when the executors are idle.
             configure_tf(args.workers)
-            (x, y), (x_test, y_test) = load_data()
-            driver = SparkSync(sc, build_model(args.seed), x, y, args.workers, args.seed)
+            (x, y), (xe, ye) = split_for(job, args)()
+            model = build_model(job.seed, job.candidate)
+            label = protocol.candidate_label(job.candidate)
+            rng = np.random.default_rng(job.seed)
+            w = model.get_weights()
+            # Broadcast once, as the paper does with the model's YAML (Keras 3: JSON).
+            bc_model = sc.broadcast((model.to_json(), model.get_compile_config()))
+            clock = EvalClock(job.column, eval_name(job))
+            fit_s = []
             t_ready = now()
-            tl = run_epochs("spark", args.epochs, driver.train_epoch,
-                            lambda: driver.evaluate(x_test, y_test), args.stop_at)
+            clock.start()
+            for e in range(1, args.epochs + 1):
+                perm = rng.permutation(len(x))
+                rdd = sc.parallelize(list(zip(x[perm], y[perm])), args.workers)
+                bc_w = sc.broadcast(w)
+                out = rdd.mapPartitions(spark_worker_train(bc_model, bc_w, BATCH_SIZE)).collect()
+                bc_w.unpersist()
+                w = apply_mean_delta(w, [d for d, _ in out])
+                fit_s.append(max(s["fit_s"] for _, s in out))
+
+                def evaluate(w=w):
+                    model.set_weights(w)
+                    return evaluate_arrays(model, xe, ye)
+
+                clock.evaluate(e, evaluate)
+            train_s = clock.train_s()
         finally:
             sc.stop()
-    compute = sum(r["fit_s"] for r in driver.rounds)
-    return ok_result("spark", t0, t_ready, tl, compute, rounds=driver.rounds,
-                     settings="1 round/epoch, plain average (Example 3.1)")
+    return result(job, args, startup_s=t_ready - t0, train_s=train_s, eval_s=clock.eval_s,
+                  points=clock.points, label=label, compute_s=sum(fit_s),
+                  settings=f"Example 3.1 on local[{args.workers}]: 1 round/epoch, plain "
+                           f"average; {label}")
 
 
-# -- (e) ray: the same synchronous scheme on actors ---------------------------------------------
+# -- ray: Algorithm 6 by hand on K actors -------------------------------------------------------
 
 
 class RayTrainer:
-    """A Ray actor (``num_cpus=1``) holding the model and the whole dataset."""
+    """A Ray actor (``num_cpus=1``) holding the model and the whole split, loaded once."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, spec: dict, split: SplitDataset):
         configure_tf(1)
-        (self.x, self.y), (self.x_test, self.y_test) = load_data()
-        self.model = build_model(seed)
+        (self.x, self.y), (self.xe, self.ye) = split()
+        self.model = build_model(seed, spec)
 
     def sizes(self) -> tuple[int, int]:
-        return len(self.x), len(self.x_test)
+        return len(self.x), len(self.xe)
 
     def weights(self) -> list:
         return self.model.get_weights()
 
-    def train(self, weights, indices, epochs: int, batch_size: int):
+    def fit(self, weights, indices):
+        """Algorithm 6's worker: one ``fit`` over the shuffled partition; the delta."""
         t = now()
         self.model.set_weights(weights)
-        # shuffle=False: the driver shuffled the indices, as DDLF's trainers do.
-        self.model.fit(self.x[indices], self.y[indices], epochs=epochs,
-                       batch_size=batch_size, shuffle=False, verbose=0)
-        delta = [w - n for w, n in zip(weights, self.model.get_weights())]
-        return delta, now() - t
+        self.model.fit(self.x[indices], self.y[indices], epochs=1, batch_size=BATCH_SIZE,
+                       shuffle=False, verbose=0)
+        return [w - n for w, n in zip(weights, self.model.get_weights())], now() - t
+
+    def steps(self, weights, indices):
+        """ray-rounds' worker: one ``train_on_batch`` per batch (``fit`` costs ~0.2 s of
+        set-up per call, which rounds of 32 steps would pay every round); the delta.
+        The optimizer's state (momentum, Adam's moments) stays on the actor across
+        rounds, as on DDLF's trainers."""
+        t = now()
+        self.model.set_weights(weights)
+        for i in range(0, len(indices), BATCH_SIZE):
+            b = indices[i:i + BATCH_SIZE]
+            self.model.train_on_batch(self.x[b], self.y[b])
+        return [w - n for w, n in zip(weights, self.model.get_weights())], now() - t
 
     def evaluate(self, weights, lo: int, hi: int) -> tuple[float, float]:
         self.model.set_weights(weights)
-        return evaluate(self.model, self.x_test[lo:hi], self.y_test[lo:hi])
+        return evaluate_arrays(self.model, self.xe[lo:hi], self.ye[lo:hi])
 
 
-class RaySync:
-    """The driver side: one ``ray.put`` of the weights and K index partitions per round."""
-
-    def __init__(self, ray, actors, seed: int):
-        self.ray, self.actors, self.K = ray, actors, len(actors)
-        self.rng = np.random.default_rng(seed)
-        self.w = ray.get(actors[0].weights.remote())
-        self.n_train, self.n_test = ray.get(actors[0].sizes.remote())
-        self.compute: list[float] = []
-
-    def train_epoch(self, _e) -> None:
-        w_ref = self.ray.put(self.w)
-        parts = np.array_split(self.rng.permutation(self.n_train), self.K)
-        refs = [a.train.remote(w_ref, p, WORKER_EPOCHS, BATCH_SIZE)
-                for a, p in zip(self.actors, parts)]
-        out = self.ray.get(refs)
-        self.w = apply_mean_delta(self.w, [d for d, _ in out])
-        self.compute.append(max(c for _, c in out))
-
-    def evaluate(self) -> tuple[float, float]:
-        w_ref = self.ray.put(self.w)
-        bounds = np.linspace(0, self.n_test, self.K + 1).astype(int)
-        out = self.ray.get([a.evaluate.remote(w_ref, int(lo), int(hi))
-                            for a, lo, hi in zip(self.actors, bounds[:-1], bounds[1:])])
-        sizes = np.diff(bounds)
-        return (float(np.dot(sizes, [o[0] for o in out]) / self.n_test),
-                float(np.dot(sizes, [o[1] for o in out]) / self.n_test))
-
-
-def run_ray(args) -> dict:
-    t0 = now()
+def _start_ray(job: Job, args):
     try:
         import ray
     except ImportError as e:
         raise Unavailable(f"ray is not importable ({e}); pip install -e '.[bench]'")
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR")
+    actor_cls = ray.remote(num_cpus=1)(RayTrainer)
+    actors = [actor_cls.remote(job.seed, job.candidate, split_for(job, args))
+              for _ in range(args.workers)]
+    n_train, n_eval = ray.get([a.sizes.remote() for a in actors])[0]  # all built and loaded
+    return ray, actors, n_train, n_eval
+
+
+def _ray_evaluate(ray, actors, w, n_eval):
+    """The weights' loss and accuracy, the evaluation set sharded over the actors."""
+    w_ref = ray.put(w)
+    bounds = np.linspace(0, n_eval, len(actors) + 1).astype(int)
+    out = ray.get([a.evaluate.remote(w_ref, int(lo), int(hi))
+                   for a, lo, hi in zip(actors, bounds[:-1], bounds[1:])])
+    sizes = np.diff(bounds)
+    return (float(np.dot(sizes, [o[0] for o in out]) / n_eval),
+            float(np.dot(sizes, [o[1] for o in out]) / n_eval))
+
+
+def run_ray(job: Job, args) -> dict:
+    t0 = now()
+    ray, actors, n, n_eval = _start_ray(job, args)
     try:
-        actor_cls = ray.remote(num_cpus=1)(RayTrainer)
-        actors = [actor_cls.remote(args.seed) for _ in range(args.workers)]
-        driver = RaySync(ray, actors, args.seed)
-        ray.get([a.sizes.remote() for a in actors])  # every actor built and loaded
+        w = ray.get(actors[0].weights.remote())
+        rng = np.random.default_rng(job.seed)
+        clock = EvalClock(job.column, eval_name(job))
+        compute = []
         t_ready = now()
-        tl = run_epochs("ray", args.epochs, driver.train_epoch, driver.evaluate, args.stop_at)
+        clock.start()
+        for e in range(1, args.epochs + 1):
+            w_ref = ray.put(w)
+            parts = np.array_split(rng.permutation(n), args.workers)
+            out = ray.get([a.fit.remote(w_ref, p) for a, p in zip(actors, parts)])
+            w = apply_mean_delta(w, [d for d, _ in out])
+            compute.append(max(c for _, c in out))
+            clock.evaluate(e, lambda w=w: _ray_evaluate(ray, actors, w, n_eval))
+        train_s = clock.train_s()
     finally:
         ray.shutdown()
-    return ok_result("ray", t0, t_ready, tl, sum(driver.compute), round_compute_s=driver.compute,
-                     settings="1 round/epoch, plain average (Algorithm 6)")
+    label = protocol.candidate_label(job.candidate)
+    return result(job, args, startup_s=t_ready - t0, train_s=train_s, eval_s=clock.eval_s,
+                  points=clock.points, label=label, compute_s=sum(compute),
+                  settings=f"by hand on {args.workers} Ray actors: 1 round/epoch, plain "
+                           f"average; {label}")
 
 
-# -- (f) Ray Train: TensorflowTrainer, gradients all-reduced every step -------------------------
+# -- ray-rounds: DDLF's default scheme, written by hand on Ray ----------------------------------
+
+
+def run_ray_rounds(job: Job, args) -> dict:
+    """Rounds of ~32 local steps per trainer; the driver treats the mean delta g as a
+    gradient: v <- 0.9 v + g, w <- w - lr (g + 0.9 v) (Nesterov), lr = 0.5 x K after a
+    linear warm-up from 0.5 over half an epoch's rounds (as apps/schemes/sync.py,
+    outer.py and rates.py do)."""
+    t0 = now()
+    ray, actors, n, n_eval = _start_ray(job, args)
+    K = len(actors)
+    try:
+        w = ray.get(actors[0].weights.remote())
+        R = max(1, round(n / K / (BATCH_SIZE * STEPS_PER_ROUND)))   # rounds per epoch
+        warmup, every = max(1, R // 2), max(1, R // args.evals_per_epoch)
+        velocity = [np.zeros_like(a) for a in w]
+        clock = EvalClock(job.column, eval_name(job))
+        compute, step = [], 0
+        t_ready = now()
+        clock.start()
+        for e in range(1, args.epochs + 1):
+            perm = np.random.default_rng([job.seed, e]).permutation(n)
+            for r in range(R):
+                parts = np.array_split(perm[n * r // R:n * (r + 1) // R], K)
+                w_ref = ray.put(w)
+                out = ray.get([a.steps.remote(w_ref, p) for a, p in zip(actors, parts)])
+                sizes = [len(p) for p in parts]
+                g = [sum(s * d[i] for s, (d, _) in zip(sizes, out)) / sum(sizes)
+                     for i in range(len(w))]
+                rate = OUTER_LR * (K if step >= warmup else 1 + (K - 1) * step / warmup)
+                velocity = [OUTER_MOMENTUM * v + gi for v, gi in zip(velocity, g)]
+                w = [wi - rate * (gi + OUTER_MOMENTUM * v) for wi, gi, v in zip(w, g, velocity)]
+                compute.append(max(c for _, c in out))
+                step += 1
+                if step % every == 0 or step == args.epochs * R:
+                    clock.evaluate(e - 1 + (r + 1) / R,
+                                   lambda w=w: _ray_evaluate(ray, actors, w, n_eval))
+        train_s = clock.train_s()
+    finally:
+        ray.shutdown()
+    label = protocol.candidate_label(job.candidate)
+    return result(job, args, startup_s=t_ready - t0, train_s=train_s, eval_s=clock.eval_s,
+                  points=clock.points, label=label, compute_s=sum(compute), rounds_per_epoch=R,
+                  settings=f"by hand on {K} Ray actors: {R} rounds/epoch, outer Nesterov "
+                           f"{OUTER_MOMENTUM:g} at {OUTER_LR:g} x K (warm-up {warmup} rounds); "
+                           f"{label}")
+
+
+# -- raytrain: Ray Train's TensorflowTrainer, gradients all-reduced every step ------------------
+
+
+def tf_keras_cnn(keras2):
+    """The paper CNN in tf_keras (Ray Train's TF path cannot take a Keras 3 model); its
+    weights come from the Keras 3 model, so every column starts alike."""
+    layers = keras2.layers
+    return keras2.Sequential([
+        layers.Input(shape=(28, 28, 1)),
+        layers.Conv2D(32, (3, 3), activation="relu"), layers.MaxPooling2D((2, 2)),
+        layers.Conv2D(64, (3, 3), activation="relu"), layers.Flatten(),
+        layers.Dense(64, activation="relu"), layers.Dense(10, activation="softmax")])
 
 
 def raytrain_loop(config: dict) -> None:
-    """Runs on each Ray Train worker: the paper CNN in tf_keras under
-    MultiWorkerMirroredStrategy, one ``fit`` epoch at a time; rank 0 writes each epoch's
-    figures to ``config["out"]`` (a file: this works whatever Ray Train's reporting API)."""
+    """Runs on each Ray Train worker: ``fit`` one epoch at a time under
+    MultiWorkerMirroredStrategy; rank 0 evaluates a local copy of the weights after
+    steps k*S/E of each epoch (the other worker waits at the next all-reduce), times it
+    apart, and writes every point to ``config["out"]``."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -488,50 +605,59 @@ def raytrain_loop(config: dict) -> None:
 
     ctx = ray_train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    (x, y), (x_test, y_test) = load_data()
+    (x, y), (xe, ye) = config["split"]()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     keras2 = tf.keras   # tf_keras, with TF_USE_LEGACY_KERAS=1
+    spec = config["candidate"]
+    scale = world if spec.get("scale_lr") else 1
     with strategy.scope():
-        layers = keras2.layers
-        model = keras2.Sequential([
-            layers.Input(shape=(28, 28, 1)),
-            layers.Conv2D(32, (3, 3), activation="relu"), layers.MaxPooling2D((2, 2)),
-            layers.Conv2D(64, (3, 3), activation="relu"), layers.Flatten(),
-            layers.Dense(64, activation="relu"), layers.Dense(10, activation="softmax")])
-        model.compile(optimizer=keras2.optimizers.SGD(learning_rate=0.01),
+        model = tf_keras_cnn(keras2)
+        model.compile(optimizer=make_optimizer(spec, keras2, scale),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.set_weights(config["weights"])   # the same start as every other column
+    model.set_weights(config["weights"])
+    local = tf_keras_cnn(keras2)   # rank 0 evaluates on this, outside the strategy
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     rng = np.random.default_rng(config["seed"])
-    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(EVAL_BATCH * world)
-    test = test.with_options(options)
-    train_s = 0.0
-    for e in range(1, config["epochs"] + 1):
+    steps = math.ceil(len(x) / (BATCH_SIZE * world))
+    at = eval_steps(steps, config["evals"])
+    clock = {"t0": 0.0, "eval_s": 0.0, "epoch": 0}
+
+    class EvalBetweenSteps(keras2.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if rank != 0 or batch + 1 not in at:
+                return
+            t = now()
+            train_s = t - clock["t0"] - clock["eval_s"]
+            local.set_weights(self.model.get_weights())
+            # A direct call, not predict: tf_keras's predict under this strategy gathers
+            # across workers, and the other worker is not evaluating.
+            loss, acc = evaluate_arrays(local, xe, ye,
+                                        lambda b: local(b, training=False).numpy())
+            clock["eval_s"] += now() - t
+            with open(config["out"], "a") as f:
+                f.write(json.dumps({"epoch": clock["epoch"] + (batch + 1) / steps,
+                                    "train_s": train_s, "accuracy": acc, "loss": loss,
+                                    "train_loss": float(logs.get("loss", float("nan")))
+                                    if logs else None}) + "\n")
+
+    clock["t0"] = now()
+    for e in range(config["epochs"]):
+        clock["epoch"] = e
         # The same shuffle on every worker; DATA sharding gives each 1/world of each
         # global batch (32 per worker), so gradients are all-reduced over 32 * world.
         perm = rng.permutation(len(x))
         data = tf.data.Dataset.from_tensor_slices((x[perm], y[perm])).batch(BATCH_SIZE * world)
-        data = data.with_options(options)
-        t = now()
-        model.fit(data, epochs=1, verbose=0)
-        fit_s = now() - t
-        train_s += fit_s
-        t = now()
-        out = model.evaluate(test, verbose=0, return_dict=True)
-        eval_s = now() - t
-        if rank == 0:
-            with open(config["out"], "a") as f:
-                f.write(json.dumps({"epoch": e, "fit_s": fit_s, "eval_s": eval_s,
-                                    "train_s": train_s, "test_accuracy": float(out["accuracy"]),
-                                    "test_loss": float(out["loss"])}) + "\n")
-        ray_train.report({"epoch": e, "test_accuracy": float(out["accuracy"])})
-        # Every worker evaluated the same weights (mirrored): all stop together.
-        if config["stop_at"] is not None and out["accuracy"] >= config["stop_at"]:
-            break
+        model.fit(data.with_options(options), epochs=1, verbose=0,
+                  callbacks=[EvalBetweenSteps()])
+        ray_train.report({"epoch": e + 1})
+    if rank == 0:
+        with open(config["out"], "a") as f:
+            f.write(json.dumps({"done": True, "train_s": now() - clock["t0"] - clock["eval_s"],
+                                "eval_s": clock["eval_s"]}) + "\n")
 
 
-def run_raytrain(args) -> dict:
+def run_raytrain(job: Job, args) -> dict:
     t0 = now()
     try:
         import ray
@@ -543,175 +669,171 @@ def run_raytrain(args) -> dict:
                           "'ray[train]' and, without its dependencies (it names tensorflow, "
                           "not tensorflow-cpu), tf_keras matching TensorFlow's version")
     configure_tf(1)
-    weights = build_model(args.seed).get_weights()   # Keras 3 here; tf_keras in the workers
+    weights = build_model(job.seed, protocol.ALG6_SGD).get_weights()  # Keras 3: the start
     env = {"TF_USE_LEGACY_KERAS": "1", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
-           "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+           "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.environ["PYTHONPATH"]}
     if os.environ.get("DDLF_DATA_DIR"):
         env["DDLF_DATA_DIR"] = os.environ["DDLF_DATA_DIR"]
     with tempfile.TemporaryDirectory(prefix="train_compare_raytrain_") as tmpdir:
-        out = os.path.join(tmpdir, "epochs.jsonl")
+        out = os.path.join(tmpdir, "points.jsonl")
         ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False,
                  logging_level="ERROR", runtime_env={"env_vars": env})
         try:
             trainer = TensorflowTrainer(
                 raytrain_loop,
                 train_loop_config={"weights": weights, "epochs": args.epochs, "out": out,
-                                   "seed": args.seed, "stop_at": args.stop_at},
+                                   "seed": job.seed, "candidate": job.candidate,
+                                   "split": split_for(job, args),
+                                   "evals": args.evals_per_epoch},
                 scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False,
                                              resources_per_worker={"CPU": 1}),
                 run_config=RunConfig(storage_path=tmpdir, name="raytrain"))
-            t_fit = now()
             trainer.fit()
             t_end = now()
         finally:
             ray.shutdown()
         with open(out) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-    tl = Timeline()
-    for r in rows:
-        tl.rows.append({"epoch": r["epoch"], "time_s": r["train_s"],
-                        "test_accuracy": r["test_accuracy"], "test_loss": r["test_loss"]})
-        tl.eval_s += r["eval_s"]
-        log(f"[raytrain] epoch {r['epoch']}: {r['train_s']:.1f} s of training, "
-            f"test accuracy {r['test_accuracy']:.4f}")
-    tl.train_s = rows[-1]["train_s"] if rows else 0.0
-    # Start-up: everything before the first epoch (ray.init, the workers, TF, the data,
-    # the strategy's collectives), measured from outside the workers.
-    startup = (t_end - t0) - tl.train_s - tl.eval_s
-    tl.last_train_end = t_end
-    result = ok_result("raytrain", t0, t0 + startup, tl, tl.train_s,
-                       settings="all-reduce of gradients every step (global batch 32 x K)")
-    result["total_s"] = t_end - t0
-    result["fit_call_s"] = t_end - t_fit
-    return result
+    done = [r for r in rows if r.get("done")]
+    points = [{k: r[k] for k in ("epoch", "train_s", "accuracy", "loss")}
+              for r in rows if not r.get("done")]
+    for p in points:
+        log(f"[raytrain] epoch {p['epoch']:.2f}: {p['train_s']:.1f} s of training, "
+            f"{eval_name(job)} accuracy {p['accuracy']:.4f}")
+    if not done:
+        raise RuntimeError("Ray Train's rank 0 wrote no final line: training did not finish")
+    train_s, eval_s = done[0]["train_s"], done[0]["eval_s"]
+    label = protocol.candidate_label(job.candidate)
+    # Start-up: everything before the first step (ray.init, the workers, TF, the data, the
+    # strategy's collectives), measured from outside the workers.
+    return result(job, args, startup_s=(t_end - t0) - train_s - eval_s, train_s=train_s,
+                  eval_s=eval_s, points=points, label=label,
+                  train_losses=[r.get("train_loss") for r in rows if not r.get("done")],
+                  settings=f"TensorflowTrainer, {args.workers} workers, all-reduce every "
+                           f"step (global batch {BATCH_SIZE} x {args.workers}); {label}")
 
 
-# -- (c, d) DDLF --------------------------------------------------------------------------------
+# -- DDLF -----------------------------------------------------------------------------------------
+
+# Scheme-level options of DDLF's columns (train_sync's keywords; the rest are the defaults).
+DDLF_OPTIONS = {
+    "ddlf-default": {},
+    "ddlf-default@ray": {},
+    # The paper's Algorithm 6: one round per epoch, a plain average.
+    "ddlf-alg6": {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"},
+}
 
 
-class SeededCNN:
-    """``models.paper_cnn`` after ``keras.utils.set_random_seed(seed)``: every column's
-    trainers start from the same weights (a DDLF run takes trainer 0's)."""
+def sync_default_rounds(n_train: int, workers: int) -> int:
+    """Rounds per epoch as sync sizes them when left out (``rounds.default_rounds``);
+    checked against the run's own options after it."""
+    from ddlf_actors.apps.schemes.rounds import default_rounds
 
-    def __init__(self, seed: int):
-        self.seed = seed
-
-    def __call__(self):
-        return build_model(self.seed)
+    return default_rounds(n_train / workers, BATCH_SIZE)
 
 
-def describe_settings(scheme: str, cfg) -> str:
-    """A column's scheme-level settings, as the run resolved them."""
-    if scheme in ("sync", "allreduce"):
-        text = f"{cfg.rounds_per_epoch} rounds/epoch" + (", ring" if scheme == "allreduce" else "")
-        lr = cfg.outer_lr if isinstance(cfg.outer_lr, (int, float)) else "schedule"
-        if cfg.lr_scaling == "outer":
-            text += f", outer lr {lr} x K (warm-up {cfg.warmup_rounds} rounds)"
-        elif lr != 1.0:
-            text += f", outer lr {lr}"
-        if cfg.outer_momentum:
-            text += f", {'Nesterov' if cfg.nesterov else 'momentum'} {cfg.outer_momentum:g}"
-        if cfg.lr_scaling == "inner":
-            text += f", trainers' lr x K (warm-up {cfg.warmup_rounds} rounds)"
-        if cfg.lr_scaling == "none" and not cfg.outer_momentum and lr == 1.0:
-            text += ", plain average"
-        return text
-    if scheme == "async":
-        return f"delta/K on arrival, {cfg.rounds_per_epoch} piece(s)/trainer/epoch"
-    if scheme == "easgd":
-        return f"alpha {cfg.alpha:g}, tau {cfg.tau} steps"
-    if scheme == "downpour":
-        return f"n_fetch {cfg.n_fetch}, n_push {cfg.n_push} steps"
-    return scheme
+def describe_settings(cfg) -> str:
+    """A sync run's scheme-level settings, as the run resolved them."""
+    text = f"{cfg.rounds_per_epoch} round{'' if cfg.rounds_per_epoch == 1 else 's'}/epoch"
+    lr = cfg.outer_lr if isinstance(cfg.outer_lr, (int, float)) else "schedule"
+    if cfg.lr_scaling == "outer":
+        text += f", outer lr {lr} x K (warm-up {cfg.warmup_rounds} rounds)"
+    elif lr != 1.0:
+        text += f", outer lr {lr}"
+    if cfg.outer_momentum:
+        text += f", {'Nesterov' if cfg.nesterov else 'momentum'} {cfg.outer_momentum:g}"
+    if cfg.lr_scaling == "inner":
+        text += f", trainers' lr x K (warm-up {cfg.warmup_rounds} rounds)"
+    if cfg.lr_scaling == "none" and not cfg.outer_momentum and lr == 1.0:
+        text += ", plain average"
+    return text
 
 
-def run_ddlf(args, column: str) -> dict:
+def run_ddlf(job: Job, args) -> dict:
     t0 = now()
     try:
         import ddlf_actors as ddlf
-        from ddlf_actors.apps import train
+        from ddlf_actors.apps import train_sync
     except ImportError as e:
         raise Unavailable(f"ddlf_actors.apps is not importable ({e})")
-    base, _, backend = column.partition("@")
-    backend = backend or "ddlf"
+    backend = "ray" if job.column.endswith("@ray") else "ddlf"
     if backend == "ray":
         try:
             import ray  # noqa: F401
         except ImportError as e:
             raise Unavailable(f"ray is not importable ({e}); pip install -e '.[ray]'")
-    scheme, options = DDLF_COLUMNS[base]
-    # backend="ray": a local Ray instance, K CPUs; the schemes then place trainers on it.
+    options = dict(DDLF_OPTIONS[job.column])
+    n_train = len(protocol.split_indices(job.stage, *FASHION_SIZES, limit=args.limit).train)
+    R = options.get("rounds_per_epoch") or sync_default_rounds(n_train, args.workers)
+    if R > 1:
+        options["eval_every"] = max(1, R // args.evals_per_epoch)
+    # backend="ray": a local Ray instance with K CPUs; the scheme places its trainers there.
     ddlf.init(num_cpus=args.workers, backend=backend)
     try:
         t_call = now()
-        r = train(SeededCNN(args.seed), DATASET, scheme, workers=args.workers,
-                  master_epochs=args.epochs, worker_epochs=WORKER_EPOCHS,
-                  batch_size=BATCH_SIZE, progress=False, seed=args.seed,
-                  target_accuracy=args.stop_at, **options)
-        t_return = now()
+        r = train_sync(SeededModel(job.seed, job.candidate), split_for(job, args),
+                       workers=args.workers, master_epochs=args.epochs, batch_size=BATCH_SIZE,
+                       progress=False, seed=job.seed, **options)
     finally:
         ddlf.shutdown()
-    rows = r.history
-    # Rows carry eval_s (trainer time evaluating an earlier row's weights, inside a later
-    # round): take it out of training time, as the other columns' evaluations are.
-    evals = [row.get("eval_s", 0.0) for row in rows]
-    eval_s = sum(evals)
-    # A row's time_s counts from the run's start, the trainers' start-up (r.startup_s)
-    # included: take that out too, as the other columns' training starts once they are
-    # ready (start-up is its own column).
-    train_s = rows[-1]["time_s"] - r.startup_s - eval_s
-    startup = t_call - t0 + r.startup_s
-    epochs, done_eval = [], 0.0
-    for row, ev in zip(rows, evals):
-        done_eval += ev
-        if row["test_accuracy"] is None:    # a round between evaluations
-            continue
-        epochs.append({"epoch": int(row["epoch"]) if float(row["epoch"]).is_integer()
-                       else row["epoch"], "time_s": row["time_s"] - r.startup_s - done_eval,
-                       "test_accuracy": row["test_accuracy"], "test_loss": row["test_loss"]})
-    for e in epochs:
-        log(f"[{column}] epoch {e['epoch']}: {e['time_s']:.1f} s of training, "
-            f"test accuracy {e['test_accuracy']:.4f}")
-    wall = sum(row["wall_s"] for row in rows)
-    overhead = sum(row["overhead_s"] for row in rows)
-    settings = describe_settings(scheme, r.config)
-    log(f"[{column}] {settings}; framework overhead {overhead:.3f} s of {wall:.1f} s of rounds "
-        f"({100 * overhead / wall:.2f} %); evaluation on the trainers {eval_s:.1f} s; "
-        f"final evaluation and teardown {t_return - t_call - rows[-1]['time_s']:.1f} s")
-    log(f"[{column}] start-up {startup:.1f} s (in the call: {r.startup_s:.1f} s)")
-    return {"column": column, "status": "ok", "startup_s": startup, "epochs": epochs,
-            "train_s": train_s, "eval_s": eval_s, "total_s": startup + train_s + eval_s,
-            "compute_s": sum(row.get("compute_s", 0.0) for row in rows),
-            "overhead_s": overhead, "round_wall_s": wall, "settings": settings,
-            "rounds": len(rows),
-            "bytes_sent": sum(row.get("bytes_sent", 0) for row in rows),
-            "bytes_received": sum(row.get("bytes_received", 0) for row in rows)}
+    points, train_s, eval_s = protocol.ddlf_points(r.history, r.startup_s)
+    notes = []
+    if r.options.rounds_per_epoch != R:
+        notes.append(f"the run used {r.options.rounds_per_epoch} rounds/epoch, not the {R} "
+                     "this script computed: sync's default changed; evaluations per epoch "
+                     "are as measured")
+    default = None
+    if job.candidate.get("optimizer") == "default":
+        # After training (not timed): the model's own optimizer, as paper_cnn compiles it now.
+        configure_tf(1)
+        default = describe_optimizer(build_model(job.seed, job.candidate).optimizer)
+    label = protocol.candidate_label(job.candidate, default)
+    settings = describe_settings(r.config) + ("" if backend == "ddlf" else ", on Ray") \
+        + f"; {label}"
+    for p in points:
+        log(f"[{job.column}] epoch {p['epoch']:.2f}: {p['train_s']:.1f} s of training, "
+            f"{eval_name(job)} accuracy {p['accuracy']:.4f}")
+    for n in notes:
+        log(f"[{job.column}] note: {n}")
+    return result(job, args, startup_s=t_call - t0 + r.startup_s, train_s=train_s,
+                  eval_s=eval_s, points=points, label=label, settings=settings,
+                  train_losses=[row.get("train_loss") for row in r.history],
+                  compute_s=sum(row.get("compute_s", 0.0) for row in r.history),
+                  overhead_s=sum(row.get("overhead_s", 0.0) for row in r.history),
+                  rounds_per_epoch=r.options.rounds_per_epoch, notes=notes,
+                  model_default=default)
 
 
-COLUMNS = {
+RUNNERS = {
     "keras": run_keras,
-    "spark": run_spark,
-    "ray": run_ray,
     "raytrain": run_raytrain,
-    **{name: (lambda args, name=name: run_ddlf(args, name)) for name in DDLF_COLUMNS},
-    **{name: (lambda args, name=name: run_ddlf(args, name)) for name in RAY_BACKEND_COLUMNS},
+    "ray": run_ray,
+    "spark": run_spark,
+    "ray-rounds": run_ray_rounds,
+    "ddlf-default": run_ddlf,
+    "ddlf-alg6": run_ddlf,
+    "ddlf-default@ray": run_ddlf,
 }
 
 
-def column_main(args) -> None:
-    """In the column's own process: run it, print one result line."""
+def column_main(spec: dict) -> None:
+    """In the column-run's own process: run it, print one result line."""
+    job = Job.from_json(spec["job"])
+    args = argparse.Namespace(**spec["settings"])
     try:
-        result = COLUMNS[args.column](args)
+        out = RUNNERS[job.column](job, args)
     except Unavailable as e:
-        result = {"column": args.column, "status": "unavailable", "reason": str(e)}
+        out = {"status": "unavailable", "reason": str(e)}
     except Exception as e:
         traceback.print_exc()
-        result = {"column": args.column, "status": "error", "reason": f"{type(e).__name__}: {e}"}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+        out = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+    out = {"column": job.column, "stage": job.stage, "seed": job.seed,
+           "candidate": job.candidate, **out}
+    print(RESULT_PREFIX + json.dumps(out), flush=True)
 
 
-# -- the parent: one process tree per column ----------------------------------------------------
-
+# -- the parent: one process tree per column-run ------------------------------------------------
 
 def _become_subreaper() -> bool:
     """Make orphaned descendants (Ray's daemons, Spark's JVM) our children, so that
@@ -830,14 +952,17 @@ def _wait_column(proc, tree: ProcessTree, timeout: float):
     return None
 
 
-def run_column_process(column: str, args) -> dict:
-    """Run one column in a fresh process group; return its result dict, with
-    ``other_cpu_s``: CPU time other processes took from the machine meanwhile."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--column", column,
-           "--epochs", str(args.epochs), "--workers", str(args.workers), "--seed", str(args.seed)]
-    if args.stop_at is not None:
-        cmd += ["--target", str(args.target), "--stop-at-target"]
-    log(f"== {column}: {' '.join(cmd[1:])}")
+
+
+def run_job(job: Job, settings: dict, timeout: float) -> dict:
+    """Run one column-run in a fresh process group; return its result with the 1-minute
+    load average at its start, its wall time, and ``other_cpu_s``: the CPU other
+    processes took from the machine meanwhile."""
+    spec = json.dumps({"job": job.to_json(), "settings": settings})
+    cmd = [sys.executable, os.path.abspath(__file__), "--job", spec]
+    load = load_average()
+    log(f"== seed {job.seed} {job.column} {protocol.candidate_label(job.candidate)} "
+        f"({job.stage}, load {load if load is None else round(load, 2)})")
     tree = ProcessTree()
     busy0 = _busy_cpu_s()
     started = now()
@@ -845,188 +970,162 @@ def run_column_process(column: str, args) -> dict:
         # stdout to a file, not a pipe: a daemon holding the pipe open would block us.
         proc = subprocess.Popen(cmd, stdout=out, stderr=None, start_new_session=True)
         try:
-            error = _wait_column(proc, tree, args.timeout)
+            error = _wait_column(proc, tree, timeout)
         except BaseException:  # Ctrl-C: the column is in its own session, end it here
             _kill_group(proc)
             tree.end_leftovers(grace=0)
             raise
         ended = tree.end_leftovers()
         out.seek(0)
-        result = _parse_result(out.read(), column, proc.returncode)
+        res = _parse_result(out.read(), job, proc.returncode)
     if error:
-        result = {"column": column, "status": "error", "reason": error}
-    result["process_s"] = now() - started
-    result["other_cpu_s"] = max(0.0, _busy_cpu_s() - busy0 - tree.cpu_s())
+        res = {"column": job.column, "stage": job.stage, "seed": job.seed,
+               "candidate": job.candidate, "status": "error", "reason": error}
+    res["load_1min"] = load
+    res["process_s"] = now() - started
+    res["other_cpu_s"] = max(0.0, _busy_cpu_s() - busy0 - tree.cpu_s())
     if ended:
-        result["ended_leftovers"] = ended
-        log(f"== {column}: ended processes left behind: {', '.join(ended)}")
-    return result
+        res["ended_leftovers"] = ended
+        log(f"== {job.column}: ended processes left behind: {', '.join(ended)}")
+    return res
 
 
-def _parse_result(stdout: str, column: str, returncode) -> dict:
+def _parse_result(stdout: str, job: Job, returncode) -> dict:
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])
-    return {"column": column, "status": "error",
+    return {"column": job.column, "stage": job.stage, "seed": job.seed,
+            "candidate": job.candidate, "status": "error",
             "reason": f"no result line (exit code {returncode}; see stderr above)"}
 
 
-# -- the report ---------------------------------------------------------------------------------
+def one_line(r: dict, target: float) -> str:
+    """A column-run as the log shows it when it ends, load average beside it."""
+    head = (f"seed {r['seed']:>4} {r['column']:<17} {protocol.candidate_label(r['candidate']):<22} "
+            f"load {r.get('load_1min') or 0:5.2f}")
+    if r.get("status") != "ok":
+        return f"{head}  {r.get('status')}: {r.get('reason', '')}"
+    m = protocol.metrics(r, target)
+    hit = "never" if m["time_to_target"] is None else \
+        f"epoch {m['epochs_to_target']:.2f} / {m['time_to_target']:.1f} s"
+    acc = "-" if m["final_accuracy"] is None else f"{m['final_accuracy']:.4f}"
+    return (f"{head}  {m['s_per_epoch']:6.1f} s/epoch, {target} at {hit}, "
+            f"{r['eval_on']} acc {acc}, start-up {r['startup_s']:.1f} s")
 
 
-def _fmt(v, spec=".1f") -> str:
-    return "-" if v is None else format(v, spec)
+# -- the two stages -------------------------------------------------------------------------------
 
 
-def _final_acc(r: dict):
-    return r["epochs"][-1]["test_accuracy"] if r.get("epochs") else None
+def plan(args) -> list[Job]:
+    """The interleaved column-runs of this invocation. Raises ``ChoicesMissing`` (final
+    run) when a column with a grid has no choice."""
+    if args.select:
+        candidates = {c: COLUMNS[c].grid for c in args.columns if COLUMNS[c].chooses}
+        seeds = [SELECT_SEED_BASE + i for i in range(1, args.select_seeds + 1)]
+        return protocol.interleave("select", args.columns, seeds, candidates)
+    needs = list(dict.fromkeys(COLUMNS[c].choice_from or c for c in args.columns
+                               if COLUMNS[c].chooses or COLUMNS[c].choice_from))
+    chosen = protocol.read_choices(args.choices, needs)
+    candidates = {c: [chosen[COLUMNS[c].choice_from or c]] if c in chosen or
+                  COLUMNS[c].choice_from else [COLUMNS[c].fixed] for c in args.columns}
+    return protocol.interleave("final", args.columns, range(1, args.seeds + 1), candidates)
 
 
-def format_table(results: list, args) -> str:
-    M = args.epochs
-    head = (f"{'column':<14} {'start-up s':>10} {'s/epoch':>8} {'train s':>8} {'compute s':>9} "
-            f"{'eval s':>7} " + " ".join(f"{'acc e' + str(e):>7}" for e in range(1, M + 1))
-            + f" {'total s':>8} {'others':>6}")
-    lines = [f"Fashion-MNIST, paper CNN, K={args.workers} trainers x 1 TF thread, "
-             f"worker_epochs {WORKER_EPOCHS}, batch {BATCH_SIZE}, {M} master epochs; "
-             f"{os.cpu_count()} CPUs, Python {platform.python_version()}", head,
-             "-" * len(head)]
-    for r in results:
-        if r["status"] != "ok":
-            lines.append(f"{r['column']:<14} {r['status']}: {r.get('reason', '')}")
+def run_select(args, jobs: list, settings: dict) -> dict:
+    results = []
+    for job in jobs:
+        results.append(run_job(job, settings, args.timeout))
+        log("== " + one_line(results[-1], args.target))
+    tables: dict = {}
+    for c in args.columns:
+        if not COLUMNS[c].chooses:
+            why = COLUMNS[c].no_grid
+            print(f"{c}: no selection ({why})")
             continue
-        accs = [e["test_accuracy"] for e in r["epochs"]] + [None] * (M - len(r["epochs"]))
-        lines.append(
-            f"{r['column']:<14} {r['startup_s']:>10.1f} {r['train_s'] / M:>8.1f} "
-            f"{r['train_s']:>8.1f} {_fmt(r.get('compute_s')):>9} {_fmt(r.get('eval_s')):>7} "
-            + " ".join(f"{_fmt(a, '.4f'):>7}" for a in accs) + f" {r['total_s']:>8.1f}"
-            + f" {_others_pct(r):>6}")
-    lines.append("others: CPU other processes used while the column ran, in % of the "
-                 "machine (figures from a busy machine are slower)")
-    return "\n".join(lines)
+        rows = []
+        for cand in COLUMNS[c].grid:
+            runs = [r for r in results if r["column"] == c and r["candidate"] == cand]
+            row = protocol.candidate_row(cand, runs, args.target)
+            ok = [r for r in runs if r.get("status") == "ok"]
+            row["label"] = ok[0]["label"] if ok else protocol.candidate_label(cand)
+            rows.append(row)
+        tables[c] = rows
+    meta = {"target": args.target, "select_epochs": args.select_epochs,
+            "select_seeds": [SELECT_SEED_BASE + i for i in range(1, args.select_seeds + 1)],
+            "evals_per_epoch": args.evals_per_epoch, "limit": args.limit,
+            "eval_limit": args.eval_limit, "workers": args.workers,
+            "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    doc = protocol.write_choices(args.choices, tables, meta)
+    for c, rows in tables.items():
+        print()
+        print(protocol.selection_table(c, rows, args.target, args.select_epochs))
+    print(f"\nwrote {args.choices}")
+    return {"stage": "select", "meta": meta, "choices": doc, "runs": results}
 
 
-def _others_pct(r: dict) -> str:
-    if r.get("other_cpu_s") is None or not r.get("process_s"):
-        return "-"
-    return f"{100 * r['other_cpu_s'] / (r['process_s'] * (os.cpu_count() or 1)):.0f}%"
+def run_final(args, jobs: list, settings: dict) -> dict:
+    chosen_labels = {}
+    if args.choices and os.path.exists(args.choices):
+        with open(args.choices) as f:
+            doc = json.load(f)
+        for c, entry in doc.get("columns", {}).items():
+            chosen_labels[c] = next((r.get("label") for r in entry.get("selection", ())
+                                     if r.get("chosen")), None)
+            if c in args.columns and entry.get("limit"):
+                print(f"note: {c}'s choice was selected with --limit {entry['limit']} "
+                      "(a smoke run), not on the full split")
+    results = []
+    for job in jobs:
+        results.append(run_job(job, settings, args.timeout))
+        log("== " + one_line(results[-1], args.target))
+        # "model default" is read when the run starts: say so if the model changed since.
+        r, src = results[-1], COLUMNS[job.column].choice_from or job.column
+        if (job.candidate == protocol.MODEL_DEFAULT and r.get("status") == "ok"
+                and chosen_labels.get(src) and r.get("label") != chosen_labels[src]):
+            print(f"note: {job.column} seed {job.seed} ran {r['label']}, but selection chose "
+                  f"{chosen_labels[src]}: models.paper_cnn's optimizer changed since --select")
+    rows = protocol.headline_rows(results, args.target)
+    eval_on = "validation" if args.select else "test"
+    print(f"\nTime to {eval_on} accuracy {args.target}: Fashion-MNIST, paper CNN, batch "
+          f"{BATCH_SIZE}/trainer, K = {args.workers}, {args.epochs} epochs, seeds "
+          f"1-{args.seeds} interleaved; {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}"
+          + (f"; --limit {args.limit} training images" if args.limit else "")
+          + (f", {args.eval_limit} evaluated" if args.eval_limit else ""))
+    print(protocol.headline_table(rows, args.target, args.epochs, eval_on))
+    ratios = protocol.ratio_lines(rows, args.target)
+    if ratios:
+        print()
+        print(ratios)
+    summary = {c: {k: (v.to_json() if hasattr(v, "to_json") else v) for k, v in col.items()
+                   if k != "runs"} for c, col in rows.items()}
+    return {"stage": "final", "runs": results, "summary": summary}
 
 
-def format_comparisons(results: list) -> str:
-    by = {r["column"]: r for r in results if r["status"] == "ok"}
-    lines = []
-
-    def ratio(label, a, b, key):
-        if a in by and b in by:
-            lines.append(f"{label:<42} {by[a][key] / by[b][key]:.2f}x "
-                         f"({by[a][key]:.1f} s / {by[b][key]:.1f} s)")
-
-    ratio("DDLF-sync / Spark, train time", "ddlf-sync", "spark", "train_s")
-    ratio("DDLF-sync / Ray, train time", "ddlf-sync", "ray", "train_s")
-    ratio("DDLF-sync / Ray, end to end (total)", "ddlf-sync", "ray", "total_s")
-    ratio("DDLF-async / Ray, train time", "ddlf-async", "ray", "train_s")
-    ratio("DDLF-sync on Ray / DDLF-sync, train time", "ddlf-sync@ray", "ddlf-sync", "train_s")
-    ratio("DDLF-sync on Ray / DDLF-sync, total", "ddlf-sync@ray", "ddlf-sync", "total_s")
-    ratio("DDLF-sync on Ray / Ray by hand, train time", "ddlf-sync@ray", "ray", "train_s")
-    ratio("DDLF-async on Ray / DDLF-async, train time", "ddlf-async@ray", "ddlf-async",
-          "train_s")
-    if "ray" in by:
-        ref = _final_acc(by["ray"])
-        diffs = [f"{c} {_final_acc(r) - ref:+.4f}" for c, r in by.items() if c != "ray"]
-        if diffs:
-            lines.append(f"{'final accuracy minus Ray sync':<42} " + ", ".join(diffs))
-    if "spark" in by and by["spark"].get("rounds"):
-        lines.append(_spark_breakdown(by["spark"]["rounds"]))
-    return "\n".join(lines)
-
-
-def time_to_target(r: dict, target: float):
-    """``(epoch, training s, training + evaluation s)`` at the first evaluation whose test
-    accuracy is at least ``target``, or None if none reached it."""
-    evals = len(r["epochs"]) or 1
-    per_eval = (r.get("eval_s") or 0.0) / evals
-    for n, e in enumerate(r["epochs"], 1):
-        if e["test_accuracy"] is not None and e["test_accuracy"] >= target:
-            return e["epoch"], e["time_s"], e["time_s"] + n * per_eval
-    return None
-
-
-def format_target_table(results: list, args) -> str:
-    """Time to ``args.target`` test accuracy, the accuracy after the last epoch, and what
-    each column's scheme-level settings are."""
-    M, A = args.epochs, args.target
-    head = (f"{'column':<13} {'epoch':>5} {'train s':>8} {'+eval s':>8} {'s/epoch':>8} "
-            f"{'acc e' + str(M):>8}  settings")
-    lines = [f"Time to test accuracy {A} (Fashion-MNIST, paper CNN, SGD 0.01, batch 32, "
-             f"K={args.workers}; the first epoch-end evaluation at or above it)", head,
-             "-" * 100]
-    for r in results:
-        if r["status"] != "ok":
-            lines.append(f"{r['column']:<13} {r['status']}: {r.get('reason', '')}")
-            continue
-        hit = time_to_target(r, A)
-        per_epoch = r["train_s"] / max(1, len(r["epochs"]))
-        last = r["epochs"][-1] if r["epochs"] else {}
-        acc = f"{last.get('test_accuracy', 0):.4f}" if last.get("epoch") == M else "-"
-        if hit is None:
-            reached = f"{'-':>5} {'not in ' + str(len(r['epochs'])):>17}"
-        else:
-            reached = f"{hit[0]!s:>5} {hit[1]:>8.1f} {hit[2]:>8.1f}"
-        lines.append(f"{r['column']:<13} {reached} {per_epoch:>8.1f} {acc:>8}  "
-                     f"{r.get('settings', '')}")
-    lines.append("train s: training time to the end of that epoch, evaluation excluded; "
-                 "+eval s: with the evaluations up to it")
-    return "\n".join(lines)
-
-
-def format_target_comparisons(results: list, target: float) -> str:
-    by = {r["column"]: r for r in results if r["status"] == "ok"}
-    lines = []
-    for a in ("ddlf-default",):
-        for b in ("ray", "spark", "keras", "raytrain", "ddlf-sync"):
-            if a in by and b in by:
-                ha, hb = time_to_target(by[a], target), time_to_target(by[b], target)
-                if ha and hb:
-                    lines.append(f"{a} / {b}, time to {target}: {ha[1] / hb[1]:.2f}x "
-                                 f"({ha[1]:.1f} s / {hb[1]:.1f} s; with evaluation "
-                                 f"{ha[2] / hb[2]:.2f}x)")
-    return "\n".join(lines)
-
-
-def _spark_breakdown(rounds: list) -> str:
-    """Where Spark's round time goes, summed over rounds (task figures: slowest task)."""
-    total = {k: sum(r[k] for r in rounds) for k in rounds[0] if k.endswith("_s")}
-    driver = ", ".join(f"{k[:-2]} {total[k]:.1f}" for k in
-                       ("shuffle_s", "parallelize_s", "broadcast_s", "job_s", "average_s"))
-    tasks = ", ".join(f"{k[:-2]} {total[k]:.1f}" for k in
-                      ("rows_s", "tf_import_s", "build_s", "fit_s", "task_s"))
-    overhead = total["job_s"] - total["task_s"]
-    return (f"Spark rounds, s summed: driver: {driver}\n"
-            f"  in the slowest task: {tasks}; job time outside the task "
-            f"(scheduling, shipping the partition, collecting): {overhead:.1f}")
-
-
-def write_png(results: list, path: str) -> None:
+def write_png(results: list, path: str, target: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in results if r["status"] == "ok" and r["epochs"]]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for r in ok:
-        t = [e["time_s"] for e in r["epochs"]]
-        acc = [e["test_accuracy"] for e in r["epochs"]]
-        axes[0].plot(t, acc, marker="o", label=r["column"])
-        axes[1].plot([r["startup_s"] + s for s in t], acc, marker="o", label=r["column"])
-    axes[0].set_xlabel("training time, s (start-up and evaluation excluded)")
-    axes[1].set_xlabel("time since the column started, s (start-up included)")
-    axes[0].set_ylabel("test accuracy")
-    for ax in axes:
-        ax.set_xlim(left=0)
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.suptitle("Fashion-MNIST, paper CNN: accuracy after each epoch")
+    fig, ax = plt.subplots(figsize=(9, 5))
+    colors: dict = {}
+    for r in results:
+        if r.get("status") != "ok" or not r["evals"]:
+            continue
+        color = colors.setdefault(r["column"], f"C{len(colors)}")
+        ax.plot([p["train_s"] for p in r["evals"]], [p["accuracy"] for p in r["evals"]],
+                marker=".", color=color, alpha=0.8,
+                label=r["column"] if r["column"] not in ax.get_legend_handles_labels()[1]
+                else None)
+    ax.axhline(target, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("training time, s (start-up and evaluation excluded)")
+    ax.set_ylabel(f"{results[0].get('eval_on', 'test') if results else 'test'} accuracy")
+    accs = [p["accuracy"] for r in results if r.get("status") == "ok" for p in r["evals"]]
+    ax.set_ylim(max(0.0, min([target - 0.25, *(a - 0.02 for a in accs)])), 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("Fashion-MNIST, paper CNN: every seed of every column")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1037,78 +1136,85 @@ def write_png(results: list, path: str) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--columns",
-                   help=f"comma-separated, run in this order (default: {','.join(TABLE_COLUMNS)}; "
-                        f"with --target: {','.join(TARGET_COLUMNS)}; all: {','.join(ALL_COLUMNS)})")
-    p.add_argument("--target", type=float,
-                   help="also print the time to this test accuracy (e.g. 0.85) for each column")
-    p.add_argument("--stop-at-target", action="store_true",
-                   help="with --target: each column stops at its first epoch at or above it "
-                        "(DDLF's target_accuracy=; the others' epoch loops)")
-    p.add_argument("--epochs", type=int, default=2, help="master epochs M (default 2)")
-    p.add_argument("--workers", type=int, default=2, help="trainers K (default 2)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per column (900)")
-    p.add_argument("--seed", type=int, default=0)
+    stage = p.add_mutually_exclusive_group()
+    stage.add_argument("--select", action="store_true",
+                       help="run each column's grid on the validation split and write the "
+                            "choices file")
+    stage.add_argument("--final", action="store_true",
+                       help="(the default) every column with its chosen settings, on test")
+    p.add_argument("--columns", default=",".join(protocol.COLUMN_NAMES),
+                   help=f"comma-separated, in this order (default all: "
+                        f"{','.join(protocol.COLUMN_NAMES)})")
+    p.add_argument("--choices", default=DEFAULT_CHOICES,
+                   help="the choices file --select writes and the final run reads")
+    p.add_argument("--target", type=float, default=0.85, help="accuracy target (0.85)")
+    p.add_argument("--epochs", type=int, default=10, help="final run's epochs (10)")
+    p.add_argument("--seeds", type=int, default=3, help="final run's seeds, 1..N (3)")
+    p.add_argument("--select-epochs", type=int, default=2, help="selection epochs (2)")
+    p.add_argument("--select-seeds", type=int, default=1,
+                   help="selection seeds (1, to keep the budget sane: 31 candidate runs)")
+    p.add_argument("--evals-per-epoch", type=int, default=4,
+                   help="evaluations per epoch where a global model exists (4)")
+    p.add_argument("--workers", type=int, default=2, help="trainers K (2)")
+    p.add_argument("--limit", type=int, help="smoke runs: train on the first N images only")
+    p.add_argument("--eval-limit", type=int,
+                   help="smoke runs: evaluate on the first M images only (default: all, or "
+                        "1000 with --limit)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per column-run")
     p.add_argument("--data-dir", help="sets DDLF_DATA_DIR for the columns")
-    p.add_argument("--png", default=os.path.join(os.path.dirname(__file__), "train_compare.png"),
-                   help="accuracy-vs-time plot ('' to skip)")
-    p.add_argument("--json", help="also write every column's result here")
-    p.add_argument("--column", choices=ALL_COLUMNS, help=argparse.SUPPRESS)  # internal
+    p.add_argument("--png", default=os.path.join(_HERE, "train_compare.png"),
+                   help="final run: accuracy against training time ('' to skip)")
+    p.add_argument("--json", help="also write every column-run's result here")
+    p.add_argument("--job", help=argparse.SUPPRESS)  # internal: one column-run
     args = p.parse_args(argv)
-    if args.stop_at_target and not args.target:
-        p.error("--stop-at-target needs --target A")
-    args.stop_at = args.target if args.stop_at_target else None
-    if args.columns is None:
-        args.columns = ",".join(TARGET_COLUMNS if args.target else TABLE_COLUMNS)
+    if args.job:
+        return args
     args.columns = [c.strip() for c in args.columns.split(",") if c.strip()]
-    unknown = sorted(set(args.columns) - set(ALL_COLUMNS))
+    unknown = protocol.unknown_columns(args.columns)
     if unknown:
-        p.error(f"unknown column(s) {unknown}; choose from {','.join(ALL_COLUMNS)}")
-    if args.epochs < 1 or args.workers < 1:
-        p.error("--epochs and --workers must be at least 1")
+        p.error(f"unknown column(s) {unknown}; choose from {','.join(protocol.COLUMN_NAMES)}")
+    for name in ("epochs", "seeds", "select_epochs", "select_seeds", "evals_per_epoch",
+                 "workers"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 < args.target <= 1:
+        p.error("--target must be in (0, 1]")
+    if args.limit is not None and args.eval_limit is None:
+        args.eval_limit = 1000
     return args
-
-
-def _load_average() -> str:
-    """The 1, 5 and 15 minute load averages: figures from a busy machine are slower."""
-    try:
-        return " ".join(f"{v:.1f}" for v in os.getloadavg())
-    except OSError:
-        return "?"
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.data_dir:
         os.environ["DDLF_DATA_DIR"] = os.path.abspath(args.data_dir)
-    if args.column:
-        column_main(args)
+    if args.job:
+        column_main(json.loads(args.job))
         return
+    try:
+        jobs = plan(args)
+    except protocol.ChoicesMissing as e:
+        sys.exit(f"train_compare: {e}")
+    settings = {"epochs": args.select_epochs if args.select else args.epochs,
+                "workers": args.workers, "evals_per_epoch": args.evals_per_epoch,
+                "limit": args.limit, "eval_limit": args.eval_limit}
     _become_subreaper()
-    load_before = _load_average()
-    t = now()
-    results = [run_column_process(c, args) for c in args.columns]
-    print(format_table(results, args))
-    comparisons = format_comparisons(results)
-    if comparisons:
-        print(comparisons)
-    if args.target:
-        print()
-        print(format_target_table(results, args))
-        comparisons = format_target_comparisons(results, args.target)
-        if comparisons:
-            print(comparisons)
-    print(f"(total {now() - t:.0f} s; load average before {load_before}, after "
-          f"{_load_average()})")
-    if args.png:
-        write_png(results, args.png)
+    t, load_before = now(), os.getloadavg()
+    log(f"== {len(jobs)} column-runs ({'select' if args.select else 'final'}), load average "
+        f"{load_before[0]:.2f}")
+    out = run_select(args, jobs, settings) if args.select else run_final(args, jobs, settings)
+    load_after = os.getloadavg()
+    print(f"(total {now() - t:.0f} s; load average before {load_before[0]:.2f}, after "
+          f"{load_after[0]:.2f})")
+    if args.png and not args.select:
+        write_png(out["runs"], args.png, args.target)
         log(f"wrote {args.png}")
     if args.json:
+        out.update({"settings": settings, "target": args.target, "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "load_before": load_before,
+                    "load_after": load_after})
         with open(args.json, "w") as f:
-            json.dump({"epochs": args.epochs, "workers": args.workers, "batch_size": BATCH_SIZE,
-                       "target": args.target,
-                       "cpus": os.cpu_count(), "python": platform.python_version(),
-                       "columns": results}, f, indent=1)
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

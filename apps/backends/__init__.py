@@ -15,7 +15,7 @@ import sys
 
 from ddlf_actors import ray_session
 
-from .base import Backend
+from .base import Backend, current
 
 __all__ = ["Backend", "select", "here", "NAMES"]
 
@@ -23,10 +23,13 @@ NAMES = ("ddlf", "ray")
 _instances: dict = {}
 
 
-def select(name: str | None = None) -> Backend:
+def select(name: str | Backend | None = None) -> Backend:
     """The backend named ``name`` (``"ddlf"`` or ``"ray"``); for None, the one
-    ``ddlf.init`` chose. ``ValueError`` for another name; ``RayNotInstalledError`` (an
+    ``ddlf.init`` chose; a :class:`Backend` instance as it is (the tests' in-process
+    ``FakeBackend``). ``ValueError`` for another name; ``RayNotInstalledError`` (an
     ``ImportError``) for ``"ray"`` without Ray."""
+    if isinstance(name, Backend):
+        return name
     if name is None:
         name = "ray" if ray_session.chosen() else "ddlf"
     if name not in NAMES:
@@ -48,7 +51,11 @@ def select(name: str | None = None) -> Backend:
 
 def here() -> Backend:
     """The backend of the process this runs in: Ray in a Ray worker (Ray is imported and
-    connected there), else DDLF. A trainer uses it to ask for its node's id."""
+    connected there), else DDLF; inside an in-process actor, its fake backend. A trainer
+    uses it to ask for its node's id and to call its peers (allreduce's ring)."""
+    local = getattr(current, "backend", None)
+    if local is not None:
+        return local
     ray = sys.modules.get("ray")
     if ray is not None and getattr(ray, "is_initialized", lambda: False)():
         return select("ray")

@@ -14,9 +14,14 @@ treats as a lost trainer (``pool.LOSS_ERRORS``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "current"]
+
+# The backend of code running inside an in-process actor (backends/fake.py sets it on its
+# actors' threads): what ``backends.here()`` returns there.
+current = threading.local()
 
 
 class Backend:

@@ -10,12 +10,16 @@ DDLF's training apps call Ray's runtime. Every call is Ray's own; what this adds
 - the session: a run that finds no Ray session starts a local one
   (``ddlf_actors.ray_session``) and stops it at the end;
 - ``nodes()`` in DDLF's shape (``node_id``, ``address``, ``alive``, ``resources``);
-- call order: DDLF runs an actor's plain methods one at a time in arrival order. Ray
-  makes a class with any ``async def`` method (``TrainerActor`` has the Cluster API's)
-  an async actor, whose calls may start out of order (a call whose argument is still
-  being fetched lets a later one pass: ``set_optimizer_state`` then ``train(w_ref)``
-  could swap). So ``remote`` gives Ray a subclass whose ``async def`` methods are plain
-  methods that run the coroutine to its end: a normal Ray actor, in order.
+- call order: DDLF runs an actor's plain methods one at a time in arrival order, and its
+  ``async def`` methods on the actor's event loop meanwhile. Ray makes a class with any
+  ``async def`` method (``TrainerActor`` has the Cluster API's) an async actor, whose
+  calls may start out of order (a call whose argument is still being fetched lets a
+  later one pass: ``set_optimizer_state`` then ``train(w_ref)`` could swap). So
+  ``remote`` gives Ray a subclass whose ``async def`` methods are plain methods that run
+  the coroutine to its end, in a concurrency group of their own (``"loop"``, one at a
+  time): the plain methods stay in order in Ray's default group, and the others run
+  meanwhile, as on DDLF (allreduce's ``deliver_chunk`` arrives while ``allreduce_held``
+  waits for it).
 
 The dataset never passes through the driver: a trainer gets the dataset's *name* (or the
 callable, or the partition directory) and ``datasets.load_shared`` maps it from its
@@ -26,7 +30,6 @@ cache once, from its own copy (``$DDLF_DATA_DIR``, ``~/.cache/ddlf``) or a downl
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 
 from ddlf_actors import ray_session
@@ -61,7 +64,10 @@ class RayBackend(Backend):
 
     # -- actors and objects -------------------------------------------------------------------
     def remote(self, cls, **options):
-        cls = _in_order(cls)
+        cls, concurrent = _in_order(cls, self.ray)
+        if concurrent:
+            options = {**options, "concurrency_groups": {_LOOP: 1,
+                                                         **options.get("concurrency_groups", {})}}
         return self.ray.remote(**options)(cls) if options else self.ray.remote(cls)
 
     def get(self, refs, *, timeout=None):
@@ -120,28 +126,37 @@ class RayBackend(Backend):
     def node_id(self):
         try:
             return self.ray.get_runtime_context().get_node_id()
-        except Exception:
+        except Exception:   # no Ray worker context here: the node is not known
             return None
 
 
-def _in_order(cls: type) -> type:
+# The concurrency group of the methods that DDLF runs on an actor's event loop.
+_LOOP = "loop"
+
+
+def _in_order(cls: type, ray) -> tuple[type, bool]:
     """``cls``, or a subclass of it whose ``async def`` methods are plain methods (each
-    runs its coroutine to the end), so that Ray makes a normal, in-order actor of it."""
+    runs its coroutine to the end) in the concurrency group ``"loop"``, so that Ray makes
+    a threaded actor of it whose other calls run one at a time, in order; and whether it
+    is such a subclass."""
     coros = [name for name, fn in inspect.getmembers(cls, inspect.iscoroutinefunction)
              if not name.startswith("__")]
     if not coros:
-        return cls
+        return cls, False
 
     def plain(fn):
-        @functools.wraps(fn)
         def method(self, *args, **kwargs):
             coro = fn(self, *args, **kwargs)
             if asyncio._get_running_loop() is not None:
                 return coro   # awaited by another of these methods (run_method's _ddlf_call)
             return asyncio.run(coro)
-        return method
+        # Not functools.wraps: Ray follows __wrapped__, finds a coroutine function and
+        # makes an async actor again, whose sync methods block its event loop.
+        method.__name__, method.__qualname__ = fn.__name__, fn.__qualname__
+        method.__doc__, method.__module__ = fn.__doc__, fn.__module__
+        return ray.method(concurrency_group=_LOOP)(method)
 
     namespace = {name: plain(getattr(cls, name)) for name in coros}
     namespace["__module__"] = cls.__module__
     namespace["__qualname__"] = f"{cls.__qualname__}.InOrder"   # not found by name:
-    return type(cls.__name__, (cls,), namespace)                 # pickled by value
+    return type(cls.__name__, (cls,), namespace), True          # pickled by value

@@ -8,16 +8,18 @@
     delta_hat = up.decode(payload)   # on the driver
 
 Spec strings: ``none``, ``lz4``, ``zstd[:level]`` (lossless, bit-exact), ``fp16``,
-``int8`` (per-tensor scale), ``topk:<fraction>`` (with error feedback); ``:ef`` or
+``int8`` (per-tensor scale), ``int4[:block]`` (4 bits, a scale per block of 128),
+``topk:<fraction>`` (with error feedback); ``:ef`` or
 ``:noef`` after a lossy codec turns error feedback on or off. Each codec's docstring
 states its error bound. ``lz4`` and ``zstd`` need ``pip install 'ddlf-actors[compress]'``.
 
 numpy only at import time; the compression libraries are imported when first used.
 """
 
-from . import lossless, quantize, topk  # noqa: F401 - importing registers the codecs
+from . import int4, lossless, quantize, topk  # noqa: F401 - importing registers the codecs
 from .base import Codec, CodecUnavailableError, Encoded
 from .feedback import Encoder, ErrorFeedback
+from .int4 import Int4Codec
 from .lossless import LZ4Codec, NoneCodec, ZstdCodec
 from .quantize import FP16Codec, Int8Codec
 from .registry import decode, forms, get, names, register, resolve_pair
@@ -40,5 +42,6 @@ __all__ = [
     "ZstdCodec",
     "FP16Codec",
     "Int8Codec",
+    "Int4Codec",
     "TopKCodec",
 ]

@@ -146,6 +146,17 @@ class Codec:
             parts.append("ef" if self.error_feedback else "noef")
         return ":".join(parts)
 
+    def predicted_nbytes(self, size: int, dtype) -> int | None:
+        """The bytes one tensor of ``size`` elements of ``dtype`` takes once encoded, when
+        that does not depend on its values; None when it does (a compressor's output).
+
+        It assumes the codec's usual method: the rare tensors a codec sends as they are
+        because of their values (int8's subnormal scales, fp16's tensors at the ends of
+        float32's range) take their raw bytes instead. What a ring collective can foretell
+        it will send (``ring.ring_send_bytes``).
+        """
+        return None
+
     @classmethod
     def available(cls) -> None:
         """Raise :class:`CodecUnavailableError` if this codec's library is missing."""

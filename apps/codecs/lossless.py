@@ -27,6 +27,9 @@ class NoneCodec(Codec):
     name = "none"
     form = "none"
 
+    def predicted_nbytes(self, size, dtype):
+        return size * np.dtype(dtype).itemsize
+
     def encode_tensor(self, index, a):
         return raw(a)
 

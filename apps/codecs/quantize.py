@@ -41,6 +41,10 @@ class FP16Codec(Codec):
     form = "fp16"
     lossless = False
 
+    def predicted_nbytes(self, size, dtype):
+        dtype = np.dtype(dtype)
+        return 2 * size if _lossy_dtype(dtype, size) else size * dtype.itemsize
+
     def encode_tensor(self, index, a):
         if not is_lossy_float(a) or a.dtype == np.float16:
             return raw(a)
@@ -82,6 +86,10 @@ class Int8Codec(Codec):
     form = "int8"
     lossless = False
 
+    def predicted_nbytes(self, size, dtype):
+        dtype = np.dtype(dtype)
+        return size if _lossy_dtype(dtype, size) else size * dtype.itemsize
+
     def encode_tensor(self, index, a):
         if not is_lossy_float(a):
             return raw(a)
@@ -113,6 +121,11 @@ class Int8Codec(Codec):
         work = np.float32 if dtype == np.float16 else dtype.type
         out = np.multiply(seg, work(scalar), dtype=work)
         return out.astype(dtype, copy=False).reshape(shape)
+
+
+def _lossy_dtype(dtype: np.dtype, size: int) -> bool:
+    """Whether a tensor of this dtype and size is quantized (as is_lossy_float decides)."""
+    return dtype.kind == "f" and dtype.itemsize <= 8 and size > 0
 
 
 def _size(shape) -> int:

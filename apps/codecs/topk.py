@@ -68,6 +68,15 @@ class TopKCodec(Codec):
     def param_text(self):
         return repr(self.fraction)
 
+    def predicted_nbytes(self, size, dtype):
+        dtype = np.dtype(dtype)
+        whole = size * dtype.itemsize
+        if dtype.kind != "f" or dtype.itemsize > 8 or size == 0:
+            return whole
+        k = self.kept(size)
+        sent = k * (np.min_scalar_type(size - 1).itemsize + dtype.itemsize)
+        return whole if sent >= whole else sent
+
     def kept(self, n: int) -> int:
         """How many of a tensor's ``n`` entries are sent."""
         return min(n, max(1, int(round(self.fraction * n))))

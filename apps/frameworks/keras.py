@@ -32,10 +32,13 @@ class KerasAdapter(FrameworkAdapter):
     def configure_threads(cls, n: int) -> None:
         """TensorFlow gets ``n`` intra-op threads and 1 inter-op thread, set before TF
         starts (imported quietly: its start-up lines would reach the driver's terminal,
-        see ``tf_startup.py``)."""
+        see ``tf_startup.py``). Keras on another backend is left to that backend."""
         os.environ["OMP_NUM_THREADS"] = str(n)
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(n)
         os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+        keras = sys.modules.get("keras")
+        if keras is not None and keras.backend.backend() != "tensorflow":
+            return
         tf = tf_startup.import_tensorflow()
         try:
             tf.config.threading.set_intra_op_parallelism_threads(n)

@@ -7,28 +7,34 @@
 - ``easgd``: elastic averaging SGD (``easgd.py``);
 - ``downpour``: Downpour SGD (``downpour.py``).
 
-A new scheme is one module with a ``Scheme`` subclass and one ``register`` line below.
+Each is a state machine (``machine.py``) that one driver loop runs over a backend
+(``driver.py``). A new scheme is one module with its options and its machine, and one
+``register`` line below (``docs/training.md`` shows a whole one).
 """
 
 from . import registry
-from .allreduce import AllreduceScheme, CollectiveError, WeightsLostError, train_allreduce
-from .api import train
-from .asynchronous import AsyncScheme, train_async
-from .base import Scheme, TooFewTrainersError
-from .downpour import DownpourScheme
-from .easgd import EasgdScheme
+from .allreduce import AllreduceMachine, AllreduceOptions, CollectiveError, WeightsLostError
+from .api import resolve_options, split_options, train, train_allreduce, train_async, train_sync
+from .asynchronous import AsyncMachine, AsyncOptions
+from .downpour import DownpourMachine, DownpourOptions
+from .driver import Driver
+from .easgd import EasgdMachine, EasgdOptions
+from .errors import TooFewTrainersError, TrainerStartError
+from .machine import Machine
 from .outer import OuterOptimizer
-from .pool import TrainerPool, TrainerStartError
+from .pool import TrainerPool
 from .registry import UnknownSchemeError, register
-from .sync import SyncScheme, train_sync
+from .sync import SyncMachine, SyncOptions
 
-register("sync", SyncScheme)
-register("async", AsyncScheme)
-register("allreduce", AllreduceScheme)
-register("easgd", EasgdScheme)
-register("downpour", DownpourScheme)
+register("sync", SyncMachine)
+register("async", AsyncMachine)
+register("allreduce", AllreduceMachine)
+register("easgd", EasgdMachine)
+register("downpour", DownpourMachine)
 
 __all__ = ["train", "train_sync", "train_async", "train_allreduce", "register", "registry",
-           "Scheme", "SyncScheme", "AsyncScheme", "AllreduceScheme", "EasgdScheme",
-           "DownpourScheme", "OuterOptimizer", "TrainerPool", "TrainerStartError",
+           "resolve_options", "split_options", "Machine", "Driver", "SyncMachine",
+           "SyncOptions", "AsyncMachine", "AsyncOptions", "AllreduceMachine",
+           "AllreduceOptions", "EasgdMachine", "EasgdOptions", "DownpourMachine",
+           "DownpourOptions", "OuterOptimizer", "TrainerPool", "TrainerStartError",
            "TooFewTrainersError", "UnknownSchemeError", "WeightsLostError", "CollectiveError"]

@@ -9,15 +9,16 @@ parameter server) on two periods of its own local steps:
   ``w ← w − update`` (divided by staleness + 1 with ``staleness_scaling``, the staleness
   being the updates applied since that trainer's fetch).
 
-Trainers never wait for each other. Each sample's update reaches the weights once, at
-its full rate, as in Downpour (``train_async`` divides each delta by K instead).
+Trainers never wait for each other (``workqueue.py``: the queue, SSP, epochs, faults).
+Each sample's update reaches the weights once, at its full rate, as in Downpour
+(``async`` divides each delta by K instead).
 
 How that maps onto calls: the work queue holds pieces of ``u = min(n_fetch, n_push)``
-steps, and each piece is one call of ``TrainerActor.run_steps``. A call carries the
-weights only when a fetch is due and returns the accumulated update only when a push is
-due (the trainer keeps it in between), so traffic follows the two periods; the larger
-period must be a multiple of the smaller. A trainer's last call of the run pushes what it
-holds.
+steps, and each piece is one call of the trainer's :meth:`DownpourTrainer.run_steps`
+(below: the trainer side of this scheme). A call carries the weights only when a fetch is
+due and returns the accumulated update only when a push is due (the trainer keeps it in
+between), so traffic follows the two periods; the larger period must be a multiple of the
+smaller. A trainer's last call of the run pushes what it holds.
 
 Faults: a lost trainer's piece in flight *and* the pieces whose update it had not pushed
 yet go back to the queue (their update never reached the weights), so each sample
@@ -27,97 +28,115 @@ checkpoint puts unpushed pieces back in the queue the same way.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from typing import Any, Callable, ClassVar
+
 import numpy as np
 
-from ..config import TrainConfig
-from ..trainer import nbytes
-from .asynchronous import AsyncScheme, _Update
+from ..arrays import nbytes
+from ..options import ConfigError, SchemeOptions, boolean, int_at_least, option, schedule
 from .averaging import apply_delta
-from .pool import Slot
+from .orders import TRAIN, Call, Order
+from .slots import Slot
 from .wire import PLAIN
+from .workqueue import QueueMachine, Update
 
-__all__ = ["DownpourScheme"]
+__all__ = ["DownpourOptions", "DownpourMachine", "DownpourTrainer"]
 
 
-class DownpourScheme(AsyncScheme):
+@dataclasses.dataclass
+class DownpourOptions(SchemeOptions):
+    scheme: ClassVar[str] = "downpour"
+
+    n_fetch: int | None = option(None, check=int_at_least(1),
+                                 help="fetch the weights every N local steps (default 16)")
+    n_push: int | None = option(None, check=int_at_least(1),
+                                help="push the accumulated update every N local steps "
+                                     "(default 16)")
+    staleness_bound: int | None = option(
+        None, check=int_at_least(0),
+        help="SSP: no trainer more than this many updates ahead of the slowest")
+    staleness_scaling: bool | None = option(
+        None, check=boolean, cli="flag", help="divide each update by its staleness + 1")
+    lr_schedule: Any = option(
+        None, check=schedule, cli=None,
+        help="the trainers' rate: a Keras schedule or f(step) -> rate")
+
+    def defaults(self, config) -> dict:
+        return {"n_fetch": 16, "n_push": 16, "staleness_scaling": False}
+
+    def validate(self, config) -> None:
+        small, large = sorted((self.n_fetch, self.n_push))
+        if large % small:
+            raise ConfigError(f"n_fetch={self.n_fetch} and n_push={self.n_push}:",
+                              f"the larger must be a multiple of the smaller (one call runs "
+                              f"{small} steps), e.g. {small} and {small * -(-large // small)}")
+
+
+class DownpourMachine(QueueMachine):
     name = "downpour"
+    Options = DownpourOptions
     # Its trainers exchange plain weights and deltas with their own calls: compression= is
-    # refused by name rather than ignored (schemes/wire.py).
+    # refused by name rather than ignored (wire.py).
     wire_modes = (PLAIN,)
-    options = ("staleness_bound", "staleness_scaling", "lr_schedule", "n_fetch", "n_push")
-    defaults = {"n_fetch": 16, "n_push": 16, "staleness_scaling": False}
 
-    def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
-        super().__init__(model_fn, dataset, config, trainers)
-        cfg = self.config
-        small = min(cfg.n_fetch, cfg.n_push)
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        o = self.options
+        small = min(o.n_fetch, o.n_push)
         self.unit = small
-        self.fetch_every = cfg.n_fetch // small    # in calls
-        self.push_every = cfg.n_push // small
+        self.fetch_every = o.n_fetch // small    # in calls
+        self.push_every = o.n_push // small
         self.since_fetch: dict[int, int | None] = {}   # slot -> calls since its fetch; None: due
         self.fetched_at: dict[int, int] = {}          # slot -> weights version it fetched
         self.unpushed: dict[int, list] = {}            # slot -> pieces trained, not pushed
         self.fresh: set[int] = set()                   # slots whose next call starts clean
+        self._w_ref: Any = None
+        self._w_ref_version = -1
 
-    @classmethod
-    def validate(cls, config: TrainConfig) -> None:
-        small, large = sorted((config.n_fetch, config.n_push))
-        if large % small:
-            raise ValueError(f"n_fetch={config.n_fetch} and n_push={config.n_push}: the larger "
-                             f"must be a multiple of the smaller (one call runs {small} steps), "
-                             f"e.g. {small} and {small * -(-large // small)}")
-
-    def _cut_epoch(self, epoch: int, part: int | None) -> list:
+    def cut_epoch(self, epoch: int, part: int | None) -> list:
         return self.plan.sized_pieces(epoch, self.unit * self.config.batch_size, part)
 
     # -- calls ---------------------------------------------------------------------------------
-    def _call(self, slot: Slot, indices: np.ndarray, want_state: bool):
-        j = slot.index
-        held = len(self.unpushed.get(j, ()))
-        push = held + 1 >= self.push_every or not self._more_work(j)
+    def train_call(self, slot: Slot, indices: np.ndarray, want_state: bool) -> Call:
+        held = len(self.unpushed.get(slot.index, ()))
+        push = held + 1 >= self.push_every or not self.queue(slot.index)
         return self._run_steps(slot, indices, push, want_state)
 
-    def _call_without_work(self, slot: Slot, want_state: bool):
+    def idle_call(self, slot: Slot, want_state: bool) -> Call | None:
         """No work left: a trainer holding an update it has not pushed pushes it now."""
         if not self.unpushed.get(slot.index):
             return None
         return self._run_steps(slot, np.zeros(0, np.int32), True, want_state)
 
-    def _shared_weights_ref(self):
-        """One plain ``put`` of the current weights per version (no codec: see wire_modes)."""
-        if self._w_ref_version != self.round_no:
-            self._w_ref, self._w_ref_version = self.put_weights(self.w), self.round_no
-        return self._w_ref
-
-    def _run_steps(self, slot: Slot, indices: np.ndarray, push: bool, want_state: bool):
+    def _run_steps(self, slot: Slot, indices: np.ndarray, push: bool, want_state: bool) -> Call:
         cfg = self.config
         j = slot.index
         since = self.since_fetch.get(j)
         weights = None
         if since is None or since >= self.fetch_every:
-            weights = self._shared_weights_ref()
-            self.since_fetch[j] = 0
+            if self._w_ref_version != self.round_no:   # one plain put per version
+                self._w_ref, self._w_ref_version = self.wire.put(self.w), self.round_no
+            weights = self._w_ref
+            since = 0
             self.fetched_at[j] = self.round_no
             self.bytes_sent += nbytes(self.w)
-        self.since_fetch[j] += 1
+        self.since_fetch[j] = since + 1
         fresh = j in self.fresh
         self.fresh.discard(j)
         self.bytes_sent += indices.nbytes
-        return slot.handle.run_steps.remote(weights, indices, cfg.worker_epochs, cfg.batch_size,
-                                            push, fresh=fresh, return_state=want_state,
-                                            **self._rate_kwargs())
+        return self.call(slot, ("run_steps", (weights, indices, cfg.worker_epochs,
+                                              cfg.batch_size, push),
+                                {"fresh": fresh, "return_state": want_state,
+                                 **self.rate_kwargs()}), TRAIN)
 
-    def _more_work(self, slot_index: int) -> bool:
-        """Whether the queue holds more for this trainer after the piece just taken."""
-        q = self._queue(slot_index)   # plans the next epoch if this one is used up
-        return bool(q)
-
-    def _start_version(self, slot: Slot) -> int:
+    def start_version(self, slot: Slot) -> int:
         return self.fetched_at.get(slot.index, self.round_no)
 
     # -- results -------------------------------------------------------------------------------
-    def _absorb(self, update: _Update, value) -> bool:
-        pushed, stats = value
+    def absorb(self, update: Update, value) -> bool:
+        pushed, _stats = value
         j = update.slot.index
         if pushed is None:
             self.unpushed.setdefault(j, []).append(update.piece)
@@ -125,33 +144,83 @@ class DownpourScheme(AsyncScheme):
         self.unpushed.pop(j, None)
         self.bytes_received += nbytes(pushed)
         scale = 1.0
-        if self.config.staleness_scaling:
+        if self.options.staleness_scaling:
             scale /= self.round_no - update.start_version + 1
         self.w = apply_delta(self.w, pushed, scale)
         return True
 
     # -- faults and membership -----------------------------------------------------------------
-    def lose(self, slot: Slot, error: BaseException) -> None:
-        super().lose(slot, error)
+    def forget(self, slot: Slot) -> None:
         # Trained but never pushed: the weights never saw it, so it is trained again.
         self._requeue_unpushed(slot.index)
         self.since_fetch[slot.index] = None
 
-    def admit(self, slots) -> None:
-        super().admit(slots)
+    def admit(self, slots) -> list[Order]:
+        orders = super().admit(slots)
         for slot in slots:   # a new trainer fetches first and holds no accumulation
             self.since_fetch[slot.index] = None
             self.fresh.add(slot.index)
             self._requeue_unpushed(slot.index)
+        return orders
 
     def _requeue_unpushed(self, slot_index: int) -> None:
-        q = self._queue(slot_index)
+        q = self.queue(slot_index)
         for piece in reversed(self.unpushed.pop(slot_index, [])):
             q.appendleft(piece)
 
     def _work_left(self) -> bool:
         return super()._work_left() or any(self.unpushed.values())
 
-    def _unapplied(self) -> list:
+    def unapplied(self) -> list:
         held = [(p, j) for j, pieces in self.unpushed.items() for p in reversed(pieces)]
-        return super()._unapplied() + held
+        return super().unapplied() + held
+
+
+class DownpourTrainer:
+    """The trainer side of Downpour: ``TrainerActor`` inherits :meth:`run_steps`."""
+
+    # What the class it is mixed into (TrainerActor) provides.
+    _run: Callable[..., Any]
+    _stats: Callable[..., dict]
+    get_weights: Callable[[], list]
+    set_weights: Callable[[list], None]
+    _accumulated: dict | None = None   # the update not pushed yet
+
+    def run_steps(self, weights, indices, epochs: int, batch_size: int, push: bool,
+                  fresh: bool = False, return_state: bool = False,
+                  learning_rate: float | None = None):
+        """Train from ``weights`` (a fetch; None: carry on from this trainer's own
+        weights) on rows ``indices``, adding the change to an accumulated update. With
+        ``push``, return ``(update, stats)`` and start a new accumulation: ``update`` is
+        old − new summed over every call since the last push, ``stats["samples"]`` and
+        ``stats["loss"]`` cover those calls. Without, return ``(None, stats)`` with
+        ``samples`` 0. ``fresh`` drops an accumulation left from another run.
+        ``stats["trained"]`` is this call's own samples."""
+        start = time.perf_counter()
+        if fresh:
+            self._accumulated = None
+        acc = self._accumulated or {"update": None, "samples": 0, "loss": 0.0}
+        if len(indices):
+            old, new, loss, samples = self._run(weights, indices, epochs, batch_size,
+                                                learning_rate)
+            change = [o - n for o, n in zip(old, new)]
+            acc["update"] = change if acc["update"] is None else [
+                a + c for a, c in zip(acc["update"], change)]
+            acc["samples"] += samples
+            acc["loss"] += loss * samples
+        elif weights is not None:
+            self.set_weights(weights)
+        trained = int(len(indices))
+        if not push:
+            self._accumulated = acc
+            stats = self._stats(start, 0, 0.0, return_state)
+            stats["trained"] = trained
+            return None, stats
+        self._accumulated = None
+        update = acc["update"]
+        if update is None:   # nothing trained since the last push
+            update = [np.zeros_like(w) for w in self.get_weights()]
+        stats = self._stats(start, acc["samples"],
+                            acc["loss"] / acc["samples"] if acc["samples"] else 0.0, return_state)
+        stats["trained"] = trained
+        return update, stats

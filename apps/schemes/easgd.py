@@ -9,13 +9,13 @@ by a spring of strength ``alpha``:
     x_j ← x_j − e
     x̃  ← x̃ + e
 
-Trainers never wait for each other (the paper's asynchronous EASGD, its Algorithm 1).
-The exchange is computed on the driver with the center *as it is when the trainer's
-steps arrive*, so the center a trainer is pulled toward is never stale: a call sends
-``x_j`` and returns ``delta = x_j − x_j'``; the driver computes ``x_j'``, the exchange,
-and sends ``x_j − e`` with the trainer's next call. The driver keeps each ``x_j`` (one
-copy of the weights per trainer), so a call carries the same bytes as an asynchronous
-one, and checkpoints hold every ``x_j``.
+Trainers never wait for each other (the paper's asynchronous EASGD, its Algorithm 1;
+the queue, SSP and faults are ``workqueue.py``'s). The exchange is computed on the driver
+with the center *as it is when the trainer's steps arrive*, so the center a trainer is
+pulled toward is never stale: a call sends ``x_j`` and returns ``delta = x_j − x_j'``; the
+driver computes ``x_j'``, the exchange, and sends ``x_j − e`` with the trainer's next
+call. The driver keeps each ``x_j`` (one copy of the weights per trainer), so a call
+carries the same bytes as an asynchronous one, and checkpoints hold every ``x_j``.
 
 ``alpha`` defaults to ``0.9 / K`` (the paper's β = Kα = 0.9); ``tau`` (local steps
 between exchanges) to 16. A lost trainer's piece goes back to the queue; its replacement
@@ -25,15 +25,38 @@ call that was lost), and a trainer new to the run starts from the center.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, ClassVar
+
 import numpy as np
 
-from ..config import TrainConfig
-from ..trainer import nbytes
-from .asynchronous import AsyncScheme, _Update
-from .pool import Slot
+from ..arrays import nbytes
+from ..options import SchemeOptions, int_at_least, number_in, option, schedule
+from .orders import TRAIN, Call
+from .slots import Slot
 from .wire import PLAIN
+from .workqueue import QueueMachine, Update
 
-__all__ = ["EasgdScheme", "elastic_exchange"]
+__all__ = ["EasgdOptions", "EasgdMachine", "elastic_exchange"]
+
+
+@dataclasses.dataclass
+class EasgdOptions(SchemeOptions):
+    scheme: ClassVar[str] = "easgd"
+
+    alpha: float | None = option(None, check=number_in(0.0, 1.0, low_open=True),
+                                 help="elastic coefficient (default 0.9/K)")
+    tau: int | None = option(None, check=int_at_least(1),
+                             help="local steps between exchanges (default 16)")
+    staleness_bound: int | None = option(
+        None, check=int_at_least(0),
+        help="SSP: no trainer more than this many updates ahead of the slowest")
+    lr_schedule: Any = option(
+        None, check=schedule, cli=None,
+        help="the trainers' rate: a Keras schedule or f(step) -> rate")
+
+    def defaults(self, config) -> dict:
+        return {"tau": 16, "alpha": 0.9 / config.workers}
 
 
 def elastic_exchange(center: list, local: list, alpha: float) -> tuple[list, list]:
@@ -46,53 +69,47 @@ def elastic_exchange(center: list, local: list, alpha: float) -> tuple[list, lis
     return new_center, new_local
 
 
-class EasgdScheme(AsyncScheme):
+class EasgdMachine(QueueMachine):
     name = "easgd"
+    Options = EasgdOptions
     # Its trainers exchange plain weights and deltas with their own calls: compression= is
-    # refused by name rather than ignored (schemes/wire.py).
+    # refused by name rather than ignored (wire.py).
     wire_modes = (PLAIN,)
-    options = ("staleness_bound", "lr_schedule", "alpha", "tau")
-    defaults = {"tau": 16}
 
-    def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
-        super().__init__(model_fn, dataset, config, trainers)
+    def __init__(self, ctx):
+        super().__init__(ctx)
         self.local: dict[int, list] = {}   # slot -> x_j as last sent to its trainer
 
-    @classmethod
-    def scheme_defaults(cls, config: TrainConfig) -> dict:
-        return {**cls.defaults, "alpha": 0.9 / config.workers}
-
-    def _cut_epoch(self, epoch: int, part: int | None) -> list:
+    def cut_epoch(self, epoch: int, part: int | None) -> list:
         # One piece is one exchange period: tau local steps.
-        return self.plan.sized_pieces(epoch, self.config.tau * self.config.batch_size, part)
+        return self.plan.sized_pieces(epoch, self.options.tau * self.config.batch_size, part)
 
-    def _call(self, slot: Slot, indices: np.ndarray, want_state: bool):
+    def train_call(self, slot: Slot, indices: np.ndarray, want_state: bool) -> Call:
         cfg = self.config
         x = self.local.get(slot.index)
         if x is None:   # a trainer new to the run starts from the center
             x = self.local[slot.index] = self.w
-        ref = slot.handle.train.remote(self.put_weights(x), indices, cfg.worker_epochs,
-                                       cfg.batch_size, return_state=want_state,
-                                       **self._rate_kwargs())
         self.bytes_sent += nbytes(x) + indices.nbytes
-        return ref
+        return self.call(slot, ("train", (self.wire.put(x), indices, cfg.worker_epochs,
+                                          cfg.batch_size),
+                                {"return_state": want_state, **self.rate_kwargs()}), TRAIN)
 
-    def _absorb(self, update: _Update, value):
-        delta, stats = value
+    def absorb(self, update: Update, value) -> bool:
+        delta, _stats = value
         self.bytes_received += nbytes(delta)
         j = update.slot.index
         trained = [x - d.astype(x.dtype, copy=False) for x, d in zip(self.local[j], delta)]
-        self.w, self.local[j] = elastic_exchange(self.w, trained, self.config.alpha)
+        self.w, self.local[j] = elastic_exchange(self.w, trained, self.options.alpha)
         return True
 
     # -- checkpoints: the center is the checkpoint's weights; each x_j goes with it ---------
-    def _pending_arrays(self) -> dict:
-        out = super()._pending_arrays()
+    def pending_arrays(self) -> dict:
+        out = super().pending_arrays()
         for j, x in self.local.items():
             out[f"local{j}"] = x
         return out
 
-    def restore_position(self, ckpt) -> None:
-        super().restore_position(ckpt)
+    def restore(self, ckpt) -> None:
+        super().restore(ckpt)
         self.local = {int(name[len("local"):]): [np.array(a, copy=True) for a in arrays]
                       for name, arrays in ckpt.arrays.items() if name.startswith("local")}

@@ -20,32 +20,28 @@ on with the trainers it has.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
+import logging
 import time
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
-from ddlf_actors.errors import ActorDiedError, DDLFError, UnschedulableError
+from ddlf_actors.errors import ActorDiedError, UnschedulableError
 
 from .. import backends, datasets
 from ..config import TrainConfig
 from ..records import EventKind
-from ..trainer import TrainerActor
+from .errors import TrainerStartError
+from .slots import LOSS_ERRORS, Slot, SlotState
 
 __all__ = ["TrainerPool", "Slot", "SlotState", "TrainerStartError", "check_dataset",
-           "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS"]
+           "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS",
+           "default_trainer_cls"]
 
-# What a trainer's call raises when the trainer itself is gone (not when its code raised).
-# Every backend raises DDLF's ActorDiedError for it (Ray's errors are turned into it).
-LOSS_ERRORS = (ActorDiedError,)
+log = logging.getLogger("ddlf_actors.train")
+
 # A replacement that dies while starting, not in __init__ (its node died again...), is
 # started again up to this many times in a row before its slot is given up.
 _START_RETRIES = 3
-
-
-class TrainerStartError(DDLFError):
-    """A trainer could not build its model or load its dataset."""
 
 
 def check_dataset(dataset) -> None:
@@ -62,31 +58,22 @@ def check_dataset(dataset) -> None:
                         f"datasets.partitioned(path), got {type(dataset).__name__}")
 
 
-class SlotState(enum.Enum):
-    STARTING = "starting"
-    LIVE = "live"
-    LOST = "lost"
-    FAILED = "failed"
+def _quietly(what: str, arg, fn, *args) -> None:
+    """``fn(*args)``, whose failure only means there is nothing left to end: the actor or
+    group is already gone with its node or session, which is what ending it wanted.
+    Logged at debug level, never raised: cleanup must reach every other trainer."""
+    try:
+        fn(*args)
+    except Exception as e:
+        log.debug(what + " failed (already gone?): %s", arg, e)
 
 
-@dataclasses.dataclass(eq=False)
-class Slot:
-    """One trainer position of a run."""
+def default_trainer_cls() -> type:
+    """``TrainerActor`` (imported when needed: the trainer imports the schemes' trainer
+    sides, whose package imports this module)."""
+    from ..trainer import TrainerActor
 
-    index: int
-    handle: Any = None
-    state: SlotState = SlotState.STARTING
-    info: dict | None = None          # the trainer's describe(): sizes, pid, node
-    ready_ref: Any = None                # describe() while STARTING
-    group: Any = None                    # the placement group its bundle is in
-    bundle: int = 0
-    owned: bool = True                   # False for trainers the caller passed in
-    starts: int = 0                      # trainers this slot has had
-    start_failures: int = 0              # in a row, not counting __init__ errors
-
-    @property
-    def node(self) -> str | None:
-        return (self.info or {}).get("node")
+    return TrainerActor
 
 
 class TrainerPool:
@@ -94,7 +81,8 @@ class TrainerPool:
 
     def __init__(self, model_fn, dataset, config: TrainConfig,
                  emit: Callable[[EventKind, Slot | None, str], None],
-                 adopted: list | None = None, backend: backends.Backend | None = None):
+                 adopted: list | None = None, backend: backends.Backend | None = None,
+                 trainer_cls: type | None = None):
         self.model_fn = model_fn
         self.dataset = dataset
         self.config = config
@@ -104,8 +92,8 @@ class TrainerPool:
         self._adopted = adopted
         self.backend = backend or backends.select(config.backend)
         options = dict(config.trainer_options)
-        self._actor_cls = self.backend.remote(config.trainer_cls or TrainerActor,
-                                              num_cpus=config.num_cpus, **options)
+        cls = trainer_cls or config.trainer_cls or default_trainer_cls()
+        self._actor_cls = self.backend.remote(cls, num_cpus=config.num_cpus, **options)
         bundle = {"CPU": float(config.num_cpus), **(options.get("resources") or {})}
         self._bundle = {k: float(v) for k, v in bundle.items() if v}
         # Nothing to reserve, or the caller placed the trainers itself.
@@ -153,15 +141,9 @@ class TrainerPool:
             return   # their cluster is gone with them; do not start a new one to kill them
         for slot in self.slots:
             if slot.owned and slot.handle is not None:
-                try:
-                    self.backend.kill(slot.handle)
-                except Exception:  # the session may already be gone
-                    pass
+                _quietly("killing trainer %s", slot.index, self.backend.kill, slot.handle)
         for pg in self._groups:
-            try:
-                self.backend.remove_placement_group(pg)
-            except Exception:
-                pass
+            _quietly("freeing placement group %s", pg, self.backend.remove_placement_group, pg)
         self._groups = []
 
     # -- membership ------------------------------------------------------------------------
@@ -223,10 +205,9 @@ class TrainerPool:
     # -- internals -------------------------------------------------------------------------
     def _create(self, slot: Slot) -> None:
         if slot.handle is not None and slot.owned:
-            try:
-                self.backend.kill(slot.handle)   # usually dead already; a hung one must not linger
-            except Exception:
-                pass
+            # Usually dead already; a hung one must not linger.
+            _quietly("killing the trainer of slot %s", slot.index, self.backend.kill,
+                     slot.handle)
         cls = self._actor_cls
         if slot.group is not None:
             cls = cls.options(scheduling_strategy=self.backend.in_bundle(slot.group, slot.bundle))
@@ -305,7 +286,8 @@ class TrainerPool:
             return True
         try:
             return self.backend.placement_group_table(pg).get("state") == "CREATED"
-        except Exception:
+        except Exception as e:   # a group the head no longer knows is not placed
+            log.debug("placement group %s: %s", pg, e)
             return False
 
 
@@ -342,10 +324,7 @@ def stop_trainers(trainers) -> None:
     if not backend.is_initialized():
         return
     for t in trainers or ():
-        try:
-            backend.kill(t)
-        except Exception:
-            pass
+        _quietly("killing trainer %s", t, backend.kill, t)
 
 
 def describe_trainers(trainers, backend=None) -> list[dict]:

@@ -1,8 +1,8 @@
 """Training schemes by name: what ``train(..., scheme=NAME)`` and ``ddlf-train --scheme`` take.
 
-A scheme is one module under ``apps/schemes/`` holding a :class:`~.base.Scheme` subclass;
-``apps/schemes/__init__.py`` registers each one under its name. Adding a scheme is that
-file plus one ``register`` line.
+A scheme is one module under ``apps/schemes/`` holding its options dataclass and its
+:class:`~.machine.Machine` subclass; ``apps/schemes/__init__.py`` registers each one under
+its name. Adding a scheme is that file plus one ``register`` line.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .base import Scheme
+    from .machine import Machine
 
-__all__ = ["register", "get", "names", "accepting", "UnknownSchemeError"]
+__all__ = ["register", "get", "names", "accepting", "option_names", "UnknownSchemeError"]
 
-_SCHEMES: dict[str, type[Scheme]] = {}
+_SCHEMES: dict[str, type[Machine]] = {}
 
 
 class UnknownSchemeError(ValueError):
@@ -22,7 +22,7 @@ class UnknownSchemeError(ValueError):
 
 
 def register(name: str, cls: type) -> type:
-    """Make ``cls`` (a ``Scheme`` subclass) the scheme called ``name``; return it.
+    """Make ``cls`` (a ``Machine`` subclass) the scheme called ``name``; return it.
 
     Raises ``ValueError`` if another class already holds the name.
     """
@@ -35,8 +35,8 @@ def register(name: str, cls: type) -> type:
     return cls
 
 
-def get(name: str) -> type[Scheme]:
-    """The scheme class registered as ``name``; ``UnknownSchemeError`` naming the others."""
+def get(name: str) -> type[Machine]:
+    """The scheme registered as ``name``; ``UnknownSchemeError`` naming the others."""
     try:
         return _SCHEMES[name]
     except (KeyError, TypeError):
@@ -50,5 +50,10 @@ def names() -> list[str]:
 
 
 def accepting(option: str) -> list[str]:
-    """The names of the schemes that read the scheme-level setting ``option``."""
-    return [n for n, cls in _SCHEMES.items() if option in getattr(cls, "options", ())]
+    """The names of the schemes whose options include ``option``."""
+    return [n for n, cls in _SCHEMES.items() if option in cls.Options.names()]
+
+
+def option_names() -> list[str]:
+    """Every scheme-level setting of every registered scheme, each once, in order."""
+    return list(dict.fromkeys(n for cls in _SCHEMES.values() for n in cls.Options.names()))

@@ -28,30 +28,14 @@ with ``backup_workers`` is not reproducible bit for bit, resumed or not.
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any
 
-from .pool import Slot
+from .slots import Slot
 
-__all__ = ["LateDeltas", "LateCall", "within_window", "refuse_sync_only", "BALANCED_GRACE"]
+__all__ = ["LateDeltas", "LateCall", "within_window", "BALANCED_GRACE"]
 
 # With balance=True, a round whose quota is in waits this fraction of its time so far
 # for the calls it could leave late.
 BALANCED_GRACE = 0.15
-
-
-def refuse_sync_only(config) -> None:
-    """An asynchronous scheme has no round barrier: refuse the options that act on it.
-
-    Raises ``ValueError`` naming the option and what async does instead.
-    """
-    if config.backup_workers:
-        raise ValueError("backup_workers= applies to train_sync only: train_async has no round "
-                         "barrier to close early, a slow trainer never holds the others up")
-    if config.balance:
-        raise ValueError("balance= applies to train_sync only: train_async is balanced already, "
-                         "each trainer takes its next piece from a shared queue when it is "
-                         "free, so a faster trainer trains more pieces")
 
 
 @dataclasses.dataclass
@@ -59,7 +43,6 @@ class LateCall:
     """A train call left running when its round closed."""
 
     slot: Slot
-    handle: Any          # the trainer it went to (a replacement has another handle)
     round: int           # the round it was handed out in (1-based)
     samples: int
 
@@ -95,7 +78,7 @@ class LateDeltas:
         # last is usually last by a little: a round waits a little for it rather than
         # leave it late (a late trainer sits out the next round).
         self.grace = BALANCED_GRACE if balanced else 0.0
-        self.inflight: dict[Any, LateCall] = {}
+        self.inflight: dict[int, LateCall] = {}     # call id -> the call
         self.arrived: list[_Arrival] = []
 
     # -- who works ---------------------------------------------------------------------------
@@ -120,22 +103,20 @@ class LateDeltas:
         return now + self.grace * (now - t_start)
 
     # -- calls -------------------------------------------------------------------------------
-    def refs(self) -> list:
-        return list(self.inflight)
+    def owns(self, call_id: int) -> bool:
+        return call_id in self.inflight
 
-    def owns(self, ref) -> bool:
-        return ref in self.inflight
-
-    def defer(self, ref, slot: Slot, round_no: int, samples: int) -> None:
+    def defer(self, call_id: int, slot: Slot, round_no: int, samples: int) -> None:
         """A call of round ``round_no`` is still running as the round closes."""
-        self.inflight[ref] = LateCall(slot, slot.handle, round_no, samples)
+        self.inflight[call_id] = LateCall(slot, round_no, samples)
 
-    def take(self, ref) -> LateCall:
-        return self.inflight.pop(ref)
+    def take(self, call_id: int) -> LateCall:
+        return self.inflight.pop(call_id)
 
-    def arrive(self, call: LateCall, value) -> None:
+    def arrive(self, call: LateCall, value, now: float) -> None:
+        """``call`` returned ``value`` at ``now`` (the driver's clock)."""
         delta, stats = value
-        self.arrived.append(_Arrival(call, delta, stats, time.perf_counter()))
+        self.arrived.append(_Arrival(call, delta, stats, now))
 
     # -- folding -----------------------------------------------------------------------------
     def fold(self, round_no: int, t_start: float) -> list[tuple[int, list, dict, dict, int]]:

@@ -5,11 +5,18 @@ partition, waits for their deltas and applies their mean weighted by samples,
 ``w ← w − Σ_j (n_j / Σn) delta_j``. ``rounds_per_epoch = r`` averages r times per
 epoch, each on 1/r of the epoch's permutation (local SGD).
 
-The driver's step on the averaged delta is an outer optimizer (``outer.py``): plain
-averaging by default-free arithmetic (``outer_lr=1``, no momentum), or momentum/Nesterov
-with a rate that may follow a schedule and the linear scaling rule for K
-(``lr_scaling='outer'``, warmed up over ``warmup_rounds``). The trainers' own rate can
-follow ``lr_schedule`` (or ``lr_scaling='inner'``), set by the driver each round.
+The driver's step on the averaged delta is an outer optimizer (``outer.py``). By default
+(``rounds.py``, measured fastest to a target accuracy) it is Nesterov momentum 0.9 at a
+rate of 0.5·K warmed up over half an epoch, every ~32 local steps;
+``rounds_per_epoch=1, outer_momentum=0, lr_scaling="none"`` is the paper's plain average
+once per epoch. The trainers' own rate can follow ``lr_schedule`` (or
+``lr_scaling='inner'``), set by the driver each round.
+
+A round, as a state machine (``machine.py``): it opens with the train calls, the previous
+row's evaluation shards queued before them on the same weights; it closes once every
+delta is in, or with ``backup_workers=b`` once all but b are (after a grace period with
+``balance=True``; the late ones are folded into a later round, ``stragglers.py``); then
+the outer step is taken, the row made and the next round opened.
 
 A trainer lost mid-round costs only its own share of that round: the round completes
 with the deltas that arrived, each weighted by its samples, and the lost trainer's
@@ -23,233 +30,174 @@ run resumed from a checkpoint ends with the same weights as one that was never s
 from __future__ import annotations
 
 import dataclasses
-import time
-from typing import Any
+from typing import Any, ClassVar
 
-from ..config import TrainConfig
-from ..records import HistoryRow
+from ..options import ConfigError, boolean, int_at_least, option
 from .averaging import weighted_mean
 from .balance import RateBalancer
-from .base import Scheme
-from .outer import OuterOptimizer
-from .rates import InnerRate, steps_in
+from .evaluation import Evaluations
+from .events import CallDone, RowDone, Tick, TrainerLost, TrainersJoined
+from .machine import Machine, RunContext
+from .orders import TRAIN, NeedTrainers, Order, SetTimer, Stop
+from .rounds import RoundOptions, Rounds
+from .slots import Slot
 from .stragglers import LateDeltas, within_window
-from .wire import CHANGES, PLAIN, WHOLE
+from .wire import CHANGES, PLAIN, WHOLE, Broadcast
 
-__all__ = ["SyncScheme", "train_sync", "AVERAGING_OPTIONS", "averaging_defaults",
-           "check_averaging", "outer_optimizer", "inner_rate", "default_rounds", "fill_rounds",
-           "STEPS_PER_ROUND"]
-
-# The settings of a scheme that averages deltas in rounds (sync, allreduce).
-AVERAGING_OPTIONS = ("rounds_per_epoch", "eval_every", "outer_lr", "outer_momentum",
-                     "nesterov", "lr_scaling", "warmup_rounds", "lr_schedule")
-# Local steps per trainer per round that rounds_per_epoch aims at when left out.
-STEPS_PER_ROUND = 32
+__all__ = ["SyncOptions", "SyncMachine"]
 
 
-def default_rounds(per_trainer: float, batch_size: int, steps: int = STEPS_PER_ROUND) -> int:
-    """Rounds per epoch that give a trainer with ``per_trainer`` samples an epoch about
-    ``steps`` local steps per round (at least one round)."""
-    return max(1, round(per_trainer / (batch_size * steps)))
+@dataclasses.dataclass
+class SyncOptions(RoundOptions):
+    """``train_sync``'s settings: the rounds and the outer step (:class:`RoundOptions`),
+    and what to do about slow nodes."""
+
+    scheme: ClassVar[str] = "sync"
+
+    backup_workers: int | None = option(
+        None, check=int_at_least(0),
+        help="close a round once all but B deltas are in; late ones are folded into a later "
+             "round, scaled by staleness (default 0)")
+    balance: bool | None = option(
+        None, check=boolean, cli="flag",
+        help="size each trainer's partition by its measured samples/s (default off)")
+
+    DEFAULTS: ClassVar[dict] = {**RoundOptions.DEFAULTS, "backup_workers": 0, "balance": False}
+
+    def validate(self, config) -> None:
+        super().validate(config)
+        if self.backup_workers and self.backup_workers >= config.workers:
+            raise ConfigError("backup_workers", f"must be less than workers ({config.workers}): "
+                              f"a round needs at least one delta, got {self.backup_workers}")
 
 
-def averaging_defaults(config: TrainConfig, defaults: dict) -> dict:
-    """``defaults`` adjusted to what the run set itself: with ``outer_momentum=0`` Nesterov
-    is off; with ``lr_scaling='none'`` there is nothing to warm up and the outer rate is
-    1 (a plain average, unless ``outer_lr`` or momentum say otherwise)."""
-    out = dict(defaults)
-    if config.outer_momentum == 0:
-        out["nesterov"] = False
-    if config.lr_scaling in ("none", "inner") and config.outer_lr is None:
-        out["outer_lr"] = 1.0
-    if config.lr_scaling == "none":
-        out["warmup_rounds"] = 0
-    return out
+@dataclasses.dataclass
+class _Round:
+    """The round that is open: its pieces, its weights and its calls."""
+
+    epoch: int
+    r: int
+    t_start: float
+    pieces: dict
+    bc: Broadcast
+    rate: dict
+    calls: dict[int, Slot] = dataclasses.field(default_factory=dict)   # train calls out
+    results: dict[int, Any] = dataclasses.field(default_factory=dict)  # slot -> (delta, stats)
+    allowed: int = 0            # train calls that may still run when it closes (late)
+    drain: bool = False         # the last round waits for every call, late ones too
+    grace: float | None = None  # when it stops waiting for calls it could leave late
 
 
-def fill_rounds(config: TrainConfig, per_trainer: float) -> TrainConfig:
-    """``config`` with the settings that depend on the data's size filled in, where left
-    out: ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch)
-    and ``warmup_rounds`` (half an epoch's rounds when a K rule is on)."""
-    fill: dict[str, Any] = {}
-    rounds = config.rounds_per_epoch
-    if rounds is None:
-        rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
-    if config.eval_every is None:
-        fill["eval_every"] = rounds
-    if config.warmup_rounds is None:
-        fill["warmup_rounds"] = max(1, rounds // 2) if config.lr_scaling != "none" else 0
-    return dataclasses.replace(config, **fill) if fill else config
-
-
-def check_averaging(config: TrainConfig) -> None:
-    """``ValueError`` for averaging settings that contradict each other."""
-    if config.warmup_rounds and config.lr_scaling == "none":
-        raise ValueError(f"warmup_rounds={config.warmup_rounds} ramps up the linear scaling "
-                         "rule for K: set lr_scaling='outer' or 'inner' too, or leave it out")
-    if config.nesterov and not config.outer_momentum:
-        raise ValueError("nesterov=True needs outer_momentum > 0")
-
-
-def outer_optimizer(config: TrainConfig) -> OuterOptimizer:
-    """The driver's outer step for a resolved ``config``."""
-    return OuterOptimizer(config.outer_lr, config.outer_momentum, config.nesterov,
-                          scale_with_k=config.lr_scaling == "outer",
-                          warmup_rounds=config.warmup_rounds)
-
-
-def inner_rate(config: TrainConfig, base: float | None) -> InnerRate:
-    """The trainers' rate per round for a resolved ``config``; ``base``: their own rate."""
-    return InnerRate(config.lr_schedule, scale_with_k=config.lr_scaling == "inner",
-                     warmup_rounds=config.warmup_rounds, base=base)
-
-
-class SyncScheme(Scheme):
+class SyncMachine(Machine):
     name = "sync"
+    Options = SyncOptions
     # Every trainer of a round gets the same version: a replica of changes can be shared.
-    wire_modes: tuple[str, ...] = (PLAIN, WHOLE, CHANGES)
-    # Averaging settings, and the slow-node ones (stragglers.py, balance.py) that act on
-    # this scheme's round barrier.
-    options: tuple[str, ...] = AVERAGING_OPTIONS + ("backup_workers", "balance")
-    # The fastest to a target accuracy that we measured (benchmarks/README.md, "Time to
-    # accuracy"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
-    # data's size), an outer rate of 0.5 x K reached by a linear warm-up over half an
-    # epoch's rounds (warmup_rounds), Nesterov outer momentum 0.9, one evaluation per
-    # epoch (eval_every). Settings left None here are filled in once the data's size is
-    # known (_make_plan).
-    defaults = {"outer_lr": 0.5, "outer_momentum": 0.9, "nesterov": True, "lr_scaling": "outer",
-                "backup_workers": 0, "balance": False}
+    wire_modes = (PLAIN, WHOLE, CHANGES)
 
-    def __init__(self, model_fn, dataset, config: TrainConfig, trainers=None):
-        super().__init__(model_fn, dataset, config, trainers)
-        self.outer: OuterOptimizer | None = None   # needs the rounds: set in _make_plan
-        self.inner: InnerRate | None = None     # needs the trainers' rate: set in loop
-        self.inner_steps = 0        # a trainer's optimizer steps so far (lr_schedule's step)
-        self.pending_row: HistoryRow | None = None   # the last row, whose weights the next round evaluates
+    def __init__(self, ctx: RunContext):
+        super().__init__(ctx)
+        o = self.options
+        self.rounds = Rounds(o, self.config.master_epochs, ctx.trainer_info.get("learning_rate"))
         # Slow nodes (stragglers.py, balance.py): late calls, and each slot's samples/s.
-        self.late = LateDeltas(config.backup_workers or 0, balanced=bool(config.balance))
-        self.balancer = RateBalancer() if config.balance else None
-        if config.backup_workers:
-            self.updates: list = []  # every applied delta, with its staleness
-
-    @classmethod
-    def scheme_defaults(cls, config: TrainConfig) -> dict:
-        return averaging_defaults(config, cls.defaults)
-
-    @classmethod
-    def validate(cls, config: TrainConfig) -> None:
-        check_averaging(config)
+        self.late = LateDeltas(o.backup_workers or 0, balanced=bool(o.balance))
+        self.balancer = RateBalancer() if o.balance else None
+        self.evals = Evaluations(self.num_test, self.call)
+        self.w: list = []
+        self.open: _Round | None = None
+        self.waiting = False    # for trainers, or for a late call (every live trainer is late)
+        self.finishing = False  # the last weights' evaluation is out
+        self.stopping = False   # a callback stopped the run
 
     def total_rows(self) -> int:
-        return self.config.master_epochs * self.config.rounds_per_epoch
+        return self.rounds.total
 
-    def _make_plan(self, infos: list):
-        """Fill in the settings that depend on the data's size (:func:`fill_rounds`),
-        make the outer optimizer, then plan as every scheme does."""
-        cfg = self.config
-        if infos[0].get("partitioned"):
-            per_trainer = max(s.info["num_train"] for s in self.pool.live())
-        else:
-            per_trainer = infos[0]["num_train"] / cfg.workers
-        self.config = fill_rounds(cfg, per_trainer)
-        self.outer = outer_optimizer(self.config)
-        return super()._make_plan(infos)
-
-    def position(self) -> dict:
-        return {"pending_row": self.pending_row, "late": self.late.to_json(),
-                "rates": self.balancer.to_json() if self.balancer else None,
-                "outer_steps": self.outer.steps, "inner_steps": self.inner_steps}
-
-    def restore_position(self, ckpt) -> None:
-        pos = ckpt.meta["position"]
-        self.pending_row = pos.get("pending_row")
-        if self.balancer is not None:
-            self.balancer = RateBalancer.from_json(pos.get("rates"))
-        self.outer.load_state(ckpt.arrays.get("outer", []), pos.get("outer_steps", self.round_no))
-        self.inner_steps = int(pos.get("inner_steps", 0))
-
-    def lose(self, slot, error) -> None:
-        super().lose(slot, error)
-        if self.balancer is not None:
-            self.balancer.forget(slot.index)
-
-    def loop(self, w: list) -> list:
-        cfg = self.config
-        R = cfg.rounds_per_epoch
+    # -- rounds --------------------------------------------------------------------------------
+    def begin(self, weights: list) -> list[Order]:
         if self.balancer is not None and self.plan.partitioned:
-            raise ValueError("balance=True needs every trainer to hold the whole dataset: with "
-                             "datasets.partitioned(...) trainer j can train only partition j")
-        self.inner = inner_rate(cfg, self.pool.live()[0].info.get("learning_rate"))
-        while self.round_no < self.total_rows():
-            epoch, r = divmod(self.round_no, R)
-            stopped, w = self._round(w, epoch + 1, r)
-            if stopped:
-                return self.wire.model(w)
-        if self.pending_row is not None:   # the last weights' evaluation
-            bc = self.broadcast(w)
-            evaluation = self.evaluation(self.pending_row, bc)
-            self.pending_row = None
-            if evaluation is not None:
-                evaluation.submit(self.members())
-                self._gather({}, evaluation, {})
-                self.bytes_sent += bc.take_bytes()
-        # The weights the trainers hold, which the last row reports: w itself unless a
-        # lossy codec sends the weights (schemes/wire.py).
-        return self.wire.model(w)
+            raise ConfigError("balance", "needs every trainer to hold the whole dataset: with "
+                              "datasets.partitioned(...) trainer j can train only partition j")
+        self.w = weights
+        return self._next_round()
 
-    def _round(self, w: list, epoch: int, r: int) -> tuple[bool, list]:
-        """Run one round; return (stopped early, weights)."""
-        cfg = self.config
-        t_round = time.perf_counter()
+    def _next_round(self) -> list[Order]:
+        if self.round_no >= self.rounds.total:
+            return self._finish()
+        need = self.too_few()
         live = self.late.idle(self.members())   # a trainer still on a late call gets no work
-        while not live:   # every live trainer is late: this round starts with the first back
-            self._late_done(*self.next_done(self.late.refs()))
-            live = self.late.idle(self.members())
+        if need or not live:   # every live trainer late: the round starts with the first back
+            self.waiting = True
+            return need
+        self.waiting = False
+        cfg = self.config
+        epoch, r = self.rounds.where(self.round_no)
         shares = self.balancer.shares([s.index for s in live]) if self.balancer else None
         pieces = self.plan.round_pieces(epoch, r, [s.index for s in live], shares)
-        bc = self.broadcast(w)
-        evaluation = None
-        if self.pending_row is not None:
+        bc = self.wire.broadcast(self.w)
+        orders: list[Order] = []
+        row = self.rounds.take_pending()
+        if row is not None:
             # Evaluate the previous round's weights on the trainers, queued before their
             # train call so it costs no extra shipping; see evaluation.py.
-            evaluation = self.evaluation(self.pending_row, bc)
-            if evaluation is not None:
-                evaluation.submit(live)
-            self.pending_row = None
+            orders += self.evals.add(row, bc, live)
         want_state = self.checkpoint_due(self.round_no + 1)
-        rate = self.inner.at(self.round_no, self.inner_steps, len(live))
-        extra = {} if rate is None else {"learning_rate": rate}
-        calls = {}
+        rate = self.rounds.inner_rate(self.round_no, len(live))
+        rd = _Round(epoch, r, self.now, pieces, bc, rate)
         for slot in live:
-            ref = bc.train(slot, pieces[slot.index], cfg.worker_epochs, cfg.batch_size,
-                           return_state=want_state, residual=want_state, **extra)
-            calls[ref] = slot
+            call = self.call(slot, bc.train(slot, pieces[slot.index], cfg.worker_epochs,
+                                            cfg.batch_size, return_state=want_state,
+                                            residual=want_state, **rate), TRAIN)
+            rd.calls[call.id] = slot
+            orders.append(call)
         self.bytes_sent += bc.take_bytes() + sum(p.nbytes for p in pieces.values())
-        results: dict = {}
-        final = self.round_no + 1 == self.total_rows()
-        stopped = self._gather(calls, evaluation, results, self.late.allowed(len(calls), final),
-                               drain=final, t_start=t_round)
-        self.bytes_sent += bc.take_bytes()   # shards a lost trainer's successor took over
-        for ref, slot in calls.items():   # still running: folded into a later round
-            self.late.defer(ref, slot, self.round_no + 1, len(pieces[slot.index]))
-        if stopped or not results:
-            # Stopped: the round's deltas are not applied, so result.weights are the
-            # weights of the last reported row. No results: every trainer of the round was
-            # lost; it runs again with the trainers that come back.
-            return stopped, w
-        slots = sorted(results)    # a fixed order of summation: resumes are bit-equal
+        final = self.round_no + 1 == self.rounds.total
+        rd.allowed = self.late.allowed(len(rd.calls), final)
+        rd.drain = final
+        self.open = rd
+        return orders
+
+    def _maybe_close(self) -> list[Order]:
+        """Close the open round once what it must wait for is in: more calls than it may
+        leave late, at least one delta, the late calls of the last round, and the previous
+        row's evaluation (a reassigned shard must run before the weights change)."""
+        rd = self.open
+        if rd is None:
+            return []
+        must = (len(rd.calls) > rd.allowed or (rd.calls and not rd.results)
+                or (rd.drain and self.late.inflight) or self.evals.busy)
+        if must:
+            return []
+        if rd.calls:
+            if rd.grace is None:
+                rd.grace = self.late.grace_until(rd.t_start, self.now)
+            if self.now < rd.grace:
+                return [SetTimer(rd.grace)]
+        return self._close()
+
+    def _close(self) -> list[Order]:
+        cfg = self.config
+        rd, self.open = self.open, None
+        for call_id, slot in rd.calls.items():   # still running: folded into a later round
+            self.late.defer(call_id, slot, self.round_no + 1, len(rd.pieces[slot.index]))
+        self.bytes_sent += rd.bc.take_bytes()   # shards a lost trainer's successor took over
+        if self.stopping:
+            # The round's deltas are not applied: result.weights are the weights of the
+            # last reported row.
+            return [Stop(self.wire.model(self.w))]
+        if not rd.results:
+            # Every trainer of the round was lost: it runs again with those that come back.
+            return self._next_round()
+        slots = sorted(rd.results)    # a fixed order of summation: resumes are bit-equal
         deltas = []
         for j in slots:
-            delta, size = self.wire.received(results[j][0])
+            delta, size = self.wire.received(rd.results[j][0])
             deltas.append(delta)
             self.bytes_received += size
-        stats = [results[j][1] for j in slots]
+        stats = [rd.results[j][1] for j in slots]
         weights = [s["samples"] for s in stats]
         # Work is attributed by interval: only what falls inside this round counts (a
         # trainer's first call can report evaluations of an earlier run, see stragglers.py).
-        now = time.perf_counter()
-        row_stats: list = [within_window(s, t_round, now) for s in stats]
-        late = self.late.fold(self.round_no + 1, t_round)
+        row_stats: list = [within_window(s, rd.t_start, self.now) for s in stats]
+        late = self.late.fold(self.round_no + 1, rd.t_start)
         for j, d, s, s_row, staleness in late:
             slots.append(j)
             d, size = self.wire.received(d)   # encoded as the round it was sent in said
@@ -262,124 +210,109 @@ class SyncScheme(Scheme):
             self.keep_state(j, s)
             if self.balancer is not None:
                 self.balancer.observe(j, s["samples"], s["compute_s"])
-        w = self.outer.step(w, weighted_mean(deltas, weights), len(deltas))
-        self.inner_steps += steps_in(max(len(p) for p in pieces.values()), cfg.batch_size,
-                                     cfg.worker_epochs)
+        self.w = self.rounds.outer.step(self.w, weighted_mean(deltas, weights), len(deltas))
+        self.rounds.count_steps(max(len(p) for p in rd.pieces.values()), cfg.batch_size,
+                                cfg.worker_epochs)
         self.round_no += 1
-        row = self.new_row(self.round_no, epoch - 1 + (r + 1) / cfg.rounds_per_epoch,
-                           row_stats, time.perf_counter() - t_round)
+        row = self.new_row(self.round_no, self.rounds.epoch_at(rd.epoch, rd.r), row_stats,
+                           self.now - rd.t_start)
         row["late"] = len(late)
-        row["trainer_samples"] = [len(pieces[j]) if j in pieces else 0
+        row["trainer_samples"] = [len(rd.pieces[j]) if j in rd.pieces else 0
                                   for j in range(cfg.workers)]
-        if cfg.backup_workers:
-            stale = [0] * len(results) + [x[4] for x in late]
+        if self.options.backup_workers:
+            stale = [0] * len(rd.results) + [x[4] for x in late]
             self.updates += [{"trainer": j, "start_version": self.round_no - 1 - st,
                               "applied_version": self.round_no, "staleness": st, "lead": 0,
                               "loss": s["loss"], "samples": s["samples"], "weight": wt}
                              for j, s, st, wt in zip(slots, stats, stale, weights)]
-        if rate is not None:
-            row["learning_rate"] = rate
-        if not self.outer.plain:
-            row["outer_lr"] = self.outer.last_rate
-        if self.round_no % cfg.eval_every == 0 or self.round_no == self.total_rows():
-            self.pending_row = row      # evaluated during the next round
-        else:
-            self.finish_row(row)        # the previous row's evaluation is already in
+        orders = self.rounds.end(row, self.round_no, rd.rate)
         if self.checkpoint_due(self.round_no):
-            state = self.outer.state()
-            self.save_checkpoint(w, {"outer": state} if state else None)
-        return False, w
+            state = self.rounds.outer.state()
+            orders.append(self.checkpoint(self.w, {"outer": state} if state else None))
+        return orders + self._next_round()
 
-    def _late_done(self, ref, value, lost) -> None:
-        """A late call returned: keep its delta for the round open now, or lose its trainer."""
-        call = self.late.take(ref)
-        if lost is None:
-            self.late.arrive(call, value)
-        elif call.slot.handle is call.handle:   # not its replacement, already there
-            self.lose(call.slot, lost)
+    def _finish(self) -> list[Order]:
+        """After the last round: the last weights' evaluation, then stop. The result is
+        the weights the trainers hold: ``w`` itself unless a lossy codec sends them."""
+        if self.rounds.pending_row is None:
+            return [Stop(self.wire.model(self.w))]
+        need = self.too_few()
+        if need:
+            self.waiting = True
+            return need
+        self.waiting = False
+        self.finishing = True
+        bc = self.wire.broadcast(self.w)
+        orders = self.evals.add(self.rounds.take_pending(), bc, self.members())
+        self.bytes_sent += bc.take_bytes()
+        return orders + self._finished()
 
-    def _gather(self, calls: dict, evaluation, results: dict, allowed: int = 0,
-                drain: bool = False, t_start: float = 0.0) -> bool:
-        """Collect a round's train calls and the previous row's evaluation, replacing
-        what a lost trainer held, until at most ``allowed`` calls (and with ``drain`` no
-        late call) are still running, then for the rest until the grace period ends
-        (``LateDeltas.grace_until``); late calls that return meanwhile are kept for
-        this round. Returns True if a callback stopped the run."""
-        stopped = False
-        grace = None   # the time the round waits until for calls it could leave late
-        while True:
-            must = (len(calls) > allowed or (calls and not results)
-                    or (drain and self.late.inflight)
-                    or (evaluation is not None and not evaluation.done))
-            if not must:
-                if calls and grace is None:
-                    grace = self.late.grace_until(t_start, time.perf_counter())
-                if not calls or time.perf_counter() >= grace:
-                    break
-            refs = (list(calls) + (evaluation.pending() if evaluation is not None else [])
-                    + self.late.refs())
-            if not refs:   # shards orphaned by a loss, and no trainer was live to take them
-                evaluation.requeue_orphans(self.members())
-                continue
-            if not must:
-                ready, _ = self.backend.wait(refs, num_returns=1,
-                                             timeout=max(0.0, grace - time.perf_counter()))
-                if not ready:
-                    continue
-                refs = ready[:1]
-            ref, value, lost = self.next_done(refs)
-            if self.late.owns(ref):
-                self._late_done(ref, value, lost)
-                continue
-            if evaluation is not None and evaluation.owns(ref):
-                if lost is not None:
-                    self.lose(evaluation.refs[ref][1], lost)
-                    evaluation.reassign(ref, self.pool.live())
-                    continue
-                evaluation.record(ref, value)
-                if evaluation.done:
-                    self.finish_row(evaluation.finish())
-                    stopped = self.run_state.stop
-                continue
-            slot = calls.pop(ref)
-            if lost is not None:
-                self.lose(slot, lost)
-            elif not stopped:
-                results[slot.index] = value
-        return stopped
+    def _finished(self) -> list[Order]:
+        if self.evals.busy:
+            return []
+        return [*self.evals.emit_ready(), Stop(self.wire.model(self.w))]
 
+    # -- events --------------------------------------------------------------------------------
+    def on_done(self, event: CallDone) -> list[Order]:
+        if self.late.owns(event.call):
+            self.late.arrive(self.late.take(event.call), event.value, self.now)
+            if self.waiting and self.open is None:
+                return self._next_round()
+            return self._maybe_close()
+        if self.evals.owns(event.call):
+            self.evals.record(event.call, event.value)
+            if self.finishing:
+                return self._finished()
+            # The round closes once the callbacks have taken the row (RowDone): if it
+            # stopped the run, the round's deltas are not applied.
+            return self.evals.emit_ready()
+        rd = self.open
+        slot = rd.calls.pop(event.call)
+        if not self.stopping:
+            rd.results[slot.index] = event.value
+        return self._maybe_close()
 
-def train_sync(model_fn, dataset, *, trainers=None, initial_weights=None, resume=None,
-               **options):
-    """Train ``model_fn()`` data-parallel on ``workers`` trainers, synchronously.
+    def on_lost(self, event: TrainerLost) -> list[Order]:
+        if self.balancer is not None:
+            self.balancer.forget(event.slot.index)   # its replacement may be elsewhere
+        rd = self.open
+        for call_id in event.calls:
+            if rd is not None and call_id in rd.calls:
+                del rd.calls[call_id]        # its share of the round is lost
+            elif self.late.owns(call_id):
+                self.late.take(call_id)      # so is a late delta
+        orders: list[Order] = self.evals.lost(event.calls, self.members())
+        if self.evals.busy and not self.live:
+            orders.append(NeedTrainers(self.config.min_workers))   # a shard has nowhere to go
+        if self.waiting and rd is None:
+            return orders + self._next_round()
+        if self.finishing:
+            return orders + self._finished()
+        return orders + self._maybe_close()
 
-    ``dataset``: a registered name, a callable returning ``((x, y), (x_test, y_test))``
-    (shipped once, run on each trainer), or ``datasets.partitioned(path)``. ``options``
-    are the fields of :class:`TrainConfig` (``workers``, ``master_epochs``,
-    ``worker_epochs``, ``batch_size``, ``rounds_per_epoch``, ``min_workers``,
-    ``rejoin_timeout_s``, ``checkpoint_dir``, ``checkpoint_every``, ``target_accuracy``,
-    ``patience``, ``seed``, ``callbacks``, ...). Slow nodes:
-    ``backup_workers=b`` closes each round once all but ``b`` deltas are in and folds the
-    late ones into a later round, scaled by ``1/(1 + staleness)``; ``balance=True`` sizes
-    each trainer's partition by its measured samples/s (see ``docs/training.md``). Stops after ``master_epochs``, or when
-    ``target_accuracy`` is reached, or after ``patience`` evaluations without a better
-    test loss. Returns a ``TrainResult`` (``history``, ``weights``, ``model``,
-    ``events``). Starts an embedded cluster if ``ddlf.init()`` was not called.
+    def on_joined(self, event: TrainersJoined) -> list[Order]:
+        orders: list[Order] = self.evals.joined(self.members())
+        if self.waiting and self.open is None:
+            orders += self._next_round()
+        return orders
 
-    The trainers' CPUs are reserved first, together, as a placement group
-    (``placement_strategy``, one bundle per trainer), so a run never starts half-placed.
-    A trainer lost mid-run is replaced; see ``docs/training.md``. ``resume=DIR``
-    continues from the newest checkpoint in DIR (and keeps checkpointing there).
+    def on_tick(self, event: Tick) -> list[Order]:
+        return self._maybe_close()
 
-    Raises ``TypeError`` for an unknown option, ``ValueError`` for a bad value or an
-    unknown dataset, ``UnschedulableError`` (naming the demand) when the cluster can
-    never hold the first trainers or has not freed them within ``placement_timeout_s``,
-    ``TrainerStartError`` when ``model_fn`` or the dataset fails on a trainer,
-    ``TooFewTrainersError`` when fewer than ``min_workers`` are left for longer than
-    ``rejoin_timeout_s``, ``FileNotFoundError``/``CheckpointMismatchError`` for a
-    ``resume`` directory without a checkpoint or of another model or dataset.
-    """
-    from .api import train
+    def on_row_done(self, event: RowDone) -> list[Order]:
+        if event.stop:
+            self.stopping = True
+            if self.open is None and not self.finishing:
+                return [Stop(self.wire.model(self.w))]
+        return self._maybe_close()
 
-    return train(model_fn, dataset, "sync", trainers=trainers, initial_weights=initial_weights,
-                 resume=resume, **options)
+    # -- checkpoints ---------------------------------------------------------------------------
+    def position(self) -> dict:
+        return {**self.rounds.position(), "late": self.late.to_json(),
+                "rates": self.balancer.to_json() if self.balancer else None}
+
+    def restore(self, ckpt) -> None:
+        pos = ckpt.meta["position"]
+        self.rounds.restore(pos, ckpt.arrays, self.round_no)
+        if self.balancer is not None:
+            self.balancer = RateBalancer.from_json(pos.get("rates"))

@@ -1,8 +1,8 @@
 """The driver's end of the wire: ``compression=`` for the schemes.
 
 A scheme hands each version of the weights to :meth:`Wire.broadcast` and sends every
-trainer what :meth:`Broadcast.train` / :meth:`Broadcast.evaluate` send it; it decodes what
-comes back with :meth:`Wire.received`. Without compression (``None``, ``"none"`` or
+trainer the call :meth:`Broadcast.train` / :meth:`Broadcast.evaluate` describe for it; it
+decodes what comes back with :meth:`Wire.received`. Without compression (``None``, ``"none"`` or
 ``("none", "none")``) this is the plain path: one ``put`` of the arrays, ``train`` and
 ``evaluate`` called with its ref, deltas as lists of arrays.
 
@@ -28,18 +28,20 @@ A trainer's rows, its result and its evaluations are of the weights the trainers
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-import ddlf_actors as ddlf
-
 from .. import codecs
+from ..arrays import nbytes
 from ..records import TrainStats
-from ..trainer import nbytes
 from ..wire import CHANGE, SET, Weights, apply_change, difference
 
-__all__ = ["Wire", "Broadcast", "resolve", "PLAIN", "WHOLE", "CHANGES"]
+__all__ = ["Wire", "Broadcast", "CallSpec", "resolve", "PLAIN", "WHOLE", "CHANGES"]
+
+# A trainer call as (method name, args, kwargs): what a scheme's machine turns into a
+# ``Call`` order.
+CallSpec = tuple[str, tuple, dict]
 
 PLAIN = "plain"       # no compression: arrays as they are
 WHOLE = "whole"       # the weights, encoded, once per version
@@ -60,6 +62,11 @@ def resolve(spec) -> tuple[codecs.Codec, codecs.Codec, str]:
                 f"{down.spec.replace(':noef', '')!r}")
         return down, up, CHANGES
     return down, up, WHOLE
+
+
+def _no_put(value):
+    raise RuntimeError("this Wire was made without a put (to check a compression spec): it "
+                       "cannot send weights")
 
 
 class Broadcast:
@@ -107,21 +114,21 @@ class Broadcast:
         return ref
 
     def train(self, slot, indices, epochs: int, batch_size: int, *, residual: bool = False,
-              **options):
-        """``slot``'s train call with these weights; returns its ref. ``residual``: ask a
-        compressing trainer for its error-feedback residual (a checkpoint round)."""
+              **options) -> CallSpec:
+        """``slot``'s train call with these weights. ``residual``: ask a compressing
+        trainer for its error-feedback residual (a checkpoint round)."""
         ref = self.ref_for(slot)
         if self.wire.mode == PLAIN:
-            return slot.handle.train.remote(ref, indices, epochs, batch_size, **options)
-        return slot.handle.train_wire.remote(ref, indices, epochs, batch_size,
-                                             residual=residual, **options)
+            return "train", (ref, indices, epochs, batch_size), dict(options)
+        return ("train_wire", (ref, indices, epochs, batch_size),
+                {"residual": residual, **options})
 
-    def evaluate(self, slot, shard):
+    def evaluate(self, slot, shard) -> CallSpec:
         """``slot``'s call evaluating these weights on test shard ``shard = (k, K)``."""
         ref = self.ref_for(slot)
         if self.wire.mode == PLAIN:
-            return slot.handle.evaluate.remote(ref, shard)
-        return slot.handle.evaluate_wire.remote(ref, shard)
+            return "evaluate", (ref, shard), {}
+        return "evaluate_wire", (ref, shard), {}
 
     def take_bytes(self) -> int:
         out, self._bytes = self._bytes, 0
@@ -138,12 +145,16 @@ class Wire:
     ValueError (naming what to use instead) for a ``spec`` outside ``modes``.
     """
 
-    def __init__(self, spec, scheme: str, modes: tuple = (PLAIN, WHOLE, CHANGES), put=None):
+    def __init__(self, spec, scheme: str, modes: tuple = (PLAIN, WHOLE, CHANGES),
+                 put: Callable[[Any], Any] | None = None):
         self.down, self.up, self.mode = resolve(spec)
-        # The runtime's put: the scheme's backend's (DDLF's or Ray's), ddlf.put by default.
-        self.put = put or ddlf.put
+        # The runtime's put: the run's backend's (DDLF's, Ray's, or the in-process fake's).
+        # Without one (checking a spec) nothing can be sent.
+        self.put: Callable[[Any], Any] = put or _no_put
         if self.mode not in modes:
-            raise ValueError(self._refusal(scheme, modes))
+            from ..options import ConfigError
+
+            raise ConfigError("compression", self._refusal(scheme, modes))
         self.run = secrets.token_hex(8)
         self.version = 0
         self.replica: list | None = None
@@ -154,13 +165,13 @@ class Wire:
 
     def _refusal(self, scheme: str, modes: tuple) -> str:
         if PLAIN in modes and WHOLE in modes:
-            return (f"compression down codec {self.down.spec!r} is sent as changes of one "
+            return (f"down codec {self.down.spec!r} is sent as changes of one "
                     f"replica that every trainer shares, which the {scheme!r} scheme cannot "
                     "keep (its trainers hold different versions of the weights). Use a codec "
                     "that sends whole weights down and compress the deltas: compression="
                     f"('fp16', {self.up.spec!r}), or ('none', {self.up.spec!r}); or train_sync")
-        return (f"compression= is not supported by the {scheme!r} scheme yet (only "
-                "train_sync and train_async encode their traffic); leave it out")
+        return (f"is not supported by the {scheme!r} scheme yet (only sync and async "
+                "encode their traffic); leave it out")
 
     @property
     def plain(self) -> bool:
@@ -234,11 +245,13 @@ class Wire:
         self.pending_residuals.pop(slot_index, None)
         self.held.pop(slot_index, None)
 
-    def admit(self, slot) -> None:
-        """A trainer joins: after a resume, it continues its slot's saved delta stream."""
+    def admit(self, slot) -> CallSpec | None:
+        """A trainer joins: after a resume, it continues its slot's saved delta stream
+        (the call that gives it its residual, or None)."""
         residual = self.pending_residuals.pop(slot.index, None)
         if residual is not None and not self.plain:
-            slot.handle.load_wire_residual.remote(self.run, self.up, residual)
+            return "load_wire_residual", (self.run, self.up, residual), {}
+        return None
 
     def position(self) -> dict:
         """The JSON part of a checkpoint (the arrays are :meth:`arrays`)."""

@@ -26,9 +26,11 @@ from helpers_modules.wire_meter import metering
 from ddlf_actors.apps import TrainConfig, checkpoint, train_sync
 from ddlf_actors.apps.callbacks import Callback
 from ddlf_actors.apps.schemes import (
-    AllreduceScheme,
+    AllreduceMachine,
     CollectiveError,
+    Driver,
     WeightsLostError,
+    split_options,
     train_allreduce,
 )
 from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
@@ -146,11 +148,13 @@ def test_trainer_sigkilled_while_training_is_replaced(train_cluster, tmp_path):
 
 
 def test_trainer_sigkilled_inside_the_ring_the_survivors_redo_it(train_cluster, tmp_path):
-    config = TrainConfig(workers=3, min_workers=3, num_cpus=0.5, master_epochs=3,
-                         rounds_per_epoch=2, trainer_cls=SigkillInCollective, progress=False,
-                         trainer_options=_kill_env(tmp_path, slot=1, round=2, sends=3))
-    scheme = AllreduceScheme(MODEL, hard_blobs_dataset, config)
-    result = scheme.run()
+    config, options = split_options("allreduce", dict(
+        workers=3, min_workers=3, num_cpus=0.5, master_epochs=3, rounds_per_epoch=2,
+        trainer_cls=SigkillInCollective, progress=False,
+        trainer_options=_kill_env(tmp_path, slot=1, round=2, sends=3)))
+    driver = Driver(AllreduceMachine, MODEL, hard_blobs_dataset, config, options)
+    result = driver.run()
+    scheme = driver.machine
     assert (tmp_path / "killed").exists()
     h = result.history
     assert [r["round"] for r in h] == list(range(1, 7))
@@ -173,17 +177,15 @@ def test_trainer_sigkilled_inside_the_ring_the_survivors_redo_it(train_cluster, 
     assert h[-1]["test_accuracy"] > 0.5
 
 
-class _QuickTimeout(AllreduceScheme):
-    chunk_timeout_s = 0.5
-
-
 def test_a_silent_member_times_the_others_out_and_the_round_is_redone(train_cluster, tmp_path):
     env = _kill_env(tmp_path)
     env["runtime_env"]["env_vars"]["DDLF_TEST_HANG_S"] = "2"
-    config = TrainConfig(workers=3, num_cpus=0.5, master_epochs=2, rounds_per_epoch=2,
-                         trainer_cls=HangsInCollective, progress=False, trainer_options=env)
-    scheme = _QuickTimeout(MODEL, hard_blobs_dataset, config)
-    result = scheme.run()
+    config, options = split_options("allreduce", dict(
+        workers=3, num_cpus=0.5, master_epochs=2, rounds_per_epoch=2, chunk_timeout_s=0.5,
+        trainer_cls=HangsInCollective, progress=False, trainer_options=env))
+    driver = Driver(AllreduceMachine, MODEL, hard_blobs_dataset, config, options)
+    result = driver.run()
+    scheme = driver.machine
     assert (tmp_path / "hung").exists()
     first, again = [c for c in scheme.collectives if c["round"] == 2]
     # Trainers 2 and 0 waited for chunks that trainer 1 held up; the first to reach

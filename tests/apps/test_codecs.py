@@ -22,7 +22,7 @@ from ddlf_actors.apps.codecs import registry
 from ddlf_actors.apps.codecs.base import RAW, Codec, raw
 
 LOSSLESS = ["none", "lz4", "zstd", "zstd:19"]
-LOSSY = ["fp16", "int8", "topk:0.01", "topk:0.1", "topk:0.5"]
+LOSSY = ["fp16", "int8", "int4", "int4:64", "topk:0.01", "topk:0.1", "topk:0.5"]
 FAST = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -99,7 +99,7 @@ def test_lossless_codecs_shrink_redundant_data_and_never_grow_it():
         assert np.array_equal(codec.decode(payload)[1], noise)
 
 
-@pytest.mark.parametrize("spec", ["fp16", "int8", "topk:0.1"])
+@pytest.mark.parametrize("spec", ["fp16", "int8", "int4", "topk:0.1"])
 @FAST
 @given(arrays=tensor_lists(dtypes=st.sampled_from([np.int8, np.int32, np.int64, np.uint8,
                                                    np.bool_, np.complex64])))
@@ -284,7 +284,7 @@ def _deltas(rng, steps, shapes, dtype=np.float32):
     return [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(steps)]
 
 
-@pytest.mark.parametrize("spec", ["topk:0.01", "topk:0.1", "int8:ef", "fp16:ef"])
+@pytest.mark.parametrize("spec", ["topk:0.01", "topk:0.1", "int8:ef", "fp16:ef", "int4:ef"])
 def test_error_feedback_sum_of_decoded_plus_residual_is_sum_of_deltas(spec):
     codec = codecs.get(spec)
     enc = codec.encoder()
@@ -377,7 +377,7 @@ def test_payload_bytes_are_its_segments_and_the_header_is_small(spec):
     assert len(buffers) == len(payload.segments)
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "zstd"])
+@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "int4", "zstd"])
 def test_ddlf_serialization_ships_large_segments_out_of_band(spec):
     from ddlf_actors.runtime.wire import serialization
 
@@ -432,7 +432,8 @@ def test_encode_refuses_a_single_array_and_objects():
 @pytest.mark.parametrize("spec", ["topk:0", "topk:2", "topk:-0.1", "topk", "topk:nan",
                                   "topk:inf", "topk:abc", "int9", "zstd:-5", "zstd:0",
                                   "zstd:23", "zstd:3.5", "lz4:1", "none:ef", "fp16:2", "",
-                                  "topk:0.1:ef:noef", "topk:0.1:0.2", "gzip"])
+                                  "topk:0.1:ef:noef", "topk:0.1:0.2", "gzip", "int4:3", "int4:0",
+                                  "int4:-2", "int4:1.5", "int4:abc", "int4:64:128"])
 def test_bad_specs_raise_naming_the_valid_forms(spec):
     with pytest.raises(ValueError) as info:
         codecs.get(spec)
@@ -452,7 +453,8 @@ def test_bad_spec_types_and_pairs():
 
 
 @pytest.mark.parametrize("spec", ["none", "lz4", "zstd", "zstd:9", "fp16", "int8",
-                                  "int8:ef", "topk:0.01", "topk:0.25:noef", "fp16:noef"])
+                                  "int8:ef", "topk:0.01", "topk:0.25:noef", "fp16:noef",
+                                  "int4", "int4:ef", "int4:64", "int4:64:ef"])
 def test_specs_are_canonical_and_codecs_pickle(spec):
     codec = codecs.get(spec)
     assert codecs.get(codec.spec) == codec

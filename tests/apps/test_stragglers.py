@@ -185,13 +185,18 @@ def test_balanced_run_resumes_bit_equal(train_cluster, tmp_path):
 
 
 def test_options_are_checked_and_async_refuses_them():
+    from ddlf_actors.apps.config import ConfigError
+    from ddlf_actors.apps.schemes import resolve_options
+
     for bad in (dict(backup_workers=2), dict(backup_workers=-1), dict(backup_workers=True),
                 dict(balance=1)):
-        with pytest.raises(ValueError):
-            TrainConfig(workers=2, **bad)
-    with pytest.raises(ValueError, match="train_sync only"):
+        with pytest.raises(ConfigError) as e:
+            resolve_options("sync", workers=2, **bad)
+        assert e.value.option == next(iter(bad))
+    with pytest.raises(ValueError, match="backup_workers= does not apply to the 'async' "
+                                         "scheme; it is read by 'sync'"):
         train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, backup_workers=1)
-    with pytest.raises(ValueError, match="shared queue"):
+    with pytest.raises(ValueError, match="balance= does not apply to the 'async' scheme"):
         train_async(MODEL, hard_blobs_dataset, trainer_cls=NumpyTrainer, balance=True)
     with pytest.raises(ValueError, match="balance= does not apply to the 'allreduce' scheme"):
         train(MODEL, hard_blobs_dataset, "allreduce", trainer_cls=NumpyTrainer, balance=True)

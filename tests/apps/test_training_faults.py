@@ -51,9 +51,11 @@ def _kinds(result, kind):
 
 
 def test_sync_trainer_sigkilled_mid_round_is_replaced(train_cluster, tmp_path):
+    # min_workers=2: the round after the loss waits for the replacement. Without it the
+    # replacement races the remaining rounds (0.15 s each), and under load it lost.
     result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=3,
                         rounds_per_epoch=2, trainer_cls=SigkillOnce, progress=False,
-                        trainer_options=_kill_env(tmp_path))
+                        min_workers=2, trainer_options=_kill_env(tmp_path))
     assert (tmp_path / "killed").exists()          # the fault really happened
     h = result.history
     assert [r["round"] for r in h] == [1, 2, 3, 4, 5, 6]   # every round completed
@@ -186,7 +188,7 @@ def test_checkpoints_hold_weights_optimizer_state_and_history(train_cluster, tmp
     meta = ckpt.meta
     assert [r["round"] for r in meta["history"]] == [1, 2, 3]   # row 4 was being evaluated
     assert meta["position"]["pending_row"]["round"] == 4
-    assert meta["rng"]["seed"] == 0 and meta["config"]["rounds_per_epoch"] == 2
+    assert meta["rng"]["seed"] == 0 and meta["options"]["rounds_per_epoch"] == 2
     assert meta["fingerprint"]["model"]["weights"] == [[[64, 4], "<f4"], [[4], "<f4"]]
     assert [e["round"] for e in result.events if e["kind"] == "checkpoint"] == [1, 2, 3, 4]
     assert 0 <= result.checkpoint_s < result.history[-1]["time_s"]
@@ -278,7 +280,8 @@ def test_resume_from_a_directory_without_checkpoints(train_cluster, tmp_path):
 
 def test_progress_bar_shows_a_loss_and_a_rejoin(train_cluster, tmp_path, capfd):
     train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=3, rounds_per_epoch=2,
-               trainer_cls=SigkillOnce, progress=True, trainer_options=_kill_env(tmp_path))
+               trainer_cls=SigkillOnce, progress=True, min_workers=2,
+               trainer_options=_kill_env(tmp_path))
     err = capfd.readouterr().err
     assert "trainer 1 lost on node" in err and "trainer 1 joined on node" in err
     assert "K=1" in err and "K=2" in err

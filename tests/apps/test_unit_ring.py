@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 
@@ -10,11 +11,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddlf_actors.apps import ring
+from ddlf_actors.apps import codecs, ring
 from ddlf_actors.apps.schemes.averaging import apply_delta, weighted_mean
 
 
-def run_ring(vectors_per_member, timeout_s=10.0):
+def ship(chunk):
+    """A chunk as the receiver gets it: arrays copied, a payload through pickle protocol 5
+    with its buffers out of band (as DDLF's wire sends them)."""
+    if isinstance(chunk, codecs.Encoded):
+        buffers = []
+        data = pickle.dumps(chunk, protocol=5, buffer_callback=buffers.append)
+        return pickle.loads(data, buffers=[b.raw() for b in buffers])
+    return [np.array(c) for c in chunk]
+
+
+def run_ring(vectors_per_member, timeout_s=10.0, codec=None, feedbacks=None):
     """Run ring_allreduce with one thread per member; return (results, bytes sent each)."""
     n = len(vectors_per_member)
     boxes = [ring.Mailbox() for _ in range(n)]
@@ -27,14 +38,19 @@ def run_ring(vectors_per_member, timeout_s=10.0):
 
     def member(r):
         def send(phase, step, chunk):
-            sent[r] += sum(np.asarray(c).nbytes for c in chunk)
-            boxes[(r + 1) % n].deliver(tag, phase, step, [np.array(c) for c in chunk])
+            sent[r] += ring.chunk_nbytes(chunk)
+            boxes[(r + 1) % n].deliver(tag, phase, step, ship(chunk))
 
         def recv(phase, step):
             return boxes[r].take(tag, phase, step, timeout_s)
 
         try:
-            results[r] = ring.ring_allreduce(vectors_per_member[r], r, n, send, recv)
+            if codec is None:   # the call as it was before codecs: the default
+                results[r] = ring.ring_allreduce(vectors_per_member[r], r, n, send, recv)
+            else:
+                results[r] = ring.ring_allreduce(
+                    vectors_per_member[r], r, n, send, recv, codec=codec,
+                    feedback=None if feedbacks is None else feedbacks[r])
         except BaseException as e:  # surfaced by the test
             errors.append(e)
 
@@ -190,3 +206,190 @@ def test_the_next_run_on_the_same_trainers_starts_from_round_1_again():
     box.begin((3, 1, 1))
     assert box.take((3, 1, 1), "rs", 0, 1.0) == "run 3, round 1"
     assert box._chunks == {}                # run 7's leftovers are gone
+
+
+# -- compression per hop (issue 23 section 3) ------------------------------------------------
+# Each codec's per-element error as a fraction of the largest |value| of what it encodes
+# (its docstring's bound; int4's is per block of 128, bounded here by the chunk's peak).
+ALPHA = {"none": 0.0, "fp16": 2.0 ** -11, "int8": 1 / 254 + 2.0 ** -23,
+         "int4": 1 / 14 + 2.0 ** -23}
+# The relative error (L2, against the exact float64 sum) that each codec stays under;
+# the measured value is in the assert message. Per hop int4 adds uniform noise of RMS
+# step/√12 ≈ peak/24 ≈ 0.11σ of the partial sum it encodes, so over K encodes of partial
+# sums of 1..K members the total is ≈ 0.11·√((K+1)/2) of the sum: 0.13 at K=2, 0.19 at 5.
+CEILING = {"none": 1e-6, "fp16": 1e-3, "int8": 0.03, "int4": 0.25}
+
+
+def _deltas(k, rng):
+    """K members' vectors: float32 (odd length, chunks of unequal sizes) and float64, each
+    scaled by 1/K as allreduce's members scale their deltas."""
+    return [[(rng.standard_normal(10_007) * 1e-3 / k).astype(np.float32),
+             rng.standard_normal(301) * 1e-3 / k] for _ in range(k)]
+
+
+@pytest.mark.parametrize("spec", ["none", "fp16", "int8", "int4"])
+@pytest.mark.parametrize("k", [2, 3, 4, 5])
+def test_a_codec_per_hop_gives_identical_members_bounded_error_predicted_bytes(k, spec):
+    vectors = _deltas(k, np.random.default_rng(k))
+    results, sent = run_ring(vectors, codec=spec)
+    alpha = ALPHA[spec]
+    for g in range(2):
+        dtype = vectors[0][g].dtype
+        for res in results:
+            assert res[g].dtype == dtype
+            np.testing.assert_array_equal(res[g], results[0][g])   # bit-identical members
+        exact = sum(v[g].astype(np.float64) for v in vectors)
+        err = np.abs(results[0][g].astype(np.float64) - exact)
+        # Per chunk c: with P = Σ_j max|v_j| over the chunk, the partial sum of h members
+        # peaks under (1+α)^(h−1)·P, and each of the K encodes adds at most α times the
+        # peak of what it encodes: |err| ≤ P((1+α)^K − 1), plus the float rounding of the
+        # K − 1 additions, plus int4's floor for blocks of zeros.
+        eps = float(np.finfo(dtype).eps)
+        bound = np.concatenate([
+            np.full(len(c), p * ((1 + alpha) ** k - 1 + k * eps * (1 + alpha) ** k)
+                    + k * 2.0 ** -127)
+            for c, p in zip(np.array_split(exact, k),
+                            [sum(float(np.abs(part).max())
+                                 for part in (np.array_split(v[g], k)[c] for v in vectors))
+                             for c in range(k)])])
+        rel = float(np.linalg.norm(err) / np.linalg.norm(exact))
+        worst = float(np.max(err / bound))
+        assert worst <= 1 and rel <= CEILING[spec], (
+            f"K={k} {spec} vector {g} ({dtype}): relative error {rel:.3e} (ceiling "
+            f"{CEILING[spec]:g}), worst |err|/bound {worst:.3f}")
+    # Bytes: each member sends 2 (K−1) chunks' encodings, as the codec foretells.
+    for r in range(k):
+        assert sent[r] == ring.ring_send_bytes(vectors[r], r, k, codec=spec)
+    raw = [ring.ring_send_bytes(vectors[r], r, k) for r in range(k)]
+    ratio = sum(raw) / sum(sent)
+    expected = {"none": 1.0, "fp16": (2, 4), "int8": (4, 8), "int4": (7.4, 15)}[spec]
+    assert ratio == expected if spec == "none" else expected[0] <= ratio <= expected[1], (
+        f"K={k} {spec}: raw/encoded bytes {ratio:.2f}")
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_the_none_codec_gives_the_default_rings_bits(k):
+    vectors = _deltas(k, np.random.default_rng(10 + k))
+    plain, sent_plain = run_ring(vectors)
+    coded, sent_coded = run_ring(vectors, codec="none")
+    for a, b in zip(plain, coded):
+        for x, y in zip(a, b):
+            assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert sent_plain == sent_coded == [ring.ring_send_bytes(v, r, k)
+                                        for r, v in enumerate(vectors)]
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4", "int4:64"])
+def test_one_members_values_cross_the_ring_at_one_encodings_error(spec):
+    # Every member but one holds zeros: the partial sums are that member's values, and
+    # since a decoded chunk re-encodes to itself, they reach everyone encoded once, not K
+    # times. The running sum is never re-quantized on top of its own rounding.
+    k = 4
+    rng = np.random.default_rng(7)
+    values = rng.standard_normal(4001).astype(np.float32)
+    codec = codecs.get(spec)
+    for who in range(k):
+        vectors = [[values if j == who else np.zeros_like(values)] for j in range(k)]
+        results, _ = run_ring(vectors, codec=spec)
+        once = np.concatenate([codec.decode(codec.encode([c]))[0]
+                               for c in np.array_split(values, k)])
+        for res in results:
+            np.testing.assert_array_equal(res[0], once)
+
+
+def test_the_ring_refuses_codecs_that_drop_most_of_a_chunk():
+    with pytest.raises(ValueError, match=r"'topk:0.01'.*forwarded verbatim.*int4"):
+        ring.ring_allreduce([np.ones(8, np.float32)], 0, 2, None, None, codec="topk:0.01")
+    with pytest.raises(ValueError, match="unknown codec 'int3'.*valid forms"):
+        ring.ring_send_bytes([np.ones(8, np.float32)], 0, 2, codec="int3")
+    assert ring.ring_send_bytes([np.ones(8, np.float32)], 0, 2, codec="zstd") is None
+    assert ring.ring_codec(None) is None and ring.ring_codec("int4") == codecs.get("int4")
+
+
+def test_a_codec_refuses_nan_in_a_chunk_rather_than_spreading_it():
+    vectors = _deltas(2, np.random.default_rng(0))
+    vectors[1][0][-1] = np.nan   # in chunk 1, the one member 1 sends first
+    n = 2
+    boxes = [ring.Mailbox() for _ in range(n)]
+    for b in boxes:
+        b.begin((1, 1, 1))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ring.ring_allreduce(vectors[1], 1, n,
+                            lambda p, s, c: boxes[0].deliver((1, 1, 1), p, s, c),
+                            lambda p, s: boxes[1].take((1, 1, 1), p, s, 1.0), codec="int4")
+
+
+def run_rounds(vectors, rounds, codec, feedbacks=None):
+    """``rounds`` collectives of the same vectors, as a run's rounds: the running sum of
+    the results (float64), every round's members checked bit-identical."""
+    total = None
+    for _ in range(rounds):
+        results, _ = run_ring(vectors, codec=codec, feedbacks=feedbacks)
+        for res in results[1:]:
+            assert all(np.array_equal(a, b) for a, b in zip(res, results[0]))
+        got = [a.astype(np.float64) for a in results[0]]
+        total = got if total is None else [x + y for x, y in zip(total, got)]
+    return total
+
+
+@pytest.mark.parametrize("spec", ["int4", "int8"])
+def test_hop_feedback_keeps_the_running_sum_on_track(spec):
+    # The same deltas every round (a steady drift, where a deterministic quantiser's bias
+    # adds up): without feedback the running sum's error grows with the rounds; with a
+    # HopFeedback per member it stays within one encoding's error per hop.
+    k, rounds = 3, 40
+    vectors = _deltas(k, np.random.default_rng(21))
+    exact = [sum(v[g].astype(np.float64) for v in vectors) * rounds for g in range(2)]
+    plain = run_rounds(vectors, rounds, spec)
+    fed = run_rounds(vectors, rounds, spec, [ring.HopFeedback() for _ in range(k)])
+
+    def gap(total):
+        return max(float(np.max(np.abs(t - e))) for t, e in zip(total, exact))
+
+    # What is held back: per chunk, one residual per hop (K of them), each at most α
+    # times the peak of that hop's input: a decoded partial sum plus its residual, under
+    # P·(1 + α)^K with P = Σ_j max|v_j| (as in the bound above).
+    alpha = ALPHA[spec]
+    peak = max(sum(float(np.max(np.abs(v[g]))) for v in vectors) for g in range(2))
+    assert gap(fed) <= k * alpha * peak * (1 + alpha) ** k, (gap(fed), peak)
+    assert gap(plain) > 5 * gap(fed), (gap(plain), gap(fed))
+
+
+def test_hop_feedback_resets_for_another_ring_and_needs_a_lossy_codec():
+    fb = ring.HopFeedback()
+    vectors = _deltas(2, np.random.default_rng(3))
+    run_rounds(vectors, 1, "int4", [fb, ring.HopFeedback()])
+    saved = fb.state()
+    assert saved["key"][:2] == (0, 2) and set(saved["residuals"]) == {"rs0", "done"}
+    fb2 = ring.HopFeedback()
+    fb2.load(saved)
+    assert all(np.array_equal(a, b) for a, b in zip(fb2.state()["residuals"]["rs0"],
+                                                  saved["residuals"]["rs0"]))
+    # A ring of 3 carries other chunks on each hop: member 0's residuals are dropped.
+    run_rounds(_deltas(3, np.random.default_rng(4)), 1, "int4",
+               [fb, ring.HopFeedback(), ring.HopFeedback()])
+    assert fb.state()["key"][:2] == (0, 3) and set(fb.state()["residuals"]) == \
+        {"rs0", "rs1", "done"}
+    with pytest.raises(ValueError, match="needs a lossy codec"):
+        ring.ring_allreduce([np.ones(4, np.float32)], 0, 2, None, None, codec="zstd",
+                            feedback=fb)
+    with pytest.raises(ValueError, match="needs a lossy codec"):
+        ring.ring_allreduce([np.ones(4, np.float32)], 0, 2, None, None, feedback=fb)
+
+
+def test_an_aborted_collective_leaves_the_residuals_as_they_were():
+    fb = ring.HopFeedback()
+    vectors = _deltas(2, np.random.default_rng(5))
+    run_rounds(vectors, 1, "int4", [fb, ring.HopFeedback()])
+    before = fb.state()
+    box = ring.Mailbox()
+    box.begin((1, 1, 1))
+    box.abort((1, 1, 1), "member 1 lost")
+    with pytest.raises(ring.CollectiveAborted):
+        ring.ring_allreduce(vectors[0], 0, 2, lambda p, s, c: None,
+                            lambda p, s: box.take((1, 1, 1), p, s, 5.0), codec="int4",
+                            feedback=fb)
+    after = fb.state()
+    assert before["key"] == after["key"]
+    for hop, res in before["residuals"].items():
+        assert all(np.array_equal(a, b) for a, b in zip(res, after["residuals"][hop]))

@@ -6,16 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddlf_actors.apps import TrainConfig, UnknownSchemeError, train
+from ddlf_actors.apps import UnknownSchemeError, train
+from ddlf_actors.apps.config import ConfigError
+from ddlf_actors.apps.options import SchemeOptions, int_at_least, option
 from ddlf_actors.apps.schemes import (
-    AllreduceScheme,
-    AsyncScheme,
-    DownpourScheme,
-    EasgdScheme,
+    AllreduceMachine,
+    DownpourMachine,
+    EasgdMachine,
+    Machine,
     OuterOptimizer,
-    Scheme,
-    SyncScheme,
+    SyncOptions,
     registry,
+    resolve_options,
 )
 from ddlf_actors.apps.schemes.averaging import apply_delta
 from ddlf_actors.apps.schemes.easgd import elastic_exchange
@@ -31,8 +33,8 @@ def _w(v):
 # -- the registry ------------------------------------------------------------------------------
 def test_the_registry_holds_every_scheme_by_name():
     assert registry.names()[:5] == ["sync", "async", "allreduce", "easgd", "downpour"]
-    assert registry.get("easgd") is EasgdScheme and registry.get("downpour") is DownpourScheme
-    assert registry.get("allreduce") is AllreduceScheme
+    assert registry.get("easgd") is EasgdMachine and registry.get("downpour") is DownpourMachine
+    assert registry.get("allreduce") is AllreduceMachine
     with pytest.raises(UnknownSchemeError,
                        match="unknown scheme 'sinc'.*sync, async, allreduce, easgd"):
         registry.get("sinc")
@@ -42,9 +44,15 @@ def test_the_registry_holds_every_scheme_by_name():
 
 
 def test_register_adds_a_scheme_and_refuses_a_taken_name():
-    class Mine(Scheme):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class MineOptions(SchemeOptions):
+        rounds_per_epoch: int | None = option(None, check=int_at_least(1), help="rounds")
+
+    class Mine(Machine):
         name = "mine-test"
-        options = ("rounds_per_epoch",)
+        Options = MineOptions
 
     registry.register("mine-test", Mine)
     try:
@@ -58,51 +66,61 @@ def test_register_adds_a_scheme_and_refuses_a_taken_name():
 
 # -- scheme-level settings ---------------------------------------------------------------------
 def test_a_setting_another_scheme_reads_is_refused_naming_who_reads_it():
-    with pytest.raises(ValueError, match="alpha= does not apply to the 'sync' scheme; it is "
-                                         "read by 'easgd'"):
-        SyncScheme.resolve(TrainConfig(alpha=0.5))
+    with pytest.raises(ConfigError, match="alpha= does not apply to the 'sync' scheme; it is "
+                                          "read by 'easgd'") as e:
+        resolve_options("sync", alpha=0.5)
+    assert e.value.option == "alpha="
     with pytest.raises(ValueError, match="outer_momentum= does not apply to the 'async'"):
-        AsyncScheme.resolve(TrainConfig(outer_momentum=0.9))
+        resolve_options("async", outer_momentum=0.9)
     with pytest.raises(ValueError, match="staleness_bound=.*'async', 'easgd', 'downpour'"):
-        SyncScheme.resolve(TrainConfig(staleness_bound=1))
+        resolve_options("sync", staleness_bound=1)
+    with pytest.raises(TypeError, match="unknown option 'staleness_bund'; did you mean "
+                                        "'staleness_bound'"):
+        resolve_options("async", staleness_bund=1)
 
 
 def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
-    sync = SyncScheme.resolve(TrainConfig())
-    assert sync.outer_momentum == SyncScheme.defaults["outer_momentum"]
+    _, sync = resolve_options("sync")
+    assert sync.outer_momentum == SyncOptions.DEFAULTS["outer_momentum"]
     # The rounds, the evaluations and the warm-up depend on the data's size: still left
     # out here, filled in once the trainers report it (test_more_schemes.py).
     assert sync.rounds_per_epoch is None and sync.eval_every is None
     assert sync.warmup_rounds is None
     # Without momentum there is no Nesterov; without scaling nothing to warm up, and the
     # outer step is a plain average.
-    plain = SyncScheme.resolve(TrainConfig(outer_momentum=0.0, lr_scaling="none"))
+    _, plain = resolve_options("sync", outer_momentum=0.0, lr_scaling="none")
     assert plain.nesterov is False and plain.warmup_rounds == 0 and plain.outer_lr == 1.0
-    assert EasgdScheme.resolve(TrainConfig(workers=3)).alpha == pytest.approx(0.3)
-    assert EasgdScheme.resolve(TrainConfig(workers=3, alpha=0.1)).alpha == 0.1
-    down = DownpourScheme.resolve(TrainConfig())
-    assert down.n_fetch and down.n_push and down.rounds_per_epoch is None
+    assert resolve_options("easgd", workers=3)[1].alpha == pytest.approx(0.3)
+    assert resolve_options("easgd", workers=3, alpha=0.1)[1].alpha == 0.1
+    _, down = resolve_options("downpour")
+    assert down.n_fetch and down.n_push and not hasattr(down, "rounds_per_epoch")
 
 
 def test_settings_that_contradict_each_other():
     with pytest.raises(ValueError, match="warmup_rounds=3 ramps up the linear scaling rule"):
-        SyncScheme.resolve(TrainConfig(warmup_rounds=3, lr_scaling="none"))
+        resolve_options("sync", warmup_rounds=3, lr_scaling="none")
     with pytest.raises(ValueError, match="nesterov=True needs outer_momentum > 0"):
-        SyncScheme.resolve(TrainConfig(nesterov=True, outer_momentum=0.0))
+        resolve_options("sync", nesterov=True, outer_momentum=0.0)
     with pytest.raises(ValueError, match="the larger must be a multiple of the smaller.*4 and 8"):
-        DownpourScheme.resolve(TrainConfig(n_fetch=4, n_push=6))
-    for bad in (dict(outer_momentum=1.0), dict(alpha=0), dict(outer_lr=-1), dict(tau=0),
-                dict(lr_scaling="both"), dict(nesterov="yes"), dict(lr_schedule=0.1),
-                dict(warmup_rounds=-1)):
-        with pytest.raises(ValueError):
-            TrainConfig(**bad)
+        resolve_options("downpour", n_fetch=4, n_push=6)
+    with pytest.raises(ConfigError, match="backup_workers must be less than workers"):
+        resolve_options("sync", workers=2, backup_workers=2)
+    # Every bad value is a ConfigError naming its option (the CLI names the flag from it).
+    for scheme, bad in (("sync", dict(outer_momentum=1.0)), ("easgd", dict(alpha=0)),
+                        ("sync", dict(outer_lr=-1)), ("easgd", dict(tau=0)),
+                        ("sync", dict(lr_scaling="both")), ("sync", dict(nesterov="yes")),
+                        ("async", dict(lr_schedule=0.1)), ("sync", dict(warmup_rounds=-1)),
+                        ("sync", dict(master_epochs=0)), ("sync", dict(placement_strategy="X"))):
+        with pytest.raises(ConfigError) as e:
+            resolve_options(scheme, **bad)
+        assert e.value.option.rstrip("=") == next(iter(bad)), e.value
 
 
 def test_a_schedule_is_recorded_by_name_in_a_checkpoint():
     def halving(step):
         return 0.5 ** step
 
-    saved = TrainConfig(outer_lr=halving).to_json()
+    saved = SyncOptions(outer_lr=halving).to_json()
     assert saved["outer_lr"].endswith("halving") and saved["outer_momentum"] is None
 
 
@@ -200,20 +218,20 @@ def test_a_keras_schedule_is_evaluated_on_the_driver():
 
 def test_a_keras_trainer_sets_its_optimizers_rate():
     keras = pytest.importorskip("keras")
-    from ddlf_actors.apps import TrainerActor
+    from ddlf_actors.apps.frameworks import for_model
 
-    trainer = TrainerActor.__new__(TrainerActor)     # the hooks only, no dataset or actor
-    trainer.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    trainer.model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    assert trainer.get_learning_rate() == pytest.approx(0.01)
-    trainer.set_learning_rate(0.25)
-    assert trainer.get_learning_rate() == pytest.approx(0.25)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    adapter = for_model(model)(model)            # what a trainer's hooks call
+    assert adapter.name == "keras"
+    assert adapter.get_learning_rate() == pytest.approx(0.01)
+    adapter.set_learning_rate(0.25)
+    assert adapter.get_learning_rate() == pytest.approx(0.25)
     scheduled = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     scheduled.compile(optimizer=keras.optimizers.SGD(
         keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)), loss="mse")
-    trainer.model = scheduled
     with pytest.raises(TypeError, match="pass the schedule as lr_schedule= instead"):
-        trainer.set_learning_rate(0.1)
+        for_model(scheduled)(scheduled).set_learning_rate(0.1)
 
 
 # -- the work ledger ---------------------------------------------------------------------------

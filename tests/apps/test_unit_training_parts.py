@@ -159,42 +159,39 @@ def test_checkpoint_options_and_unknown_options():
     assert cfg.checkpoint_every == 1 and os.path.isabs(cfg.checkpoint_dir)
     with pytest.raises(ValueError, match="checkpoint_every needs checkpoint_dir"):
         TrainConfig(checkpoint_every=2)
+    from ddlf_actors.apps.schemes import split_options
+
     with pytest.raises(TypeError, match="unknown option 'worker'; did you mean 'workers'"):
-        TrainConfig.from_options({"worker": 2}, caller="train_sync")
+        split_options("sync", {"worker": 2}, caller="train_sync")
     assert TrainConfig(workers=(1, 2)).to_json()["workers"] == 2
 
 
 # -- sharded evaluation ------------------------------------------------------------------------
-class _Handle:
-    def __init__(self, log, name):
-        self.evaluate = self
-        self.log, self.name = log, name
+def _calls():
+    """A machine's call factory: numbered Call orders (no trainer is called)."""
+    import itertools
 
-    def remote(self, weights_ref, shard):
-        ref = (self.name, shard, len(self.log))
-        self.log.append(ref)
-        return ref
+    from ddlf_actors.apps.schemes.orders import Call
 
-
-class _Slot:
-    def __init__(self, log, name):
-        self.handle = _Handle(log, name)
+    ids = itertools.count(1)
+    return lambda slot, spec, kind: Call(next(ids), slot, spec[0], spec[1], spec[2], kind)
 
 
 def test_a_lost_trainers_shard_is_queued_on_another():
-    log = []
-    a, b = _Slot(log, "a"), _Slot(log, "b")
-    ev = ShardedEvaluation({"round": 1}, "w", num_test=10)
-    ra, rb = ev.submit([a, b])
-    ev.record(ra, (1.0, 0.5))
-    new = ev.reassign(rb, [a])          # b was lost: its shard 1 of 2 goes to a
-    assert new[0] == "a" and new[1] == (1, 2) and not ev.done
-    ev.record(new, (3.0, 1.0))
+    a, b = "slot a", "slot b"
+    ev = ShardedEvaluation({"round": 1}, "w", num_test=10, make_call=_calls())
+    ca, cb = ev.submit([a, b])
+    assert (ca.slot, ca.method, ca.args) == (a, "evaluate", ("w", (0, 2)))
+    assert (cb.slot, cb.args) == (b, ("w", (1, 2))) and ca.kind == "evaluate"
+    ev.record(ca.id, (1.0, 0.5))
+    (new,) = ev.reassign(cb.id, [a])      # b was lost: its shard 1 of 2 goes to a
+    assert new.slot == a and new.args == ("w", (1, 2)) and not ev.done
+    ev.record(new.id, (3.0, 1.0))
     assert ev.done
     row = ev.finish()
     assert row["test_loss"] == pytest.approx(2.0) and row["test_accuracy"] == pytest.approx(0.75)
-    ev2 = ShardedEvaluation({"round": 2}, "w", num_test=10)
-    (r,) = ev2.submit([a])
-    assert ev2.reassign(r, []) is None and ev2.orphaned
+    ev2 = ShardedEvaluation({"round": 2}, "w", num_test=10, make_call=_calls())
+    (c,) = ev2.submit([a])
+    assert ev2.reassign(c.id, []) == [] and ev2.orphaned
     (again,) = ev2.requeue_orphans([b])
-    assert again[0] == "b" and not ev2.orphaned
+    assert again.slot == b and not ev2.orphaned

@@ -1,6 +1,9 @@
-"""A TrainerActor for another "framework": softmax regression in numpy.
+"""A second framework for the trainers: softmax regression in numpy.
 
-Tests train with it in seconds, without TensorFlow. It overrides only the hooks.
+Tests train with it in seconds, without TensorFlow. :class:`NumpyAdapter` is a framework
+adapter like the Keras one (``apps/frameworks/``); :class:`NumpyTrainer` is the
+``TrainerActor`` that uses it, and the test trainers below subclass it and override the
+documented hooks (``fit``, ``train`` ...) to inject faults and timings.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ddlf_actors.apps import TrainerActor, ring
+from ddlf_actors.apps.frameworks import FrameworkAdapter
 
 
 class SoftmaxModel:
@@ -46,21 +50,25 @@ def softmax_model_fn(num_features: int = 64, num_classes: int = 4):
     return lambda: SoftmaxModel(num_features, num_classes)
 
 
-class NumpyTrainer(TrainerActor):
-    def configure_threads(self, n):
-        pass
+class NumpyAdapter(FrameworkAdapter):
+    """The framework adapter for :class:`SoftmaxModel` (and :class:`MomentumModel`)."""
+
+    name = "numpy"
+    model_file = "model.npz"
+
+    @classmethod
+    def owns(cls, model) -> bool:
+        return isinstance(model, SoftmaxModel)
+
+    @classmethod
+    def configure_threads(cls, n: int) -> None:
+        pass   # numpy's BLAS reads OMP_NUM_THREADS, which the trainer sets
 
     def get_weights(self):
         return self.model.get_weights()
 
     def set_weights(self, weights):
         self.model.set_weights(weights)
-
-    def get_learning_rate(self):
-        return float(self.model.lr)
-
-    def set_learning_rate(self, rate):
-        self.model.lr = float(rate)
 
     def fit(self, x, y, epochs, batch_size):
         x = np.asarray(x, np.float32)
@@ -74,12 +82,42 @@ class NumpyTrainer(TrainerActor):
                 self.model.step(xb, yb)
         return float(sum(losses) / max(1, len(x)))
 
-    def evaluate_arrays(self, x, y, batch_size=512):
+    def evaluate(self, x, y, batch_size=512):
         x = np.asarray(x, np.float32)
         y = np.asarray(y)
         p = self.model.probs(x)
         return (float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-9))),
                 float(np.mean(p.argmax(axis=1) == y)))
+
+    def get_optimizer_state(self):
+        if not isinstance(self.model, MomentumModel):
+            return None
+        return [a.copy() for a in self.model.velocity] + [np.array(self.model.steps)]
+
+    def set_optimizer_state(self, state):
+        *velocity, steps = state
+        self.model.velocity = [np.array(v, copy=True) for v in velocity]
+        self.model.steps = np.array(steps)
+
+    def get_learning_rate(self):
+        return float(self.model.lr)
+
+    def set_learning_rate(self, rate):
+        self.model.lr = float(rate)
+
+    @classmethod
+    def local_model(cls, model_fn, weights, options=None):
+        model = model_fn()
+        model.set_weights(weights)
+        return model
+
+    @classmethod
+    def save(cls, model, path):
+        np.savez(path, *model.get_weights())
+
+
+class NumpyTrainer(TrainerActor):
+    adapter_cls = NumpyAdapter
 
 
 def blobs(n_train: int = 400, n_test: int = 200, num_classes: int = 4, side: int = 8,
@@ -231,14 +269,6 @@ def momentum_model_fn(num_features: int = 64, num_classes: int = 4):
 
 class MomentumTrainer(NumpyTrainer):
     """A numpy trainer whose model has optimizer state (velocities and a step count)."""
-
-    def get_optimizer_state(self):
-        return [a.copy() for a in self.model.velocity] + [np.array(self.model.steps)]
-
-    def set_optimizer_state(self, state):
-        *velocity, steps = state
-        self.model.velocity = [np.array(v, copy=True) for v in velocity]
-        self.model.steps = np.array(steps)
 
     def describe(self):
         out = super().describe()

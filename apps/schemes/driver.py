@@ -1,0 +1,438 @@
+"""The one driver loop: runs any scheme's state machine over a ``Backend``.
+
+:class:`Driver` owns everything a run does outside the scheme's arithmetic: the session
+and the trainer pool, the plan of indices, checkpoint restore and the writer, callbacks,
+events and the result. Its loop is
+
+    orders = machine.start(weights, live trainers)
+    while no Stop order:
+        execute orders          # calls on trainers, rows to callbacks, checkpoints, timers
+        event = next event      # a call returned, a trainer lost or joined, a timer
+        orders = machine.handle(event)
+
+Faults: a call that fails because its trainer's process or node died (``ActorDiedError``)
+is a *loss*, not an error of the run: the pool starts a replacement (``pool.py``), every
+other call in flight on that trainer fails with it, and the machine gets one
+:class:`~.events.TrainerLost`. Anything a trainer's own code raises still fails the run,
+with the remote traceback.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ddlf_actors.errors import DDLFError
+
+from .. import backends, checkpoint, datasets
+from ..arrays import nbytes
+from ..callbacks import DashboardPublisher, EarlyStopping, EventLog, History, ProgressBar
+from ..config import TrainConfig
+from ..options import SchemeOptions
+from ..records import EventKind, RunEvent
+from ..result import TrainResult
+from .errors import TooFewTrainersError
+from .events import CallDone, Event, RowDone, Tick, TrainerLost, TrainersJoined
+from .machine import Machine, RunContext
+from .orders import Call, Checkpoint, EmitRow, Lose, NeedTrainers, Note, Order, SetTimer, Stop
+from .plan import Plan
+from .pool import TrainerPool, default_trainer_cls
+from .slots import LOSS_ERRORS, Slot, SlotState
+from .wire import Wire
+
+__all__ = ["Driver", "Run", "TooFewTrainersError", "describe_callable"]
+
+
+def describe_callable(obj) -> str:
+    """A stable name for a model function or dataset: what a checkpoint compares and the
+    dashboard shows. An object may name itself with a ``name`` attribute."""
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, datasets.PartitionedDataset):
+        return f"partitioned:{obj.path}"
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    label = f"{module}.{name}"
+    extra = getattr(obj, "name", None)
+    return f"{label}({extra})" if isinstance(extra, str) else label
+
+
+class Run:
+    """The state callbacks see: ``scheme``, ``config``, ``total_rows``, ``rows_done`` (rows
+    already in the history when training began, as after a resume), ``events`` and a
+    writable ``stop``."""
+
+    def __init__(self, scheme: str, config: TrainConfig, total_rows: int, rows_done: int = 0):
+        self.scheme = scheme
+        self.config = config
+        self.total_rows = total_rows
+        self.rows_done = rows_done
+        self.events: list[RunEvent] = []
+        self.stop = False
+        self.model: str | None = None     # what model_fn and dataset are, for the dashboard
+        self.dataset: str | None = None
+
+
+class Driver:
+    """One training run of the scheme ``machine_cls`` with the settings ``config`` and
+    ``options`` (the scheme's, as given: defaults are filled in here)."""
+
+    def __init__(self, machine_cls: type[Machine], model_fn, dataset, config: TrainConfig,
+                 options: SchemeOptions, trainers=None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.machine_cls = machine_cls
+        self.name = machine_cls.name
+        self.model_fn = model_fn
+        self.dataset = dataset
+        self.config = config
+        self.options = options.resolve(config)
+        self.trainer_cls = config.trainer_cls or default_trainer_cls()
+        self._adopted = list(trainers) if trainers is not None else None
+        self.clock = clock
+        self.t0 = clock()
+        self.seed = config.seed if config.seed is not None else secrets.randbits(63)
+        # DDLF's actors, Ray's, or the in-process fake (config.backend, or ddlf.init's).
+        self.backend = backends.select(config.backend)
+        # Refuse a compression= this scheme cannot send before anything starts.
+        Wire(config.compression, self.name, machine_cls.wire_modes)
+        self.events: list[RunEvent] = []
+        self.history = History()
+        self.early = EarlyStopping(config.target_accuracy, config.patience)
+        self.callbacks = [self.history, self.early, *config.callbacks,
+                          ProgressBar() if config.progress else EventLog()]
+        if self.backend.publishes_runs:   # the cluster's dashboard, where it has one
+            self.callbacks.append(DashboardPublisher())
+        self.pool: TrainerPool | None = None
+        self.machine: Machine | None = None
+        self.writer: checkpoint.CheckpointWriter | None = None
+        self.last_checkpoint: str | None = None
+        self.run_state: Run | None = None
+        self.fingerprint: dict = {}
+        # The loop's state: calls in flight (ref -> (call id, slot, the trainer called)).
+        self.pending: dict[Any, tuple[int, Slot, Any]] = {}
+        self.timer: float | None = None
+        self.inbox: collections.deque[Event] = collections.deque()
+        self.stop_order: Stop | None = None
+        self._written: list = []                  # checkpoints done, from the writer's thread
+        self._written_lock = threading.Lock()
+
+    # -- the run -------------------------------------------------------------------------------
+    def run(self, initial_weights=None, resume: str | None = None) -> TrainResult:
+        """Train; continue from the newest checkpoint in ``resume`` if given."""
+        ckpt = checkpoint.load(resume) if resume is not None else None
+        if ckpt is not None and initial_weights is not None:
+            raise ValueError("pass resume= or initial_weights=, not both: a resumed run starts "
+                             "from its checkpoint's weights")
+        # A local cluster of the backend if none is connected; stopped at the end if so.
+        started_session = self.backend.ensure_session()
+        t_start = self.clock()
+        try:
+            self.pool = TrainerPool(self.model_fn, self.dataset, self.config, self.emit,
+                                    adopted=self._adopted, backend=self.backend,
+                                    trainer_cls=self.trainer_cls)
+            self.pool.start()
+            machine = self.machine = self._make_machine(self.pool.live())
+            if ckpt is not None:
+                weights = self._restore(ckpt)
+            else:
+                weights = initial_weights
+                if weights is None:
+                    weights = self.backend.get(self.pool.live()[0].handle.get_weights.remote())
+                    machine.bytes_received += nbytes(weights)
+                weights = [np.array(w, copy=True) for w in weights]
+            self.fingerprint = self._fingerprint()
+            if ckpt is not None:
+                self._check_fingerprint(ckpt)
+            if self.config.checkpoint_dir is not None:
+                self.writer = checkpoint.CheckpointWriter(
+                    self.config.checkpoint_dir, self.config.keep_checkpoints,
+                    on_done=self._checkpoint_done, on_error=self._checkpoint_failed)
+                machine.ctx.checkpointing = True
+            startup = self.clock() - t_start
+            run = self.run_state = Run(self.name, self.config, machine.total_rows(),
+                                       rows_done=len(self.history.rows))
+            run.events = self.events
+            run.model = describe_callable(self.model_fn)
+            run.dataset = describe_callable(self.dataset)
+            for cb in self.callbacks:
+                cb.on_train_begin(run)
+            if ckpt is not None:
+                self.emit(EventKind.RESUMED, None, self._resume_detail(ckpt))
+            result = None
+            try:
+                weights = self._loop(machine.start(weights, self.pool.live()))
+                if self.writer is not None:
+                    self.writer.close()
+                self._flush_checkpoint_events()
+                result = TrainResult(
+                    scheme=self.name, history=self.history.rows, weights=weights,
+                    config=self.config, options=machine.options, model_fn=self.model_fn,
+                    trainer_cls=self.trainer_cls, updates=machine.updates,
+                    stopped_early=self.early.reason, startup_s=startup, events=self.events,
+                    checkpoint=self.last_checkpoint,
+                    checkpoint_s=self.writer.blocked_s if self.writer else 0.0,
+                    checkpoint_write_s=self.writer.write_s if self.writer else 0.0,
+                    checkpoint_cpu_s=self.writer.write_cpu_s if self.writer else 0.0)
+            except DDLFError as e:
+                if getattr(e, "resume_hint", False):
+                    raise type(e)(f"{e} {self._resume_hint()}") from e
+                raise
+            finally:
+                for cb in self.callbacks:
+                    cb.on_train_end(result)
+            return result
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            if self.pool is not None:
+                self.pool.stop()
+            if started_session:
+                self.backend.shutdown()
+
+    def _make_machine(self, live: list[Slot]) -> Machine:
+        infos = [s.info for s in live]
+        options = self.options.for_data(self.config, infos)
+        plan = self._make_plan(infos, options.plan_rounds())
+        wire = Wire(self.config.compression, self.name, self.machine_cls.wire_modes,
+                    put=self.backend.put)
+        ctx = RunContext(self.config, options, plan, wire, infos[0]["num_test"], infos[0],
+                         self.t0)
+        return self.machine_cls(ctx)
+
+    def _make_plan(self, infos: list, rounds: int) -> Plan:
+        if infos[0].get("partitioned"):
+            sizes = {s.index: s.info["num_train"] for s in self.pool.live()}
+            return Plan(self.seed, rounds, sum(sizes.values()), part_sizes=sizes)
+        return Plan(self.seed, rounds, infos[0]["num_train"])
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _loop(self, orders: list[Order]) -> list:
+        machine = self.machine
+        while True:
+            self._execute(orders)
+            if self.stop_order is not None:
+                return self.stop_order.weights
+            orders = machine.handle(self._next_event())
+
+    def _execute(self, orders: list[Order]) -> None:
+        for order in orders:
+            if isinstance(order, Call):
+                self._call(order)
+            elif isinstance(order, EmitRow):
+                for cb in self.callbacks:
+                    cb.on_row(order.row, self.run_state)
+                self.inbox.append(RowDone(order.row["round"], bool(self.run_state.stop),
+                                          self.clock()))
+            elif isinstance(order, Checkpoint):
+                self._save_checkpoint(order)
+            elif isinstance(order, SetTimer):
+                self.timer = order.at
+            elif isinstance(order, NeedTrainers):
+                self._wait_for_trainers(order.count, order.why)
+            elif isinstance(order, Note):
+                self.emit(order.kind, order.slot, order.detail)
+            elif isinstance(order, Lose):
+                self.inbox.append(self._lost(order.slot, order.slot.handle, order.error, []))
+            elif isinstance(order, Stop):
+                self.stop_order = order
+                return
+            else:
+                raise TypeError(f"the {self.name} scheme gave an order the driver does not "
+                                f"know: {order!r}")
+
+    def _call(self, order: Call) -> None:
+        handle = order.slot.handle
+        try:
+            ref = getattr(handle, order.method).remote(*order.args, **order.kwargs)
+        except LOSS_ERRORS as e:   # a runtime that refuses calls to a dead actor at once
+            if order.wait:
+                self.inbox.append(self._lost(order.slot, handle, e, [order.id]))
+            return
+        if order.wait:
+            self.pending[ref] = (order.id, order.slot, handle)
+
+    def _next_event(self) -> Event:
+        if self.inbox:
+            return self.inbox.popleft()
+        self._flush_checkpoint_events()
+        joined = self.pool.poll()
+        if joined:
+            return TrainersJoined(tuple(joined), self.clock())
+        if not self.pending:
+            return self._idle_event()
+        timeout = None if self.timer is None else max(0.0, self.timer - self.clock())
+        ready, _ = self.backend.wait(list(self.pending), num_returns=1, timeout=timeout)
+        if not ready:
+            self.timer = None
+            return Tick(self.clock())
+        ref = ready[0]
+        call_id, slot, handle = self.pending.pop(ref)
+        try:
+            value = self.backend.get(ref)
+        except LOSS_ERRORS as e:
+            return self._lost(slot, handle, e, [call_id])
+        return CallDone(call_id, slot, value, self.clock())
+
+    def _idle_event(self) -> Event:
+        """Nothing in flight: the machine waits for a timer or for trainers to start."""
+        if self.timer is not None:
+            time.sleep(max(0.0, self.timer - self.clock()))
+            self.timer = None
+            return Tick(self.clock())
+        while self.pool.starting():
+            waiting = self.pool.starting()
+            self.backend.wait([s.ready_ref for s in waiting], num_returns=1, timeout=1.0)
+            joined = self.pool.poll()
+            if joined:
+                return TrainersJoined(tuple(joined), self.clock())
+        raise RuntimeError(f"the {self.name} scheme waits with no call in flight, no timer "
+                           "and no trainer starting: a bug in DDLF, please report it")
+
+    def _lost(self, slot: Slot, handle, error: BaseException, call_ids: list) -> TrainerLost:
+        """``handle``'s trainer died: the pool replaces it, and every call in flight on it
+        fails with it."""
+        if slot.handle is handle and slot.state is SlotState.LIVE:
+            self.pool.lose(slot, error)
+        for ref, (call_id, _slot, h) in list(self.pending.items()):
+            if h is handle:
+                del self.pending[ref]
+                call_ids.append(call_id)
+        return TrainerLost(slot, error, tuple(call_ids), self.clock())
+
+    def _wait_for_trainers(self, count: int, why: str | None) -> None:
+        cfg = self.config
+        live = len(self.pool.live())
+        self.emit(EventKind.WAITING, None,
+                  f"{live} of min_workers={cfg.min_workers} trainers live; waiting up "
+                  f"to {cfg.rejoin_timeout_s:g} s for replacements" if why is None else
+                  f"{live} trainers live; waiting up to {cfg.rejoin_timeout_s:g} s for a "
+                  "replacement")
+        joined = self.pool.wait_for(count, cfg.rejoin_timeout_s)
+        if len(self.pool.live()) < count:
+            raise TooFewTrainersError(why or self._too_few_message(len(self.pool.live())))
+        self.inbox.append(TrainersJoined(tuple(joined), self.clock()))
+
+    # -- events --------------------------------------------------------------------------------
+    def emit(self, kind: EventKind, slot: Slot | None, detail: str,
+             when: float | None = None, round_no: int | None = None) -> None:
+        if round_no is None:
+            round_no = self.machine.event_round() if self.machine is not None else 1
+        event: RunEvent = {
+            "time_s": round((when if when is not None else self.clock()) - self.t0, 4),
+            "round": round_no, "kind": kind.value,
+            "trainer": None if slot is None else slot.index,
+            "node": None if slot is None else slot.node, "detail": detail}
+        self.events.append(event)
+        if self.run_state is not None:
+            for cb in self.callbacks:
+                cb.on_event(event, self.run_state)
+
+    def _too_few_message(self, live: int) -> str:
+        cfg = self.config
+        lost = [e for e in self.events if e["kind"] == EventKind.TRAINER_LOST.value]
+        where = ", ".join(f"trainer {e['trainer']} on node {e['node']}" for e in lost[-4:])
+        return (f"training stopped at round {self.machine.round_no}: {live} trainer(s) left, "
+                f"fewer than min_workers={cfg.min_workers}, and no replacement started within "
+                f"rejoin_timeout_s={cfg.rejoin_timeout_s:g} s ({len(lost)} lost: {where}). "
+                "No node had a free CPU for one: add nodes with `ddlf-node start --address "
+                f"...`, free CPUs, or lower min_workers. {self._resume_hint()}")
+
+    def _resume_hint(self) -> str:
+        if self.writer is not None:
+            self.writer.close()   # the run ends here: name the checkpoint being written
+        self._flush_checkpoint_events()
+        if self.last_checkpoint:
+            return (f"The last checkpoint, {self.last_checkpoint}, is valid: continue with "
+                    f"resume={self.config.checkpoint_dir!r} (ddlf-train run --resume DIR).")
+        return "No checkpoint was written (set checkpoint_dir= to be able to resume)."
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _save_checkpoint(self, order: Checkpoint) -> None:
+        """Queue a checkpoint of the run as it is now (written on a background thread).
+        The weights lists are never changed in place (each update makes new arrays), so
+        the writer can read them while training goes on."""
+        machine = self.machine
+        meta = {
+            "scheme": self.name, "history": [dict(r) for r in self.history.rows],
+            "events": [dict(e) for e in self.events], "elapsed_s": self.clock() - self.t0,
+            "rng": {"seed": self.seed, "kind": "numpy PCG64 per epoch, seeded by (seed, epoch)"},
+            "config": self.config.to_json(), "options": machine.options.to_json(),
+            "fingerprint": self.fingerprint, "position": order.position, "wire": order.wire,
+        }
+        self.writer.submit(checkpoint.Checkpoint(
+            round=order.round, weights=order.weights, meta=meta,
+            optimizer_states=order.optimizer_states, arrays=order.arrays))
+
+    def _checkpoint_done(self, ckpt, path: str, done: float) -> None:
+        # The writer's thread: the event is emitted on the loop's (callbacks see it).
+        with self._written_lock:
+            self._written.append((ckpt.round, path, done))
+
+    def _flush_checkpoint_events(self) -> None:
+        with self._written_lock:
+            written, self._written = self._written, []
+        for round_no, path, done in written:
+            self.last_checkpoint = path
+            self.emit(EventKind.CHECKPOINT, None, path, when=done, round_no=round_no)
+
+    def _checkpoint_failed(self, error: BaseException) -> None:
+        import warnings
+
+        warnings.warn(f"writing a checkpoint to {self.config.checkpoint_dir} failed ({error}); "
+                      "training goes on and the previous checkpoint is still valid",
+                      RuntimeWarning, stacklevel=2)
+
+    def _fingerprint(self) -> dict:
+        """What this run's model and dataset are (from a trainer, not from the weights a
+        resume would load): a checkpoint of another model or dataset is refused."""
+        info = self.pool.live()[0].info
+        partitioned = self.machine.plan.partitioned
+        return {
+            "model": {"fn": describe_callable(self.model_fn), "weights": info["weights"]},
+            "dataset": {"what": describe_callable(self.dataset),
+                        "num_train": None if partitioned else info["num_train"],
+                        "num_test": info["num_test"], "partitioned": partitioned},
+        }
+
+    def _check_fingerprint(self, ckpt: checkpoint.Checkpoint) -> None:
+        diffs = checkpoint.compare_fingerprints(ckpt.meta.get("fingerprint", {}), self.fingerprint)
+        if diffs:
+            raise checkpoint.CheckpointMismatchError(
+                f"cannot resume from {ckpt.path}: it is a run of another model or dataset. "
+                + "; ".join(diffs) + ". Resume with the same model_fn and dataset, or start a "
+                "new run from its weights: initial_weights=ddlf_actors.apps.checkpoint.load("
+                f"{self.config.checkpoint_dir or ckpt.path!r}).weights")
+
+    def _restore(self, ckpt: checkpoint.Checkpoint) -> list:
+        meta = ckpt.meta
+        if meta.get("scheme") != self.name:
+            raise checkpoint.CheckpointMismatchError(
+                f"cannot resume from {ckpt.path}: it was written by a {meta.get('scheme')} run, "
+                f"this is a {self.name} run; resume it with train(..., scheme="
+                f"{meta.get('scheme')!r})")
+        machine = self.machine
+        machine.round_no = ckpt.round
+        self.seed = int(meta["rng"]["seed"])
+        machine.plan.seed = self.seed
+        self.history.rows.extend(meta.get("history", []))
+        self.events.extend(meta.get("events", []))
+        machine.optimizer_states = {int(k): v for k, v in ckpt.optimizer_states.items()}
+        self.t0 = machine.ctx.t0 = self.clock() - float(meta.get("elapsed_s", 0.0))
+        self.last_checkpoint = ckpt.path
+        machine.wire.restore(meta.get("wire"), ckpt.arrays)
+        machine.restore(ckpt)
+        return [np.array(w, copy=True) for w in ckpt.weights]
+
+    def _resume_detail(self, ckpt: checkpoint.Checkpoint) -> str:
+        saved = {**ckpt.meta.get("config", {}), **ckpt.meta.get("options", {})}
+        now = {**self.config.to_json(), **self.machine.options.to_json()}
+        changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now)
+                   if k in saved and saved.get(k) != now.get(k)
+                   and k not in ("callbacks", "progress", "checkpoint_dir")]
+        text = f"from {ckpt.path} (round {ckpt.round})"
+        return text + (f"; settings changed: {', '.join(changed)}" if changed else "")

@@ -1,0 +1,181 @@
+"""What schemes that average in rounds share (``sync`` and ``allreduce``): their settings,
+the outer optimizer and the trainers' rate per round, and how a round ends.
+
+A round's end is the same in both: the trainers' rate and the outer rate go into its row;
+the row is evaluated during the next round every ``eval_every`` rounds (and the last),
+or handed over at once; the last row's weights get one evaluation after the last round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from ..config import LR_SCALINGS
+from ..options import (
+    ConfigError,
+    SchemeOptions,
+    boolean,
+    int_at_least,
+    number_in,
+    one_of,
+    option,
+    rate,
+    schedule,
+)
+from ..records import HistoryRow
+from .orders import EmitRow, Order
+from .outer import OuterOptimizer
+from .rates import InnerRate, steps_in
+
+__all__ = ["RoundOptions", "Rounds", "default_rounds", "STEPS_PER_ROUND"]
+
+# Local steps per trainer per round that rounds_per_epoch aims at when left out.
+STEPS_PER_ROUND = 32
+
+
+def default_rounds(per_trainer: float, batch_size: int, steps: int = STEPS_PER_ROUND) -> int:
+    """Rounds per epoch that give a trainer with ``per_trainer`` samples an epoch about
+    ``steps`` local steps per round (at least one round)."""
+    return max(1, round(per_trainer / (batch_size * steps)))
+
+
+@dataclasses.dataclass
+class RoundOptions(SchemeOptions):
+    """Averaging in rounds, with an outer optimizer (sync, allreduce)."""
+
+    rounds_per_epoch: int | None = option(
+        None, check=int_at_least(1),
+        help="average this many times per epoch (default: about 32 local steps per round)")
+    eval_every: int | None = option(
+        None, check=int_at_least(1),
+        help="evaluate every N rounds and the last (default: once per epoch)")
+    outer_lr: Any = option(
+        None, check=rate,
+        help="the outer step's rate on the averaged delta (default 0.5, times K with "
+             "lr_scaling='outer'); a number or a schedule of the round")
+    outer_momentum: float | None = option(
+        None, check=number_in(0.0, 1.0, high_open=True),
+        help="momentum of the outer step (default 0.9)")
+    nesterov: bool | None = option(None, check=boolean, help="Nesterov outer momentum "
+                                   "(default on)")
+    lr_scaling: str | None = option(
+        None, check=one_of(*LR_SCALINGS), choices=LR_SCALINGS,
+        help="the linear scaling rule for K: on the outer rate (default) or the trainers'")
+    warmup_rounds: int | None = option(
+        None, check=int_at_least(0),
+        help="ramp the K scaling up linearly over this many rounds (default half an epoch)")
+    lr_schedule: Any = option(
+        None, check=schedule, cli=None,
+        help="the trainers' rate per round: a Keras schedule or f(step) -> rate")
+
+    # The fastest to a target accuracy that we measured (benchmarks/README.md, "Time to
+    # accuracy"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
+    # data's size), an outer rate of 0.5 x K reached by a linear warm-up over half an
+    # epoch's rounds (warmup_rounds), Nesterov outer momentum 0.9, one evaluation per
+    # epoch (eval_every). The rounds are filled in once the data's size is known.
+    DEFAULTS: ClassVar[dict] = {"outer_lr": 0.5, "outer_momentum": 0.9, "nesterov": True,
+                                "lr_scaling": "outer"}
+
+    def defaults(self, config) -> dict:
+        """The defaults, adjusted to what the run set itself: with ``outer_momentum=0``
+        Nesterov is off; with ``lr_scaling='none'`` there is nothing to warm up and the
+        outer rate is 1 (a plain average, unless ``outer_lr`` or momentum say otherwise)."""
+        out = dict(self.DEFAULTS)
+        if self.outer_momentum == 0:
+            out["nesterov"] = False
+        if self.lr_scaling in ("none", "inner") and self.outer_lr is None:
+            out["outer_lr"] = 1.0
+        if self.lr_scaling == "none":
+            out["warmup_rounds"] = 0
+        return out
+
+    def validate(self, config) -> None:
+        if self.warmup_rounds and self.lr_scaling == "none":
+            raise ConfigError(f"warmup_rounds={self.warmup_rounds}",
+                              "ramps up the linear scaling rule for K: set lr_scaling='outer' "
+                              "or 'inner' too, or leave it out")
+        if self.nesterov and not self.outer_momentum:
+            raise ConfigError("nesterov=True", "needs outer_momentum > 0")
+
+    def for_data(self, config, infos: list) -> RoundOptions:
+        """The settings that depend on the data's size, where left out:
+        ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch) and
+        ``warmup_rounds`` (half an epoch's rounds when a K rule is on)."""
+        if infos[0].get("partitioned"):
+            per_trainer = max(info["num_train"] for info in infos)
+        else:
+            per_trainer = infos[0]["num_train"] / config.workers
+        fill: dict[str, Any] = {}
+        rounds = self.rounds_per_epoch
+        if rounds is None:
+            rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
+        if self.eval_every is None:
+            fill["eval_every"] = rounds
+        if self.warmup_rounds is None:
+            fill["warmup_rounds"] = max(1, rounds // 2) if self.lr_scaling != "none" else 0
+        return dataclasses.replace(self, **fill) if fill else self
+
+    def plan_rounds(self) -> int:
+        return self.rounds_per_epoch or 1
+
+
+class Rounds:
+    """The round-by-round arithmetic of a run: the outer optimizer, the trainers' rate
+    (and their optimizer steps so far, a schedule's step), and the row waiting for its
+    evaluation."""
+
+    def __init__(self, options: RoundOptions, master_epochs: int, base_rate: float | None):
+        self.options = options
+        self.total = master_epochs * options.rounds_per_epoch
+        self.outer = OuterOptimizer(options.outer_lr, options.outer_momentum, options.nesterov,
+                                    scale_with_k=options.lr_scaling == "outer",
+                                    warmup_rounds=options.warmup_rounds)
+        self.inner = InnerRate(options.lr_schedule, scale_with_k=options.lr_scaling == "inner",
+                               warmup_rounds=options.warmup_rounds, base=base_rate)
+        self.inner_steps = 0      # a trainer's optimizer steps so far (lr_schedule's step)
+        self.pending_row: HistoryRow | None = None   # evaluated during the next round
+
+    def where(self, round_no: int) -> tuple[int, int]:
+        """``(epoch, r)`` of the round after ``round_no`` rounds: 1-based epoch, 0-based r."""
+        epoch, r = divmod(round_no, self.options.rounds_per_epoch)
+        return epoch + 1, r
+
+    def epoch_at(self, epoch: int, r: int) -> float:
+        """The fractional epoch a row reports once round ``r`` of ``epoch`` is done."""
+        return epoch - 1 + (r + 1) / self.options.rounds_per_epoch
+
+    def inner_rate(self, round_no: int, k: int) -> dict:
+        """``{"learning_rate": rate}`` for the trainers' next round, or ``{}``."""
+        value = self.inner.at(round_no, self.inner_steps, k)
+        return {} if value is None else {"learning_rate": value}
+
+    def count_steps(self, largest_piece: int, batch_size: int, worker_epochs: int) -> None:
+        self.inner_steps += steps_in(largest_piece, batch_size, worker_epochs)
+
+    def end(self, row: HistoryRow, round_no: int, rate: dict) -> list[Order]:
+        """Round ``round_no``'s row is made: its rates go in, and it is evaluated with the
+        next round (every ``eval_every`` rounds and the last) or handed over now."""
+        if rate:
+            row["learning_rate"] = rate["learning_rate"]
+        if not self.outer.plain:
+            row["outer_lr"] = self.outer.last_rate
+        if round_no % self.options.eval_every == 0 or round_no == self.total:
+            self.pending_row = row
+            return []
+        return [EmitRow(row)]
+
+    def take_pending(self) -> HistoryRow | None:
+        row, self.pending_row = self.pending_row, None
+        return row
+
+    def position(self) -> dict:
+        # A copy: the row gets its test accuracy while the checkpoint is being written.
+        row = dict(self.pending_row) if self.pending_row is not None else None
+        return {"pending_row": row, "outer_steps": self.outer.steps,
+                "inner_steps": self.inner_steps}
+
+    def restore(self, position: dict, arrays: dict, round_no: int) -> None:
+        self.pending_row = position.get("pending_row")
+        self.outer.load_state(arrays.get("outer", []), position.get("outer_steps", round_no))
+        self.inner_steps = int(position.get("inner_steps", 0))
