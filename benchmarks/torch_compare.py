@@ -42,10 +42,10 @@ torchft-diloco  torchft's ``DiLoCo`` (``pip install torchft``): two replicas of 
                 Evaluated right after a sync (the global model), at the first sync past
                 each quarter of an epoch.
 ddlf-torch-default, ddlf-torch-alg6, keras-tf, keras-jax
-                hooks, not wired yet: DDLF on PyTorch needs the trainer on the framework
-                adapters (issue 22), ``keras_backend=`` its trainer option (issue 24). They
-                print ``not wired`` until ``run_ddlf_column`` / ``run_keras_column`` are
-                written.
+                hooks, not wired yet: the DDLF-torch columns need ``optimizer=`` as a
+                ``train_sync`` option (SGD-momentum for a fair column), the Keras ones
+                ``keras_backend=`` (issue 24). They print ``not wired`` until
+                ``run_ddlf_column`` / ``run_keras_column`` are written.
 
 The two-process columns run in a private network namespace (``unshare -n``, loopback
 only): torchrun's store and torchft's servers listen on every interface, and nothing
@@ -405,14 +405,15 @@ def run_diloco(args) -> dict:
 
 
 def run_ddlf_column(args, column: str) -> dict:
-    """DDLF on PyTorch. To be written once ``train_sync`` takes a ``torch.nn.Module``
-    (issue 22's trainer core plus ``apps/frameworks/torch.py``): ``ddlf-torch-default``
+    """DDLF on PyTorch. To be written once ``train_sync`` passes ``optimizer=`` to the
+    trainers' adapter (it trains a ``torch.nn.Module`` with the adapter's defaults, SGD
+    0.01, already): ``ddlf-torch-default``
     is ``train_sync(models.paper_cnn_torch, ...)`` with no scheme options and
     ``optimizer=`` the same SGD-momentum factory; ``ddlf-torch-alg6`` is the paper's
     Algorithm 6 (``rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none"``), K = 2
     trainers of 1 thread, evaluated with ``eval_every`` ≥ 4 times per epoch."""
-    return {"unavailable": "not wired: needs train_sync on the framework adapters "
-                           "(issue 22) with framework torch (issue 24)"}
+    return {"unavailable": "not wired: needs optimizer= as a train_sync option (the "
+                           "trainer takes framework_options; train_sync does not pass them)"}
 
 
 def run_keras_column(args, column: str) -> dict:
