@@ -1,12 +1,13 @@
-"""Models for the training schemes. TensorFlow is imported only when a model is built.
+"""Models for the training schemes. TensorFlow (or torch) is imported only when a model
+is built.
 
 Importing this module costs nothing: a node's forkserver may import ``ddlf_actors.apps``
-without starting TensorFlow's threads (TF is not fork-safe once they run).
+without starting TensorFlow's or torch's threads (neither is fork-safe once they run).
 """
 
 from __future__ import annotations
 
-__all__ = ["paper_cnn", "wide_cnn", "INPUT_SHAPES"]
+__all__ = ["paper_cnn", "wide_cnn", "paper_cnn_torch", "INPUT_SHAPES"]
 
 # The image shape of each built-in dataset, as datasets.load returns it (NHWC).
 INPUT_SHAPES = {"mnist": (28, 28, 1), "fashion-mnist": (28, 28, 1), "cifar10": (32, 32, 3)}
@@ -68,3 +69,38 @@ def wide_cnn(input_shape=(28, 28, 1), num_classes: int = 10, learning_rate: floa
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
+
+
+def paper_cnn_torch(input_shape=(28, 28, 1), num_classes: int = 10):
+    """The DDLF paper's CNN (its Example 3.7) as a ``torch.nn.Module`` that outputs logits.
+
+    The same layers and sizes as :func:`paper_cnn` (515,146 parameters at 28x28x1), with
+    PyTorch's default initialisation. It takes NHWC float32 images, as the datasets give
+    them and as Keras takes them, and permutes them to NCHW in ``forward``: how a module
+    that wants NCHW reads DDLF's data. No optimizer and no loss here: on PyTorch they are
+    the run's ``optimizer=`` (default SGD 0.01, as ``paper_cnn`` compiles) and ``loss=``
+    (default cross-entropy on the logits).
+    """
+    import torch
+    from torch import nn
+
+    height, width, channels = (int(d) for d in input_shape)
+    flat = 64 * ((height - 2) // 2 - 2) * ((width - 2) // 2 - 2)
+
+    class PaperCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(channels, 32, 3)
+            self.pool = nn.MaxPool2d(2)
+            self.conv2 = nn.Conv2d(32, 64, 3)
+            self.fc1 = nn.Linear(flat, 64)
+            self.fc2 = nn.Linear(64, num_classes)
+
+        def forward(self, x):
+            x = x.permute(0, 3, 1, 2)   # NHWC (the dataset's layout) -> NCHW (Conv2d's)
+            x = self.pool(torch.relu(self.conv1(x)))
+            x = torch.relu(self.conv2(x))
+            x = torch.flatten(x, 1)
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    return PaperCNN()

@@ -54,13 +54,18 @@ class KerasAdapter(FrameworkAdapter):
 
     def fit(self, x, y, epochs: int, batch_size: int) -> float:
         model = self.model
-        logs = None
+        mean = 0.0
         for _ in range(int(epochs)):
-            model.reset_metrics()    # the loss is the mean over this epoch, as fit reports
+            model.reset_metrics()
+            # Keras 3's train_on_batch returns that batch's loss (not a running mean), so
+            # the epoch's mean is summed here, weighted by batch size, as fit reports it.
+            total = 0.0
             for start in range(0, len(x), batch_size):
                 logs = model.train_on_batch(x[start:start + batch_size],
                                             y[start:start + batch_size], return_dict=True)
-        return float(logs["loss"]) if logs is not None else 0.0
+                total += float(logs["loss"]) * len(x[start:start + batch_size])
+            mean = total / len(x) if len(x) else 0.0
+        return mean
 
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
