@@ -134,6 +134,16 @@ class TorchAdapter(FrameworkAdapter):
     def get_weights(self) -> list[np.ndarray]:
         return [_numpy(t) for t in self._state_tensors()]
 
+    def buffer_mask(self) -> list[bool]:
+        """``state_dict`` entries that are buffers (BatchNorm's ``running_mean``,
+        ``running_var``, ``num_batches_tracked``), not parameters; in ``get_weights``'
+        order. A parameter shared under two names is a parameter under both."""
+        import torch
+
+        params = {name for name, _ in self.model.named_parameters(remove_duplicate=False)}
+        return [name not in params for name, t in self.model.state_dict().items()
+                if isinstance(t, torch.Tensor)]
+
     def set_weights(self, weights) -> None:
         import torch
 
