@@ -26,3 +26,16 @@ def train_cluster(private_cache):
     """An embedded 2-CPU cluster shared by a module's training tests."""
     with start_cluster(num_cpus=2) as info:
         yield info
+
+
+@pytest.fixture(params=["numpy", "torch"])
+def framework(request):
+    """The framework a training test runs on: a ``Kit`` (helpers_modules/torch_trainer.py)
+    for the numpy softmax model or a small PyTorch module. Tests are written once and
+    parametrized, not copied; the torch kit skips where torch is not installed (CI
+    installs it and checks that it imports)."""
+    from helpers_modules.torch_trainer import KITS
+
+    if request.param == "torch":
+        pytest.importorskip("torch")
+    return KITS[request.param]
