@@ -106,6 +106,12 @@ class FrameworkAdapter:
         raise NotImplementedError
 
     @classmethod
+    def weights_of(cls, model: Any) -> list[np.ndarray]:
+        """``model``'s arrays in :meth:`get_weights`' order, read in the calling process
+        (the driver) without building what training needs (an optimizer)."""
+        return cls(model).get_weights()
+
+    @classmethod
     def save(cls, model: Any, path: str) -> None:
         """Write ``model`` to ``path`` in the framework's own format."""
         raise NotImplementedError

@@ -326,10 +326,19 @@ class TorchAdapter(FrameworkAdapter):
         if not cls.owns(model):
             raise TypeError(f"model_fn returned a {type(model).__qualname__}, not a "
                             "torch.nn.Module")
-        adapter = cls.__new__(cls)   # weights only: no optimizer on the driver
-        FrameworkAdapter.__init__(adapter, model, options)
-        adapter.set_weights(weights)
+        cls._bare(model, options).set_weights(weights)
         return model
+
+    @classmethod
+    def weights_of(cls, model) -> list[np.ndarray]:
+        return cls._bare(model).get_weights()
+
+    @classmethod
+    def _bare(cls, model, options=None) -> TorchAdapter:
+        """An adapter for weights only: no optimizer on the driver."""
+        adapter = cls.__new__(cls)
+        FrameworkAdapter.__init__(adapter, model, options)
+        return adapter
 
     @classmethod
     def save(cls, model, path: str) -> None:
