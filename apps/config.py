@@ -60,6 +60,11 @@ def _fraction(name: str, v: Any) -> None:
 
 
 def _factory(name: str, v: Any) -> None:
+    if type(v).__module__.startswith("torch.optim"):
+        raise ConfigError(name, "takes a callable that builds the optimizer from the "
+                          "parameters (each trainer builds its own, for its own model), not "
+                          "an optimizer: optimizer=lambda params: torch.optim.SGD(params, "
+                          "lr=0.03, momentum=0.9)")
     if not callable(v):
         what = ("a callable taking the parameters and returning a torch.optim.Optimizer, "
                 "e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.03, momentum=0.9)"
@@ -67,11 +72,6 @@ def _factory(name: str, v: Any) -> None:
                 "a callable (output, target) -> scalar tensor, e.g. "
                 "torch.nn.functional.cross_entropy")
         raise ConfigError(name, f"must be {what}; got {v!r}")
-    if type(v).__module__.startswith("torch.optim"):
-        raise ConfigError(name, "takes a callable that builds the optimizer from the "
-                          "parameters (each trainer builds its own, for its own model), not "
-                          "an optimizer: optimizer=lambda params: torch.optim.SGD(params, "
-                          "lr=0.03, momentum=0.9)")
 
 
 def _backend(name: str, v: Any) -> None:

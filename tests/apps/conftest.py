@@ -39,3 +39,19 @@ def framework(request):
     if request.param == "torch":
         pytest.importorskip("torch")
     return KITS[request.param]
+
+
+_TRAINER_ENV = ("CUDA_VISIBLE_DEVICES", "KERAS_BACKEND", "XLA_FLAGS", "OMP_WAIT_POLICY")
+
+
+@pytest.fixture(autouse=True)
+def _trainer_environment_restored():
+    """Trainers on the in-process fake backend set what a trainer's own process would
+    (GPUs hidden, Keras' backend, thread settings): undo it for the tests after."""
+    saved = {k: os.environ.get(k) for k in _TRAINER_ENV}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
