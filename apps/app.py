@@ -179,7 +179,7 @@ class App:
         else:
             import torch
 
-            model = _AppStep(self, "create_model")()
+            model = await asyncio.to_thread(_AppStep(self, "create_model"))
             model.load_state_dict(torch.load(path))
             self.model = model
         self.weights = frameworks.for_model(self.model).weights_of(self.model)
@@ -245,8 +245,8 @@ class App:
         return self.weights
 
     async def _driver_model(self):
-        if self.model is None:
-            self.model = _AppStep(self, "create_model")()
+        if self.model is None:   # its own thread: the step runs create_model's coroutine
+            self.model = await asyncio.to_thread(_AppStep(self, "create_model"))
         self._set_driver_weights(await self._current_weights())
         return self.model
 
