@@ -1,6 +1,7 @@
 """Chaos benchmark: training on a multi-node cluster while trainers and nodes die and nodes join.
 
-    python benchmarks/train_chaos.py [--runs 20] [--numpy] [--nodes 2] [--schemes sync,async]
+    python benchmarks/train_chaos.py [--runs 20] [--numpy | --framework keras|torch]
+                                     [--nodes 2] [--schemes sync,async]
                                      [--train-size 12000] [--test-size 2000] [--epochs E]
                                      [--rounds-per-epoch 4] [--faults-per-run 3] [--seed 0]
                                      [--timeout S] [--json out.json] [--logs DIR]
@@ -9,8 +10,9 @@ Each run is its own process (this script with ``--one-run``), and starts its own
 cluster: a head and ``--nodes`` K one-CPU nodes on 127.0.0.1 (``MultiNodeCluster`` from
 tests/cluster_utils.py, what ``ddlf-node start`` runs). It trains K trainers on a subset
 of Fashion-MNIST (``--train-size`` images, ``--test-size`` test images), checkpointing
-every round into a temporary directory: the paper's CNN (TensorFlow), or with
-``--numpy`` the softmax regression of tests/helpers_modules/numpy_trainer.py, whose
+every round into a temporary directory: the paper's CNN (Keras on TensorFlow; with
+``--framework torch`` the same CNN in PyTorch, ``models.paper_cnn_torch``, SGD 0.01 as
+Keras compiles it), or with ``--numpy`` the softmax regression of tests/helpers_modules/numpy_trainer.py, whose
 ``fit`` sleeps ``--numpy-fit-s`` per call to stand for compute (so rounds last long
 enough for faults to land mid-round, without loading the shared machine). Runs
 alternate between the schemes given (``sync`` and ``async`` by default).
@@ -128,6 +130,16 @@ def seeded_cnn(seed: int):
     return paper_cnn()
 
 
+def seeded_cnn_torch(seed: int):
+    """The paper's CNN in PyTorch, initialised from ``seed`` (every trainer and run alike)."""
+    import torch
+
+    from ddlf_actors.apps.models import paper_cnn_torch
+
+    torch.manual_seed(seed)
+    return paper_cnn_torch()
+
+
 def softmax_784(seed: int):
     from helpers_modules.numpy_trainer import SoftmaxModel
 
@@ -150,10 +162,10 @@ class _LoggedCalls:
     """Logs when each train call starts and ends (pid, slot, wall clock): the benchmark's
     record of work in progress when a fault hits, and of when the next round starts."""
 
-    def train(self, weights, indices, epochs, batch_size, return_state=False):
+    def train(self, weights, indices, epochs, batch_size, return_state=False, **kwargs):
         slot, pid = getattr(self, "_ddlf_index", None), os.getpid()
         _call_log({"e": "start", "slot": slot, "pid": pid, "t": time.time()})
-        out = super().train(weights, indices, epochs, batch_size, return_state)
+        out = super().train(weights, indices, epochs, batch_size, return_state, **kwargs)
         _call_log({"e": "end", "slot": slot, "pid": pid, "t": time.time(),
                    "n": out[1]["samples"]})
         return out
@@ -397,6 +409,8 @@ def one_run(spec: dict) -> dict:
         recorder = _recorder(chaos)
         if spec["numpy"]:
             model_fn, trainer_cls = functools.partial(softmax_784, spec["seed"]), numpy_cls
+        elif spec.get("framework") == "torch":   # the adapter follows the model: PyTorch
+            model_fn, trainer_cls = functools.partial(seeded_cnn_torch, spec["seed"]), cnn_cls
         else:
             model_fn, trainer_cls = functools.partial(seeded_cnn, spec["seed"]), cnn_cls
         train = train_sync if spec["scheme"] == "sync" else train_async
@@ -760,6 +774,7 @@ def _training_s(run: dict) -> float:
 def _spec(args, run: int, scheme: str, chaos: bool, root: str, base_s: float | None) -> dict:
     window = (0.1, 0.75)   # of the rows
     return {"run": run, "scheme": scheme, "chaos": chaos, "numpy": args.numpy,
+            "framework": args.framework,
             "nodes": args.nodes, "train_size": args.train_size, "test_size": args.test_size,
             "epochs": args.epochs, "rounds_per_epoch": args.rounds_per_epoch,
             "seed": args.seed, "chaos_seed": args.seed * 100_003 + run,
@@ -773,6 +788,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=20, help="runs with faults (default 20)")
     p.add_argument("--numpy", action="store_true",
                    help="the numpy softmax trainer instead of the paper's CNN (fast)")
+    p.add_argument("--framework", choices=("keras", "torch"), default="keras",
+                   help="the paper's CNN in Keras (TensorFlow) or in PyTorch")
     p.add_argument("--nodes", type=int, default=2, help="K one-CPU nodes = K trainers")
     p.add_argument("--schemes", default="sync,async")
     p.add_argument("--train-size", type=int, default=12000)
@@ -816,7 +833,10 @@ def main(argv=None) -> int:
     os.makedirs(root, exist_ok=True)
     # One dataset cache for every run: built by the first, mapped by the rest.
     os.environ.setdefault("DDLF_CACHE_DIR", os.path.join(root, "cache"))
-    what = "numpy softmax" if args.numpy else "paper CNN"
+    if args.numpy and args.framework != "keras":
+        p.error("--numpy and --framework: the numpy model is neither")
+    what = ("numpy softmax" if args.numpy else
+            "paper CNN (PyTorch)" if args.framework == "torch" else "paper CNN (Keras)")
     log(f"train_chaos: {args.runs} runs, {what}, K={args.nodes}, schemes {schemes}, "
         f"logs in {root}; load {os.getloadavg()}")
 
