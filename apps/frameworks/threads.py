@@ -38,13 +38,16 @@ __all__ = ["limit_threads", "OMP_WAIT_POLICY", "XLA_ONE_THREAD"]
 # libgomp's default spins for a while (up to GOMP_SPINCOUNT), which on a machine whose
 # cores are all busy takes the CPU from the very threads the spinner waits for. Measured
 # here (2 cores shared with other sessions; the paper CNN in PyTorch, batch 32, 200 steps,
-# one process per run, interleaved, .scratch/omp_bench.py), steps per second:
-#   load 2.9-4.8:  1 thread 93, 74, 100, ...;  2 threads spinning (default) 8.5, 14.1, ...;
-#                  2 threads PASSIVE 59.6, 51.0, ...
-# so 2 spinning threads ran 5-11x slower than 1 thread, and PASSIVE 4-7x faster than
-# spinning. (On an idle machine spinning saves a wake-up per parallel region, a few
-# percent at most for this model.) DDLF sets PASSIVE; set OMP_WAIT_POLICY yourself to
-# choose otherwise.
+# one process per run, 4 interleaved repetitions: benchmarks/omp_wait_policy.py), steps/s
+# (load average 2.9-4.8 on the 2 cores during the runs):
+#   1 thread                 92.9  73.7  99.9  94.8
+#   2 threads, spinning       8.5  14.1  10.8   4.6   (libgomp's default)
+#   2 threads, PASSIVE       59.6  51.0  48.9  36.4
+# so 2 spinning threads ran 5-20x slower than 1 thread, and PASSIVE ran 4-8x faster than
+# spinning (still below 1 thread on a busy machine: num_cpus=1 trainers suit a shared
+# host). What spinning would save on an idle machine (a wake-up per parallel region) was
+# not measurable here: this machine is never idle. DDLF sets PASSIVE; set OMP_WAIT_POLICY
+# yourself to choose otherwise.
 OMP_WAIT_POLICY = "PASSIVE"
 
 # XLA_FLAGS for a JAX trainer of one thread (see the module's docstring).
