@@ -20,7 +20,9 @@ alternate between the schemes given (``sync`` and ``async`` by default).
 Faults come from a generator seeded by ``(--seed, run)``, at random times in the middle
 of the run (after 10 % of its rows and before 75 %: rows, not seconds, since the shared
 machine's load changes a run's length severalfold), spaced so that about
-``--faults-per-run`` fit in the fault-free run's time, one at a time:
+``--faults-per-run`` fit in the run's time (estimated from its own pace up to the window's
+start, not the fault-free run's, which a change of load makes several times off), one at
+a time:
 
 - ``trainer``: SIGKILL to one trainer's process, by pid (read from the head's actor
   list), from outside; its replacement starts in its reserved bundle on the same node.
@@ -201,7 +203,7 @@ class Chaos:
     docstring), and records each: ``{kind, t, pid, node, ...}``."""
 
     def __init__(self, cluster, rng: random.Random, workers: int, window: tuple,
-                 mean_gap: float):
+                 mean_gap: float, faults: float | None = None):
         self.cluster = cluster
         self.rng = rng
         self.K = workers
@@ -209,6 +211,10 @@ class Chaos:
         # machine's load changes a run's length severalfold), ``mean_gap`` s apart.
         self.window = window
         self.mean_gap = mean_gap
+        # With ``faults``: the gap is set again from this run's own pace once the window
+        # opens (the fault-free run's time, measured at another load, can be several
+        # times off: faults then miss the window).
+        self.faults = faults
         self.progress = 0.0
         self.faults: list[dict] = []
         self.live = workers
@@ -244,6 +250,9 @@ class Chaos:
         try:
             while self.progress < self.window[0] and not self._stop.is_set():
                 self._sleep(0.05)
+            if self.faults and self.progress > 0 and self.t_begin is not None:
+                expected = (now() - self.t_begin) / self.progress   # this run's length
+                self.mean_gap = (self.window[1] - self.window[0]) * expected / self.faults
             gap = self.rng.uniform(0.5, 1.5) * self.mean_gap
             while not self._stop.is_set():
                 self._sleep(gap)
@@ -405,7 +414,7 @@ def one_run(spec: dict) -> dict:
         out["cluster_s"] = now() - t_process
         if spec["chaos"]:
             chaos = Chaos(cluster, random.Random(spec["chaos_seed"]), K, tuple(spec["window"]),
-                          spec["mean_gap"])
+                          spec["mean_gap"], spec.get("faults_per_run"))
         recorder = _recorder(chaos)
         if spec["numpy"]:
             model_fn, trainer_cls = functools.partial(softmax_784, spec["seed"]), numpy_cls
@@ -780,6 +789,7 @@ def _spec(args, run: int, scheme: str, chaos: bool, root: str, base_s: float | N
             "seed": args.seed, "chaos_seed": args.seed * 100_003 + run,
             "numpy_fit_s": args.numpy_fit_s, "window": window,
             "mean_gap": (window[1] - window[0]) * (base_s or 0) / max(1, args.faults_per_run),
+            "faults_per_run": args.faults_per_run,
             "dir": os.path.join(root, f"{'run' if chaos else 'base'}-{scheme}-{run:03d}")}
 
 
