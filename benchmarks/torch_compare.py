@@ -431,26 +431,19 @@ def keras_cnn(seed: int):
     return models.paper_cnn()
 
 
-class _Rows:
-    """A DDLF callback: the evaluated rows as this script's timeline (training time = the
-    rounds' wall time minus the trainers' evaluation time in them)."""
-
-    def __init__(self, tl: Timeline):
-        self.tl = tl
-
-    def make(self):
-        from ddlf_actors.apps.callbacks import Callback
-
-        outer = self
-
-        class Rows(Callback):
-            def on_row(self, row, run):
-                outer.tl.train_s += row["wall_s"] - row.get("eval_s", 0.0)
-                if row.get("test_accuracy") is not None:
-                    outer.tl.record(row["epoch"], row["test_loss"], row["test_accuracy"],
-                                    row.get("eval_s", 0.0))
-
-        return Rows()
+def ddlf_timeline(history: list, startup_s: float) -> Timeline:
+    """A DDLF run's history as this script's timeline. Training time is the rounds' wall
+    time minus the trainers' evaluation time in them, and minus the start-up: the first
+    round's wall time counts from the driver's start, trainers' start-up included
+    (``result.startup_s``)."""
+    tl = Timeline()
+    tl.train_s = -startup_s
+    for row in history:
+        tl.train_s += row["wall_s"] - row.get("eval_s", 0.0)
+        if row.get("test_accuracy") is not None:
+            tl.record(row["epoch"], row["test_loss"], row["test_accuracy"],
+                      row.get("eval_s", 0.0))
+    return tl
 
 
 def run_ddlf(args, model_fn, **options) -> dict:
@@ -463,17 +456,16 @@ def run_ddlf(args, model_fn, **options) -> dict:
 
     x, *_ = load_split(args.split, args.limit, args.eval_limit)
     rounds = options.get("rounds_per_epoch") or default_rounds(len(x) / 2, BATCH)
-    tl = Timeline()
     ddlf.init(num_cpus=2)
     try:
         result = train_sync(model_fn, functools.partial(split_dataset, args.split, args.limit,
                                                         args.eval_limit),
                             workers=2, master_epochs=args.epochs, batch_size=BATCH,
                             seed=args.seed, progress=False,
-                            eval_every=max(1, rounds // args.evals_per_epoch),
-                            callbacks=[_Rows(tl).make()], **options)
+                            eval_every=max(1, rounds // args.evals_per_epoch), **options)
     finally:
         ddlf.shutdown()
+    tl = ddlf_timeline(result.history, result.startup_s)
     return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
             "settings": {k: v for k, v in result.options.to_json().items()
                          if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
