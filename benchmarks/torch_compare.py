@@ -31,6 +31,12 @@ The protocol of the evidence issue (21, section 1):
 Columns (``--columns``):
 
 torch-1p        one process, ``torch.set_num_threads(2)``, batch 32, SGD momentum 0.9.
+                (Its two OpenMP threads spin between ops by default, which on a busy
+                machine costs several times their speed: ``--omp-wait-policy passive``.)
+torch-1p-1t     the same with one thread: a DDLF trainer's own compute, the baseline of
+                "DDLF-torch with Algorithm 6 adds nothing measurable" (each of its 2
+                trainers trains half an epoch on one thread, so its seconds per epoch
+                compare with half of this column's).
 torch-ddp       ``torchrun --standalone --nproc_per_node 2``: two processes of 1 thread,
                 ``DistributedDataParallel`` over gloo (gradients all-reduced every step),
                 batch 32 per process (global 64), the same grid (the learning rate applies
@@ -86,7 +92,8 @@ import numpy as np  # noqa: E402
 
 BATCH = 32
 GRID = (0.01, 0.03, 0.1)
-TUNED = ("torch-1p", "torch-ddp", "torchft-diloco", "ddlf-torch-default", "ddlf-torch-alg6")
+TUNED = ("torch-1p", "torch-1p-1t", "torch-ddp", "torchft-diloco", "ddlf-torch-default",
+         "ddlf-torch-alg6")
 DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "keras-tf", "keras-jax")
 ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
 IN_NETNS = ("torch-ddp", "torchft-diloco")
@@ -181,13 +188,13 @@ def sgd(params, lr: float):
 # -- torch-1p ---------------------------------------------------------------------------------
 
 
-def run_single(args) -> dict:
+def run_single(args, threads: int = 2) -> dict:
     import torch
     import torch.nn.functional as F
 
     from ddlf_actors.apps.frameworks.torch import TorchAdapter
 
-    TorchAdapter.configure_threads(2)
+    TorchAdapter.configure_threads(threads)
     t0 = time.perf_counter()
     x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
     model = build(args.seed)
@@ -521,6 +528,8 @@ def run_column_here(args) -> dict:
     column = args.column
     if column == "torch-1p":
         return run_single(args)
+    if column == "torch-1p-1t":
+        return run_single(args, threads=1)
     if column == "torch-ddp":
         return run_ddp(args)
     if column == "torchft-diloco":
