@@ -235,6 +235,12 @@ class ActorClient(TableFrameHandler):
     def pump(self) -> None:
         store = self.store
         conn = self.conn
+        if conn is None:
+            # The connection is gone, and connection_closed is failing the calls that were
+            # on it: a call queued behind one of them unblocks and pumps from there while
+            # the state still reads READY. Queued calls wait for the next connection
+            # (_apply pumps once it is up), or fail with the actor if it is dead.
+            return
         queue = self.queue
         inflight = self.inflight
         while queue and self.state is READY:
