@@ -72,13 +72,15 @@ def start_child(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
         [*(prefix or []), sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE,
         stderr=stderr, env={**child_env(), **(env or {})}, start_new_session=new_session,
     )
+    out = proc.stdout
+    assert out is not None  # stdout=subprocess.PIPE above
     deadline = time.monotonic() + config.START_TIMEOUT_S
     marker = READY_PREFIX.encode()
     buf = b""
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        ready, _, _ = select.select([out], [], [], 0.2)
         if ready:
-            chunk = os.read(proc.stdout.fileno(), 4096)
+            chunk = os.read(out.fileno(), 4096)
             if not chunk:
                 break
             buf += chunk

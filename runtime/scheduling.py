@@ -159,11 +159,11 @@ def choose_node(demand: dict, nodes: list, load_key=None):
     """Return the node that fits ``demand`` and comes first in :func:`node_order` (the
     first one in ``nodes`` among equals); ``None`` if none fits now."""
     best = None
-    best_key = None
+    best_key: tuple | None = None
     for n in nodes:
         if not fits(demand, n.available):
             continue
         key = node_order(n, load_key(n) if load_key else 0)
-        if best is None or key < best_key:
+        if best_key is None or key < best_key:
             best, best_key = n, key
     return best

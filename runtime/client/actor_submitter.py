@@ -179,6 +179,7 @@ class ActorClient(TableFrameHandler):
         if view.state != ActorState.ALIVE:
             self.resolve(self.epoch)
             return
+        assert view.address is not None  # _read_view checked an ALIVE view's address
         self.epoch = view.epoch
         self.max_task_retries = view.max_task_retries or 0
         host, port = split_address(view.address)
@@ -418,7 +419,10 @@ class ActorCreations:
         except Exception as e:
             answers = [e] * len(batch)
         for (client, creation), answer in zip(batch, answers):
-            if answer is not None and self.waiting.pop(client.actor_id, None) is client:
+            if answer is None:
+                continue
+            waiting = self.waiting.pop(client.actor_id, None)
+            if waiting is not None and waiting is client:
                 client.creation_failed(answer, creation)
 
     def started(self, data) -> None:

@@ -170,6 +170,8 @@ class Core:
     def head_call(self, method: str, *args, timeout: float | None = 60.0):
         """Call the head from a user thread and return its reply."""
         self._check_open()
+        if self.head is None:   # connect() (which ddlf.init calls) has not run
+            raise DDLFError(f"cannot call the head ({method}): call connect() first")
         return self.io.run(rpc.call(self.head, method, *args), timeout)
 
     def on_push(self, conn: Connection, event, data):
@@ -270,8 +272,9 @@ class Core:
     def _take_cpu_back(self) -> None:
         # As in Ray, the task resumes at once; its node may run over its CPU count until
         # the work started meanwhile finishes.
-        self.submit_io(self._push_head, "task_unblocked",
-                       {"worker_id": context.current.worker_id})
+        ctx = context.current   # None outside a worker, where _lend_cpu lent nothing
+        if ctx is not None:
+            self.submit_io(self._push_head, "task_unblocked", {"worker_id": ctx.worker_id})
 
     def _push_head(self, event, data) -> None:
         if self.head is not None and not self.head.closed:

@@ -62,11 +62,16 @@ class Lease:
     __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer",
                  "force_cancel")
 
-    def __init__(self, lease_id, worker_id, node_id, conn: Connection):
+    def __init__(self, lease_id, worker_id, node_id, conn: Connection | None = None):
         self.lease_id = lease_id
         self.worker_id = worker_id
         self.node_id = node_id
-        self.conn = conn
+        # The worker's connection. A lease being opened gets it from TaskPool._request once
+        # connected (its handler must exist first, to be handed to connect): until then
+        # the lease is in no pool's leases and no frame has arrived, so nothing reads it.
+        self.conn: Connection
+        if conn is not None:
+            self.conn = conn
         self.inflight: dict[int, Task] = {}
         self.idle_timer = None
         self.force_cancel: Task | None = None   # the task cancelled with force=True: its worker may exit
@@ -195,7 +200,7 @@ class TaskPool:
                 return
             grant = self._read_grant(reply)
             host, port = split_address(grant.address)
-            lease = Lease(grant.lease_id, grant.worker_id, grant.node_id, None)
+            lease = Lease(grant.lease_id, grant.worker_id, grant.node_id)
             handler = LeaseHandler(self, lease)
             try:
                 lease.conn = await connect(host, port, self.core.token, handler)
@@ -300,8 +305,7 @@ class TaskPool:
         for lease in self.leases:
             if lease.idle_timer is not None:
                 lease.idle_timer.cancel()
-            if lease.conn is not None:
-                lease.conn.close()
+            lease.conn.close()   # a lease in self.leases is connected
 
 
 class LeaseHandler(TableFrameHandler):

@@ -422,8 +422,9 @@ class Head:
         return self.nodes.available_resources()
 
     # -- stopping ------------------------------------------------------------------------------
-    async def rpc_shutdown(self, conn: Connection):
-        """Stop every node (and so every worker), then the head itself."""
+    async def rpc_shutdown(self, conn: Connection | None):
+        """Stop every node (and so every worker), then the head itself. ``conn``: who
+        asked (None when a signal did)."""
         self.stopping = True
         for n in self.nodes.alive():
             try:

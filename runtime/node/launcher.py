@@ -120,7 +120,8 @@ def _drop_parent_pipe(process) -> None:
     fin = getattr(popen, "finalizer", None)
     args = getattr(fin, "_args", None)
     sentinel = getattr(popen, "sentinel", None)
-    if not (isinstance(args, tuple) and len(args) == 2 and args[1] == sentinel
+    if popen is None or fin is None or not (
+            isinstance(args, tuple) and len(args) == 2 and args[1] == sentinel
             and isinstance(args[0], int)):
         return
     fin.cancel()

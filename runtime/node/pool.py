@@ -29,7 +29,7 @@ class WorkerProc:
                  "log_prefix", "name", "job_id", "exited", "on_purpose", "env_key", "gpu_ids",
                  "gpu_share")
 
-    def __init__(self, worker_id: str, log_prefix: str):
+    def __init__(self, worker_id: str, log_prefix: str, ready: asyncio.Future):
         self.worker_id = worker_id
         self.process = None
         self.pid: int | None = None
@@ -37,7 +37,7 @@ class WorkerProc:
         self.conn: Connection | None = None              # its control connection, once it is ready
         self.state = WorkerState.STARTING
         self.actor_id = None
-        self.ready: asyncio.Future | None = None   # settles when it announces itself
+        self.ready = ready            # settles when it announces itself
         self.log_prefix = log_prefix  # its output goes to log_prefix + ".out" / ".err"
         self.name = "worker"          # whose output it prints (from its log markers)
         self.job_id = None
@@ -77,8 +77,7 @@ class WorkerPool:
     def spawn(self) -> WorkerProc:
         """A new worker, starting (ready once it announces itself: ``ready``)."""
         wid = uuid.uuid4().hex[:12]
-        w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"))
-        w.ready = self.loop.create_future()
+        w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"), self.loop.create_future())
         self.workers[wid] = w
         task = self.background.spawn(self._start(w))
         self._starting.add(task)

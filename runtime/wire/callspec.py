@@ -80,7 +80,7 @@ class CallSpec:
 
     method: str
     args: Any   # tuple (or list) of arguments
-    kwargs: dict
+    kwargs: dict | None   # a dict; None once the worker has handed it to the call
     num_returns: NumReturns = 1
     # A streaming generator pauses once this many yielded values wait unconsumed by the
     # caller (Ray's _generator_backpressure_num_objects); -1: never.
@@ -123,7 +123,7 @@ class TaskSpec:
     fn_name: str
     job_id: Any   # str, or None for a task submitted outside a job
     args: Any
-    kwargs: dict
+    kwargs: dict | None   # a dict; None once the worker has handed it to the call
     num_returns: NumReturns = 1
     backpressure: int = -1
     # The placement group it runs in: {"group_id", "bundles", "capture"}, or None.

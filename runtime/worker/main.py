@@ -40,7 +40,7 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
         worker.server = await serve(listen_host, 0, token, worker.frames,
                                     on_open=worker.callers.add)
         port = worker.server.sockets[0].getsockname()[1]
-        context.current.address = f"{listen_host}:{port}"   # named by out-of-band refs
+        context.worker_context().address = f"{listen_host}:{port}"   # named by out-of-band refs
         worker.node_conn = await connect(node_host, node_port, token,
                                          rpc.RpcHandler(worker, worker.rpc_handlers()))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, worker.pid, port)
@@ -86,12 +86,15 @@ def close_inherited_fds() -> list:
         from multiprocessing import forkserver, process, resource_tracker
 
         server = getattr(forkserver, "_forkserver", None)
-        if getattr(server, "_forkserver_alive_fd", None) is not None:
-            close(server._forkserver_alive_fd)
+        alive_fd = getattr(server, "_forkserver_alive_fd", None)
+        if server is not None and alive_fd is not None:
+            close(alive_fd)
             server._forkserver_alive_fd = None
         tracker = getattr(resource_tracker, "_resource_tracker", None)
-        if getattr(tracker, "_fd", None) is not None and getattr(tracker, "_pid", None) is None:
-            close(tracker._fd)   # not a tracker this process started (that would have a pid)
+        tracker_fd = getattr(tracker, "_fd", None)
+        if (tracker is not None and tracker_fd is not None
+                and getattr(tracker, "_pid", None) is None):
+            close(tracker_fd)   # not a tracker this process started (that would have a pid)
             tracker._fd = None
         parent = getattr(process, "_parent_process", None)
         if parent is not None and isinstance(getattr(parent, "_sentinel", None), int):
