@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from enum import Enum
 
@@ -22,9 +21,6 @@ __all__ = ["Strategy", "Scheduling", "fits", "subtract", "add", "choose_node", "
            "feasible_anywhere"]
 
 _EPS = 1e-9
-
-# slots=True needs Python 3.10; on 3.9 it is an ordinary dataclass.
-_SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 
 class Strategy(str, Enum):
@@ -37,7 +33,7 @@ class Strategy(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True, **_SLOTS)
+@dataclass(frozen=True, slots=True)
 class Scheduling:
     """Where one actor or task may run. ``None`` in its place means DEFAULT.
 
