@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import select
 import signal
@@ -28,6 +29,8 @@ from .wire.auth import read_token_file
 __all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
            "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
            "check_versions", "pin_malloc_mmap_threshold"]
+
+log = logging.getLogger("ddlf.process")
 
 READY_PREFIX = "DDLF_READY "
 TOKEN_ENV = "DDLF_AUTH_TOKEN"
@@ -108,8 +111,9 @@ def stop_children(procs, timeout: float = 15.0) -> None:
         try:
             if p.stdin is not None:
                 p.stdin.close()
-        except Exception:
-            pass   # a broken pipe: that child is gone already
+        except OSError as e:
+            # A broken pipe: that child is gone already, which is what closing asks for.
+            log.debug("closing the stdin of child %s: %r", p.pid, e)
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
@@ -120,8 +124,9 @@ def stop_children(procs, timeout: float = 15.0) -> None:
         try:
             if p.stdout is not None:
                 p.stdout.close()
-        except Exception:
-            pass
+        except OSError as e:
+            # The child has exited: its pipe only had to be released, not read.
+            log.debug("closing the stdout of child %s: %r", p.pid, e)
 
 
 def stop_on_signals(loop, stop, stdin_lifeline: bool = False) -> None:

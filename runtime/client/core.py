@@ -112,8 +112,10 @@ def _print_log_batch(core: Core, batch: LogBatch) -> None:
         out = sys.stderr if stream == "err" else sys.stdout
         try:
             print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
-        except Exception:
-            pass
+        except Exception as e:
+            # The driver's own stdout/stderr is closed or broken (a closed pipe): a
+            # worker's line cannot be shown, and failing here would stop the head link.
+            log.debug("printing a worker's output line: %r", e)
 
 
 class Core:

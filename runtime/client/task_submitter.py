@@ -15,6 +15,7 @@ uses only public attributes: ``store`` and ``streams``; ``head``, ``token`` and 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from ..wire.connection import Connection
 
 __all__ = ["Task", "Lease", "TaskPool", "LeaseHandler"]
+
+log = logging.getLogger("ddlf.core")
 
 
 class Task:
@@ -269,8 +272,10 @@ class TaskPool:
     async def _return_remote(self, lease_id):
         try:
             await rpc.call(self.core.head, "return_lease", lease_id)
-        except Exception:
-            pass
+        except Exception as e:
+            # The head link is closing or gone: the head releases every lease of this
+            # process when that connection closes (Head._owner_gone).
+            log.debug("returning lease %s: %r", lease_id, e)
 
     def lost(self, lease: Lease) -> None:
         if lease in self.leases:

@@ -7,6 +7,7 @@ decides when, and tests give the pool a fake launcher instead.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.util
 import os
@@ -16,6 +17,8 @@ from ..errors import DDLFError
 from ..worker import worker_main
 
 __all__ = ["ForkserverLauncher", "kill_pid"]
+
+log = logging.getLogger("ddlf.node")
 
 
 class ForkserverLauncher:
@@ -51,8 +54,10 @@ class ForkserverLauncher:
         """On exit: stop watching ``w`` and collect its exit code."""
         try:
             self.loop.remove_reader(w.process.sentinel)
-        except Exception:
-            pass
+        except Exception as e:
+            # The loop is closing (node shutdown): it watches nothing any more, and the
+            # exit code below is all that is left to collect.
+            log.debug("unwatching worker %s's exit: %r", w.worker_id, e)
         w.process.join(0)
         return w.process.exitcode
 

@@ -89,8 +89,10 @@ class LogTailer:
         if self._watch is not None:
             try:
                 self.loop.remove_reader(self._watch.fd)
-            except Exception:
-                pass
+            except Exception as e:
+                # The loop is closing with the node: nothing will call _woken again, and
+                # the descriptor is closed just below either way.
+                log.debug("unwatching %s: %r", self.log_dir, e)
             self._watch.close()
 
     # -- reading ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Pure bookkeeping on the event loop: starting and killing processes is the launch
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from ..wire.connection import Connection
 
 __all__ = ["WorkerProc", "WorkerPool"]
+
+log = logging.getLogger("ddlf.node")
 
 
 class WorkerProc:
@@ -194,8 +197,10 @@ class WorkerPool:
         for w in [w for w in self.workers.values() if w.process is not None and not w.exited]:
             try:
                 await self.launcher.join(w, timeout)
-            except Exception:
-                pass
+            except Exception as e:
+                # Shutting down: kill_all has SIGKILLed it already and the node exits next,
+                # so a join that fails (or the executor refusing work) changes nothing.
+                log.debug("joining worker %s (pid %s): %r", w.worker_id, w.pid, e)
 
     def exited(self, w: WorkerProc) -> None:
         """``w``'s process ended (the launcher calls this on the loop)."""

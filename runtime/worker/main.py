@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import stat
@@ -20,6 +21,8 @@ from .output import redirect_output
 from .worker import Worker
 
 __all__ = ["worker_main"]
+
+log = logging.getLogger("ddlf.worker")
 
 
 def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker_id: str,
@@ -100,8 +103,10 @@ def close_inherited_fds() -> list:
         if parent is not None and isinstance(getattr(parent, "_sentinel", None), int):
             close(parent._sentinel)
             process._parent_process = None   # type: ignore[attr-defined]  # (private, checked above)
-    except Exception:
-        pass
+    except Exception as e:
+        # multiprocessing's private names differ in this Python: those descriptors stay
+        # open, which costs a few fds per worker, never correctness (see the docstring).
+        log.debug("closing multiprocessing's inherited descriptors: %r", e)
     try:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         os.dup2(null, 0, inheritable=True)
@@ -160,5 +165,7 @@ def _die_with_parent() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass  # the getppid poll still catches it
+    except Exception as e:
+        # No prctl here (a libc without it): the getppid poll still catches the parent's
+        # exit, within half a second.
+        log.debug("PR_SET_PDEATHSIG: %r", e)

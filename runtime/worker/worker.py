@@ -4,6 +4,7 @@ how an actor's process ends when its code calls ``sys.exit`` or ``exit_actor()``
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ..wire.connection import Connection
 
 __all__ = ["Worker"]
+
+log = logging.getLogger("ddlf.worker")
 
 
 class Worker:
@@ -147,8 +150,10 @@ class Worker:
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
-                except Exception:
-                    pass
+                except Exception as e:
+                    # Whatever the stream (closed, or replaced by user code), the process
+                    # must reach os._exit: only unflushed output is lost.
+                    log.debug("flushing %r before exiting: %r", stream, e)
             os._exit(status)
 
         # Let completions already handed to the loop (the exiting call's reply) go first.
