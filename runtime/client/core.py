@@ -274,8 +274,7 @@ class Core:
     def _take_cpu_back(self) -> None:
         # As in Ray, the task resumes at once; its node may run over its CPU count until
         # the work started meanwhile finishes.
-        ctx = context.current   # None outside a worker, where _lend_cpu lent nothing
-        if ctx is not None:
+        if (ctx := context.current) is not None:   # None outside a worker: nothing was lent
             self.submit_io(self._push_head, "task_unblocked", {"worker_id": ctx.worker_id})
 
     def _push_head(self, event, data) -> None:
