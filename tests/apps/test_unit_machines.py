@@ -161,6 +161,9 @@ class _AddCpuAfter(Callback):
         self.seen += 1
         if self.seen == self.rows:
             self.backend.add_cpus(1)
+            # The waiting trainer starts now; let it finish starting before the run goes
+            # on (in-process rounds take microseconds: the run could end first).
+            self.backend.quiesce()
 
 
 @pytest.mark.parametrize("scheme", ["sync", "async", "allreduce"])
