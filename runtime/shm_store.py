@@ -57,8 +57,9 @@ if TYPE_CHECKING:
 
 try:
     import fcntl
-except ImportError:  # Windows: no flock, no /dev/shm; the path stays off
-    fcntl = None
+    _HAVE_FLOCK = True
+except ImportError:  # Windows: no flock, no /dev/shm; the path stays off (so fcntl is
+    _HAVE_FLOCK = False  # only used once a store exists, which needs _HAVE_FLOCK)
 
 __all__ = ["enabled", "local_info", "same_host", "store", "ship", "wrap_result",
            "client_result", "client_hello", "worker_object", "on_ack", "send_hello", "wait_hello",
@@ -128,7 +129,7 @@ def _get() -> _Store | None:
         return _store
     with _state_lock:
         if not _tried:
-            if config.SHM_ENABLED and fcntl is not None and os.path.isdir(config.SHM_ROOT):
+            if config.SHM_ENABLED and _HAVE_FLOCK and os.path.isdir(config.SHM_ROOT):
                 try:
                     _store = _Store(config.SHM_ROOT)
                     sweep(_store)   # whoever starts first cleans up after killed processes

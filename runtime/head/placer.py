@@ -102,7 +102,8 @@ class Placer:
         """Reserve the placement groups that wait and now fit."""
         for g in self.groups.place_waiting(self.nodes.alive()):
             log.info("placement group %s placed on %s", g.group_id,
-                     sorted({r.node.node_id for r in g.reservations}))
+                     # (a group just placed has every bundle reserved: no None here)
+                     sorted({r.node.node_id for r in g.reservations if r is not None}))
 
     def retry(self) -> None:
         """Resources were freed or a node joined: place the groups that now fit, then let

@@ -422,14 +422,15 @@ class Head:
         return self.nodes.available_resources()
 
     # -- stopping ------------------------------------------------------------------------------
-    async def rpc_shutdown(self, conn: Connection):
+    async def rpc_shutdown(self, conn: Connection | None):   # None: a signal asked
         """Stop every node (and so every worker), then the head itself."""
         self.stopping = True
         for n in self.nodes.alive():
             try:
                 await asyncio.wait_for(rpc.call(n.conn, "shutdown"), 5)
-            except Exception:
-                pass
+            except Exception as e:   # best effort: a node that misses it stops on its own
+                log.debug("node %s did not confirm shutdown (its _head_lost stops it): %r",
+                          n.node_id, e)
         self.loop.call_later(0.05, self._stop)
         return None
 
