@@ -1,5 +1,6 @@
 """The paper CNN in PyTorch on Fashion-MNIST, side by side: one process, torch DDP,
-torchft's DiLoCo (and, once wired, DDLF on PyTorch and Keras on TF/JAX). Issue 24 §3.
+torchft's DiLoCo, DDLF on PyTorch (its defaults, and the paper's Algorithm 6), and DDLF's
+Keras on TF and on JAX. Issue 24 §3.
 
     python benchmarks/torch_compare.py --select --choices choices.json      # 1. choose lr
     python benchmarks/torch_compare.py --choices choices.json               # 2. report
@@ -30,6 +31,12 @@ The protocol of the evidence issue (21, section 1):
 Columns (``--columns``):
 
 torch-1p        one process, ``torch.set_num_threads(2)``, batch 32, SGD momentum 0.9.
+                (Its two OpenMP threads spin between ops by default, which on a busy
+                machine costs several times their speed: ``--omp-wait-policy passive``.)
+torch-1p-1t     the same with one thread: a DDLF trainer's own compute, the baseline of
+                "DDLF-torch with Algorithm 6 adds nothing measurable" (each of its 2
+                trainers trains half an epoch on one thread, so its seconds per epoch
+                compare with half of this column's).
 torch-ddp       ``torchrun --standalone --nproc_per_node 2``: two processes of 1 thread,
                 ``DistributedDataParallel`` over gloo (gradients all-reduced every step),
                 batch 32 per process (global 64), the same grid (the learning rate applies
@@ -41,11 +48,22 @@ torchft-diloco  torchft's ``DiLoCo`` (``pip install torchft``): two replicas of 
                 (32) inner steps: DDLF's default of about 32 local steps per round.
                 Evaluated right after a sync (the global model), at the first sync past
                 each quarter of an epoch.
-ddlf-torch-default, ddlf-torch-alg6, keras-tf, keras-jax
-                hooks, not wired yet: the DDLF-torch columns need ``optimizer=`` as a
-                ``train_sync`` option (SGD-momentum for a fair column), the Keras ones
-                ``keras_backend=`` (issue 24). They print ``not wired`` until
-                ``run_ddlf_column`` / ``run_keras_column`` are written.
+ddlf-torch-default
+                ``train_sync(models.paper_cnn_torch, ...)`` on an embedded DDLF cluster: 2
+                trainers of 1 thread, batch 32 each, ``optimizer=`` SGD momentum 0.9 (lr
+                from the grid, tuned like the others), every scheme setting at DDLF's
+                default (rounds of ~32 local steps, Nesterov outer momentum 0.9 at 0.5·K
+                warmed up over half an epoch). Evaluated by the trainers every
+                ``rounds_per_epoch // --evals-per-epoch`` rounds and after each epoch's last
+                round; the clock is the rows' round times minus their evaluation time.
+ddlf-torch-alg6 the same with the paper's Algorithm 6 (``rounds_per_epoch=1,
+                outer_momentum=0, lr_scaling="none"``: a plain average once per epoch). Its
+                global model exists only at each epoch's end, so it has one evaluation per
+                epoch, not ``--evals-per-epoch``.
+keras-tf, keras-jax
+                DDLF's defaults with ``models.paper_cnn`` (Keras, SGD 0.01 as it compiles,
+                not tuned) on TensorFlow and, with ``keras_backend="jax"``, on JAX in the
+                trainers; for the record, evaluated as ``ddlf-torch-default``.
 
 The two-process columns run in a private network namespace (``unshare -n``, loopback
 only): torchrun's store and torchft's servers listen on every interface, and nothing
@@ -74,9 +92,10 @@ import numpy as np  # noqa: E402
 
 BATCH = 32
 GRID = (0.01, 0.03, 0.1)
-TUNED = ("torch-1p", "torch-ddp", "torchft-diloco")
-HOOKS = ("ddlf-torch-default", "ddlf-torch-alg6", "keras-tf", "keras-jax")
-ALL_COLUMNS = TUNED + HOOKS
+TUNED = ("torch-1p", "torch-1p-1t", "torch-ddp", "torchft-diloco", "ddlf-torch-default",
+         "ddlf-torch-alg6")
+DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "keras-tf", "keras-jax")
+ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
 IN_NETNS = ("torch-ddp", "torchft-diloco")
 
 
@@ -169,13 +188,13 @@ def sgd(params, lr: float):
 # -- torch-1p ---------------------------------------------------------------------------------
 
 
-def run_single(args) -> dict:
+def run_single(args, threads: int = 2) -> dict:
     import torch
     import torch.nn.functional as F
 
     from ddlf_actors.apps.frameworks.torch import TorchAdapter
 
-    TorchAdapter.configure_threads(2)
+    TorchAdapter.configure_threads(threads)
     t0 = time.perf_counter()
     x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
     model = build(args.seed)
@@ -401,26 +420,84 @@ def run_diloco(args) -> dict:
         lighthouse.shutdown()
 
 
-# -- hooks for the columns that need DDLF's integration --------------------------------------
+# -- DDLF's columns: train_sync on an embedded cluster of 2 one-CPU trainers -----------------
+
+
+def split_dataset(split: str, limit: int | None, eval_limit: int | None):
+    """The trainers' dataset: ``load_split``'s arrays as ``((x, y), (x_eval, y_eval))``."""
+    x, y, xe, ye = load_split(split, limit, eval_limit)
+    return (x, y), (xe, ye)
+
+
+def keras_cnn(seed: int):
+    import keras
+
+    from ddlf_actors.apps import models
+
+    keras.utils.set_random_seed(seed)
+    return models.paper_cnn()
+
+
+def ddlf_timeline(history: list, startup_s: float) -> Timeline:
+    """A DDLF run's history as this script's timeline. Training time is the rounds' wall
+    time minus the trainers' evaluation time in them, and minus the start-up: the first
+    round's wall time counts from the driver's start, trainers' start-up included
+    (``result.startup_s``)."""
+    tl = Timeline()
+    tl.train_s = -startup_s
+    for row in history:
+        tl.train_s += row["wall_s"] - row.get("eval_s", 0.0)
+        if row.get("test_accuracy") is not None:
+            tl.record(row["epoch"], row["test_loss"], row["test_accuracy"],
+                      row.get("eval_s", 0.0))
+    return tl
+
+
+def run_ddlf(args, model_fn, **options) -> dict:
+    """One DDLF run of 2 trainers: its timeline, start-up and settings."""
+    import functools
+
+    import ddlf_actors as ddlf
+    from ddlf_actors.apps import train_sync
+    from ddlf_actors.apps.schemes.rounds import default_rounds
+
+    x, *_ = load_split(args.split, args.limit, args.eval_limit)
+    rounds = options.get("rounds_per_epoch") or default_rounds(len(x) / 2, BATCH)
+    ddlf.init(num_cpus=2)
+    try:
+        result = train_sync(model_fn, functools.partial(split_dataset, args.split, args.limit,
+                                                        args.eval_limit),
+                            workers=2, master_epochs=args.epochs, batch_size=BATCH,
+                            seed=args.seed, progress=False,
+                            eval_every=max(1, rounds // args.evals_per_epoch), **options)
+    finally:
+        ddlf.shutdown()
+    tl = ddlf_timeline(result.history, result.startup_s)
+    return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
+            "settings": {k: v for k, v in result.options.to_json().items()
+                         if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
+                                  "nesterov", "lr_scaling", "warmup_rounds", "eval_every")}}
 
 
 def run_ddlf_column(args, column: str) -> dict:
-    """DDLF on PyTorch. To be written once ``train_sync`` passes ``optimizer=`` to the
-    trainers' adapter (it trains a ``torch.nn.Module`` with the adapter's defaults, SGD
-    0.01, already): ``ddlf-torch-default``
-    is ``train_sync(models.paper_cnn_torch, ...)`` with no scheme options and
-    ``optimizer=`` the same SGD-momentum factory; ``ddlf-torch-alg6`` is the paper's
-    Algorithm 6 (``rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none"``), K = 2
-    trainers of 1 thread, evaluated with ``eval_every`` ≥ 4 times per epoch."""
-    return {"unavailable": "not wired: needs optimizer= as a train_sync option (the "
-                           "trainer takes framework_options; train_sync does not pass them)"}
+    """DDLF on PyTorch: ``ddlf-torch-default`` (every scheme setting at its default) or
+    ``ddlf-torch-alg6`` (the paper's Algorithm 6); ``optimizer=`` SGD momentum 0.9 at
+    ``args.lr``, as the single-process and DDP columns train."""
+    import functools
+
+    options: dict = {"optimizer": functools.partial(sgd, lr=args.lr)}
+    if column == "ddlf-torch-alg6":
+        options.update(rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none")
+    return run_ddlf(args, functools.partial(build, args.seed), **options)
 
 
 def run_keras_column(args, column: str) -> dict:
-    """DDLF's Keras defaults on TF (``keras-tf``) and on JAX (``keras-jax``), for the
-    record: ``train_sync(models.paper_cnn, ..., keras_backend=...)`` once the trainer
-    takes ``keras_backend=`` (issue 24 section 2)."""
-    return {"unavailable": "not wired: needs keras_backend= in the trainers (issue 24 §2)"}
+    """DDLF's defaults with the Keras paper CNN on TensorFlow (``keras-tf``) or JAX
+    (``keras-jax``: ``keras_backend="jax"`` in the trainers; the driver needs neither)."""
+    import functools
+
+    backend = {"keras-tf": "tensorflow", "keras-jax": "jax"}[column]
+    return run_ddlf(args, functools.partial(keras_cnn, args.seed), keras_backend=backend)
 
 
 # -- the parent: columns in processes, interleaved --------------------------------------------
@@ -451,6 +528,8 @@ def run_column_here(args) -> dict:
     column = args.column
     if column == "torch-1p":
         return run_single(args)
+    if column == "torch-1p-1t":
+        return run_single(args, threads=1)
     if column == "torch-ddp":
         return run_ddp(args)
     if column == "torchft-diloco":
@@ -465,9 +544,6 @@ def run_column(args, column: str, seed: int, lr: float | None, split: str) -> di
     two-process columns); the result with the load average beside it."""
     load = os.getloadavg()[0]
     base = {"column": column, "seed": seed, "lr": lr, "split": split, "loadavg": load}
-    if column in HOOKS:
-        sub = argparse.Namespace(**{**vars(args), "column": column})
-        return {**base, **run_column_here(sub)}
     flags = ["--column", column, "--seed", str(seed), "--lr", repr(lr), "--epochs",
              str(args.epochs), "--split", split, "--evals-per-epoch",
              str(args.evals_per_epoch), "--sync-every", str(args.sync_every),
@@ -648,7 +724,7 @@ def main(argv=None) -> int:
                 chosen = json.load(f)
         for seed in seeds:
             for column in columns:
-                lr = chosen.get(column, {}).get("lr", 0.03) if column in TUNED else None
+                lr = chosen.get(column, {}).get("lr", 0.03) if column in TUNED else 0.01
                 results.append(run_column(args, column, seed, lr, "test"))
         print(report_table(results, args.target, f"Test set, seeds {args.seeds}, "
                                                   f"{args.epochs} epoch(s), OMP_WAIT_POLICY="

@@ -52,6 +52,11 @@ class KerasAdapter(FrameworkAdapter):
     def set_weights(self, weights) -> None:
         self.model.set_weights(weights)
 
+    def buffer_mask(self) -> list[bool]:
+        """The non-trainable weights (BatchNorm's moving mean and variance, a frozen
+        layer's weights), in ``model.weights`` order, which is ``get_weights``' order."""
+        return [not bool(getattr(v, "trainable", True)) for v in self.model.weights]
+
     def fit(self, x, y, epochs: int, batch_size: int) -> float:
         model = self.model
         mean = 0.0

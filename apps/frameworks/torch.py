@@ -134,6 +134,16 @@ class TorchAdapter(FrameworkAdapter):
     def get_weights(self) -> list[np.ndarray]:
         return [_numpy(t) for t in self._state_tensors()]
 
+    def buffer_mask(self) -> list[bool]:
+        """``state_dict`` entries that are buffers (BatchNorm's ``running_mean``,
+        ``running_var``, ``num_batches_tracked``), not parameters; in ``get_weights``'
+        order. A parameter shared under two names is a parameter under both."""
+        import torch
+
+        params = {name for name, _ in self.model.named_parameters(remove_duplicate=False)}
+        return [name not in params for name, t in self.model.state_dict().items()
+                if isinstance(t, torch.Tensor)]
+
     def set_weights(self, weights) -> None:
         import torch
 
@@ -316,10 +326,19 @@ class TorchAdapter(FrameworkAdapter):
         if not cls.owns(model):
             raise TypeError(f"model_fn returned a {type(model).__qualname__}, not a "
                             "torch.nn.Module")
-        adapter = cls.__new__(cls)   # weights only: no optimizer on the driver
-        FrameworkAdapter.__init__(adapter, model, options)
-        adapter.set_weights(weights)
+        cls._bare(model, options).set_weights(weights)
         return model
+
+    @classmethod
+    def weights_of(cls, model) -> list[np.ndarray]:
+        return cls._bare(model).get_weights()
+
+    @classmethod
+    def _bare(cls, model, options=None) -> TorchAdapter:
+        """An adapter for weights only: no optimizer on the driver."""
+        adapter = cls.__new__(cls)
+        FrameworkAdapter.__init__(adapter, model, options)
+        return adapter
 
     @classmethod
     def save(cls, model, path: str) -> None:

@@ -39,13 +39,13 @@ from .. import backends, ring
 from ..arrays import nbytes
 from ..options import number_in, option
 from ..records import TrainStats
-from .averaging import apply_delta
+from .averaging import like_layers, ring_layers
 from .errors import TooFewTrainersError
 from .evaluation import Evaluations
 from .events import CallDone, RowDone, TrainerLost, TrainersJoined
 from .machine import Machine, RunContext
 from .orders import TRAIN, Lose, Order, Stop
-from .outer import momentum_update
+from .outer import apply_outer
 from .rounds import RoundOptions, Rounds
 from .slots import Slot
 from .wire import PLAIN
@@ -487,6 +487,7 @@ class AllreduceTrainer:
     train: Callable[..., Any]
     get_weights: Callable[[], list]
     set_weights: Callable[[list], None]
+    buffer_mask: Callable[[], list]
 
     # This round's delta, kept here, the ring's mailbox, the outer velocity (a copy on every
     # trainer: each applies the same step to the same mean, so the copies stay equal).
@@ -532,7 +533,7 @@ class AllreduceTrainer:
         _, old, delta, velocity = self._held
         box = self._ring_mailbox()
         box.begin(tag)
-        vectors, spec = ring.scaled_vectors(delta, fraction)
+        vectors, spec = ring.scaled_vectors(ring_layers(delta), fraction)   # counters: f64
         reply = {"index": self._ddlf_index, "sent_bytes": ring.ring_send_bytes(vectors, rank, size)}
         try:   # the ring's calls go through this trainer's own runtime
             summed = ring.run_member(vectors, rank, size, tag, box,
@@ -544,14 +545,11 @@ class AllreduceTrainer:
             return {**reply, "status": "peer_lost", "detail": str(e)}
         except ring.CollectiveTimeout as e:
             return {**reply, "status": "timeout", "detail": str(e)}
-        mean = ring.unflatten(summed, spec)
-        if outer is None:
-            self.set_weights(apply_delta(old, mean))
-        else:
-            if outer["momentum"]:
-                velocity, mean = momentum_update(velocity, mean, outer["momentum"],
-                                                 outer["nesterov"])
-            self.set_weights(apply_delta(old, mean, outer["rate"]))
+        mean = like_layers(ring.unflatten(summed, spec), delta)
+        # Buffers (BatchNorm's statistics) take the mean at rate 1, no momentum (outer.py).
+        weights, velocity = apply_outer(old, mean, velocity, outer, self.buffer_mask())
+        self.set_weights(weights)
+        if outer is not None:
             self._velocity = velocity
         spent = time.perf_counter() - start
         if self._last_call_end is not None:

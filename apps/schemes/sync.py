@@ -33,7 +33,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..options import ConfigError, boolean, int_at_least, option
-from .averaging import weighted_mean
+from .averaging import buffer_mask, weighted_mean
 from .balance import RateBalancer
 from .evaluation import Evaluations
 from .events import CallDone, RowDone, Tick, TrainerLost, TrainersJoined
@@ -102,6 +102,7 @@ class SyncMachine(Machine):
         self.late = LateDeltas(o.backup_workers or 0, balanced=bool(o.balance))
         self.balancer = RateBalancer() if o.balance else None
         self.evals = Evaluations(self.num_test, self.call)
+        self.buffers = buffer_mask(ctx.trainer_info)   # values: no outer step (averaging.py)
         self.w: list = []
         self.open: _Round | None = None
         self.waiting = False    # for trainers, or for a late call (every live trainer is late)
@@ -210,7 +211,8 @@ class SyncMachine(Machine):
             self.keep_state(j, s)
             if self.balancer is not None:
                 self.balancer.observe(j, s["samples"], s["compute_s"])
-        self.w = self.rounds.outer.step(self.w, weighted_mean(deltas, weights), len(deltas))
+        self.w = self.rounds.outer.step(self.w, weighted_mean(deltas, weights), len(deltas),
+                                        self.buffers)
         self.rounds.count_steps(max(len(p) for p in rd.pieces.values()), cfg.batch_size,
                                 cfg.worker_epochs)
         self.round_no += 1
