@@ -210,7 +210,7 @@ class Driver:
                 self.emit(EventKind.RESUMED, None, self._resume_detail(ckpt))
             result = None
             try:
-                weights = self._loop(machine.start(weights, self.pool.live()))
+                weights = self._loop(machine.start(weights, self.pool.live(), self.clock()))
                 if self.writer is not None:
                     self.writer.close()
                 self._flush_checkpoint_events()

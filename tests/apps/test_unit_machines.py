@@ -401,3 +401,18 @@ def test_sync_machine_position_restores_where_it_was():
     resumed = _calls(again.start(list(m.w), [a2, b2]))
     assert [c.args[1].tolist() for c in resumed] == [c.args[1].tolist() for c in second]
     assert again.rounds.outer.steps == m.rounds.outer.steps
+
+
+def test_the_first_rows_time_starts_when_training_does():
+    """Trainer start-up is the result's startup_s, not the first round's wall time."""
+    import time as _time
+
+    class SlowStart(NumpyTrainer):
+        def __init__(self, *args, **kwargs):
+            _time.sleep(0.3)
+            super().__init__(*args, **kwargs)
+
+    result = _train("sync", rounds_per_epoch=3, trainer_cls=SlowStart)
+    assert result.startup_s >= 0.3
+    first = result.history[0]
+    assert first["wall_s"] < 0.25 and first["overhead_s"] < 0.25, first
