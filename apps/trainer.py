@@ -30,7 +30,7 @@ import ddlf_actors as ddlf
 from ddlf_actors.cluster import ClusterWorker
 from ddlf_actors.errors import ActorDiedError
 
-from . import backends, datasets, ring, tf_startup
+from . import backends, datasets, keras_steps, ring, tf_startup
 from .wire import WireMethods
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
@@ -129,17 +129,12 @@ class TrainerActor(ClusterWorker, WireMethods):
         """Train in place on ``x, y``; return the mean training loss of the last epoch.
 
         The same steps as ``model.fit(x, y, epochs, batch_size, shuffle=False)`` (the
-        driver already shuffled the indices, Algorithm 6), one ``train_on_batch`` per
-        batch: ``fit`` costs about 0.2 s per call in set-up on one thread, which rounds of
-        a few dozen steps would pay every round (measured, benchmarks/README.md)."""
-        model = self.model
-        logs = None
-        for _ in range(int(epochs)):
-            model.reset_metrics()    # the loss is the mean over this epoch, as fit reports
-            for start in range(0, len(x), batch_size):
-                logs = model.train_on_batch(x[start:start + batch_size],
-                                            y[start:start + batch_size], return_dict=True)
-        return float(logs["loss"]) if logs is not None else 0.0
+        driver already shuffled the indices, Algorithm 6), run as one compiled loop per
+        epoch (``keras_steps.fit_steps``): ``fit`` costs about 0.2 s per call in set-up on
+        one thread, which rounds of a few dozen steps would pay every round, and one
+        ``train_on_batch`` per batch pays Python per step (measured,
+        ``benchmarks/explore_defaults.py profile``)."""
+        return keras_steps.fit_steps(self.model, x, y, epochs, batch_size)
 
     def get_optimizer_state(self) -> list | None:
         """The optimizer's variables (step count, momentum, Adam slots) as numpy arrays, or
