@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--rounds-per-epoch", type=int,
                      help="sync, allreduce: average this many times per epoch (default: "
-                          "about 32 local steps per round); async: pieces per trainer per epoch")
+                          "about 16 local steps per round); async: pieces per trainer per epoch")
     run.add_argument("--eval-every", type=int,
                      help="sync, allreduce: evaluate every N rounds and the last (default: "
                           "once per epoch)")

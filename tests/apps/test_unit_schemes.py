@@ -78,6 +78,16 @@ def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
     # outer step is a plain average.
     plain = SyncScheme.resolve(TrainConfig(outer_momentum=0.0, lr_scaling="none"))
     assert plain.nesterov is False and plain.warmup_rounds == 0 and plain.outer_lr == 1.0
+    # outer_momentum=0 alone is a plain average too (not a damped one at the default rate).
+    no_momentum = SyncScheme.resolve(TrainConfig(outer_momentum=0.0))
+    assert no_momentum.outer_lr == 1.0 and no_momentum.nesterov is False
+    # lr_scaling="none" given is what the default is: the default outer rate stays.
+    assert SyncScheme.resolve(TrainConfig(lr_scaling="none")).outer_lr == \
+        SyncScheme.resolve(TrainConfig()).outer_lr == SyncScheme.defaults["outer_lr"]
+    # The K rule on the trainers: the outer rate is 1; on the outer step: K x the default.
+    assert SyncScheme.resolve(TrainConfig(lr_scaling="inner")).outer_lr == 1.0
+    assert SyncScheme.resolve(TrainConfig(lr_scaling="outer")).outer_lr == \
+        SyncScheme.defaults["outer_lr"]
     assert EasgdScheme.resolve(TrainConfig(workers=3)).alpha == pytest.approx(0.3)
     assert EasgdScheme.resolve(TrainConfig(workers=3, alpha=0.1)).alpha == 0.1
     down = DownpourScheme.resolve(TrainConfig())
