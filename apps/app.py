@@ -16,6 +16,9 @@
         await app.save_model("model.keras")
         await app.close()
 
+``create_model`` may build a ``torch.nn.Module`` instead (``App(optimizer=..., loss=...)``
+then set how each trainer trains it; ``save_model("model.pt")`` writes its state dict).
+
 As in the paper, ``load_dataset`` and ``create_model`` run on the master (the driver)
 and on every worker: each trainer runs them once, on its own copy of the app, and
 keeps the result (a method may return ``((x, y), (x_test, y_test))`` / the model, or
@@ -33,9 +36,11 @@ from typing import Any
 import ddlf_actors as ddlf
 from ddlf_actors.cluster import Cluster, WorkerProxy
 
-from . import backends, datasets, models
+from . import backends, datasets, frameworks, models
 from .arrays import combine_shards
-from .config import TrainConfig
+from .config import FRAMEWORK_OPTIONS, TrainConfig
+from .frameworks.keras import KerasAdapter
+from .options import ConfigError
 from .schemes import registry
 from .schemes.api import split_options
 from .schemes.driver import Driver
@@ -63,7 +68,7 @@ class _AppStep:
                 return returned
             return (app.x_train, app.y_train), (app.x_test, app.y_test)
         model = returned if returned is not None else app.model
-        if getattr(model, "optimizer", None) is None and hasattr(model, "compile"):
+        if KerasAdapter.owns(model) and getattr(model, "optimizer", None) is None:
             # The paper's create_model builds without compiling: use its SGD set-up.
             model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy",
                           metrics=["accuracy"])
@@ -72,7 +77,11 @@ class _AppStep:
 
 class App:
     """Subclass and override ``load_dataset()`` and ``create_model()``; the defaults
-    load ``dataset`` (a registered name) and build the paper's CNN for it."""
+    load ``dataset`` (a registered name) and build the paper's CNN for it.
+
+    ``optimizer``, ``loss`` (a PyTorch ``create_model``) and ``keras_backend`` (a Keras
+    one) are the trainers' framework settings, as in ``train_sync``: set once, here,
+    because the app's trainers are built once and kept between its runs."""
 
     # What load_dataset() sets (a subclass's may set them, or return the two pairs).
     x_train: Any
@@ -82,7 +91,8 @@ class App:
 
     def __init__(self, workers: int = 2, *, dataset: str = "fashion-mnist",
                  address: str | None = None, token: str | None = None, num_cpus: float = 1,
-                 trainer_cls=None, progress: bool = True):
+                 trainer_cls=None, progress: bool = True, optimizer=None, loss=None,
+                 keras_backend: str | None = None):
         self.workers = workers
         self.dataset = dataset
         self.address = address
@@ -90,6 +100,10 @@ class App:
         self.num_cpus = num_cpus
         self.trainer_cls = trainer_cls or TrainerActor
         self.progress = progress
+        self.optimizer = optimizer
+        self.loss = loss
+        self.keras_backend = keras_backend
+        self._config()   # a bad setting fails here, not when the first run starts
         self.model: Any = None
         self.weights: Any = None
         self.result: Any = None
@@ -149,17 +163,26 @@ class App:
         return {"test_loss": loss, "test_accuracy": accuracy}
 
     async def save_model(self, path: str) -> str:
-        """Save the model with the current weights in the ``.keras`` format."""
+        """Save the model with the current weights in its framework's format: ``.keras``
+        for Keras, a ``torch.save`` of the state dict for PyTorch (``model.pt``)."""
         model = await self._driver_model()
-        await asyncio.to_thread(model.save, path)
+        await asyncio.to_thread(frameworks.for_model(model).save, model, path)
         return path
 
     async def load_model(self, path: str):
-        """Load a ``.keras`` model; its weights become the starting point of training."""
-        import keras
+        """Load a ``.keras`` model, or a PyTorch state dict (``torch.load(path)``) into
+        ``create_model()``'s module; its weights become the starting point of training."""
+        if path.endswith(".keras"):
+            import keras
 
-        self.model = await asyncio.to_thread(keras.saving.load_model, path)
-        self.weights = [w for w in self.model.get_weights()]
+            self.model = await asyncio.to_thread(keras.saving.load_model, path)
+        else:
+            import torch
+
+            model = await asyncio.to_thread(_AppStep(self, "create_model"))
+            model.load_state_dict(torch.load(path))
+            self.model = model
+        self.weights = frameworks.for_model(self.model).weights_of(self.model)
         return self.model
 
     async def close(self) -> None:
@@ -194,9 +217,13 @@ class App:
         self._ddlf_cluster = None
 
     # -- internals -----------------------------------------------------------------------------
+    def _framework_options(self) -> dict:
+        return {k: getattr(self, k) for k in FRAMEWORK_OPTIONS if getattr(self, k) is not None}
+
     def _config(self) -> TrainConfig:
         return TrainConfig(workers=self.workers, num_cpus=self.num_cpus,
-                           trainer_cls=self.trainer_cls, progress=self.progress)
+                           trainer_cls=self.trainer_cls, progress=self.progress,
+                           **self._framework_options())
 
     async def _trainers(self) -> list:
         if self._ddlf_trainers is None:
@@ -218,13 +245,22 @@ class App:
         return self.weights
 
     async def _driver_model(self):
-        if self.model is None:
-            self.model = _AppStep(self, "create_model")()
-        self.model.set_weights(await self._current_weights())
+        if self.model is None:   # its own thread: the step runs create_model's coroutine
+            self.model = await asyncio.to_thread(_AppStep(self, "create_model"))
+        self._set_driver_weights(await self._current_weights())
         return self.model
+
+    def _set_driver_weights(self, weights) -> None:
+        """The driver's model takes ``weights`` through its adapter (no optimizer built)."""
+        model = self.model
+        frameworks.for_model(model).local_model(lambda: model, weights)
 
     async def _train(self, scheme: str, master_epochs, worker_epochs, batch_size, options):
         trainers = await self._trainers()
+        for name in FRAMEWORK_OPTIONS:
+            if name in options:
+                raise ConfigError(f"{name}=", f"is set once for the app's trainers: "
+                                  f"App(..., {name}=...)")
         initial = options.pop("initial_weights", None)
         resume = options.pop("resume", None)
         if resume is not None:
@@ -234,11 +270,12 @@ class App:
         config, scheme_options = split_options(scheme, dict(
             workers=self.workers, num_cpus=self.num_cpus, trainer_cls=self.trainer_cls,
             progress=self.progress, master_epochs=master_epochs, worker_epochs=worker_epochs,
-            batch_size=batch_size, **options), caller=f"App.train_{scheme}")
+            batch_size=batch_size, **self._framework_options(), **options),
+            caller=f"App.train_{scheme}")
         driver = Driver(registry.get(scheme), _AppStep(self, "create_model"),
                         _AppStep(self, "load_dataset"), config, scheme_options, trainers)
         self.result = await asyncio.to_thread(driver.run, initial, resume)
         self.weights = self.result.weights
         if self.model is not None:
-            self.model.set_weights(self.weights)
+            self._set_driver_weights(self.weights)
         return self.result

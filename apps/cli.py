@@ -5,8 +5,10 @@
     ddlf-train fetch fashion-mnist
 
 ``run`` starts an embedded cluster unless ``--address`` is given (``--backend ray``: a
-local Ray instance, or the Ray cluster at ``--address ray://host:10001`` or ``auto``), trains with a progress
-bar, prints a table of epoch, time and accuracy, and writes ``model.keras``,
+local Ray instance, or the Ray cluster at ``--address ray://host:10001`` or ``auto``), trains
+the paper's CNN (in Keras, or in PyTorch with ``--framework torch``; Keras on another backend
+with ``--keras-backend jax``) with a progress bar, prints a table of epoch, time and
+accuracy, and writes the model (``model.keras``, or ``model.pt``: the module's state dict),
 ``history.csv``, ``history.json`` and ``training.png`` to ``--out`` (and TensorBoard logs
 to ``--tensorboard DIR``). With ``--checkpoint-every N`` it also keeps checkpoints in
 ``--out``; ``--resume DIR`` continues from one. TensorFlow's start-up lines are hidden unless ``--verbose``.
@@ -78,7 +80,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--master-epochs", type=int, default=2)
     run.add_argument("--worker-epochs", type=int, default=1)
     run.add_argument("--batch-size", type=int, default=32)
-    run.add_argument("--num-cpus", type=float, default=1, help="CPUs (TF threads) per trainer")
+    run.add_argument("--num-cpus", type=float, default=1,
+                     help="CPUs (the framework's threads) per trainer")
+    run.add_argument("--framework", choices=("keras", "torch"), default="keras",
+                     help="the paper's CNN in Keras (default; model.keras) or in PyTorch "
+                          "(SGD 0.01 and cross-entropy, as the Keras one compiles; model.pt, "
+                          "its state dict): pip install 'ddlf-actors[torch]'")
+    run.add_argument("--keras-backend", choices=KERAS_BACKENDS,
+                     help="with --framework keras: the backend Keras runs on in the trainers "
+                          "(default: Keras' own choice, tensorflow); jax needs "
+                          "pip install 'ddlf-actors[jax]'")
     run.add_argument("--compression", metavar="SPEC",
                      help="encode what crosses the wire: one codec spec for weights and "
                           "deltas (none, lz4, zstd[:level], fp16, int8, topk:FRACTION, a lossy "
@@ -107,6 +118,11 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("name")
     fetch.add_argument("--force", action="store_true")
     return p
+
+
+KERAS_BACKENDS = ("tensorflow", "jax", "torch")
+# What each choice needs installed, and the extra that brings it.
+_NEEDS = {"torch": ("torch", "torch"), "jax": ("jax", "jax")}
 
 
 def _flag(name: str) -> str:
@@ -235,6 +251,7 @@ def _check_args(args) -> None:
                               f"applies to --scheme {', '.join(registry.accepting(name))}")
     if args.limit is not None and args.limit < 1:
         raise _UsageError(f"--limit must be >= 1, got {args.limit}")
+    _check_framework_args(args)
     if args.compression is not None:
         args.compression = _compression_arg(args.compression, scheme)
     try:   # the same checks train() makes, named by their flags
@@ -270,6 +287,22 @@ def _check_args(args) -> None:
                 args.token = f.read().strip()
         except OSError as e:
             raise _UsageError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def _check_framework_args(args) -> None:
+    """--framework and --keras-backend agree, and what they name is installed."""
+    import importlib.util
+
+    if args.keras_backend and args.framework != "keras":
+        raise _UsageError(f"--keras-backend {args.keras_backend} runs a Keras model on that "
+                          f"backend; --framework {args.framework} trains a PyTorch module: "
+                          "leave --keras-backend out")
+    for choice, flag in ((args.framework, "--framework"), (args.keras_backend, "--keras-backend")):
+        module, extra = _NEEDS.get(choice or "", (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise _UsageError(f"{flag} {choice} needs {module}, which is not installed: "
+                              f"pip install 'ddlf-actors[{extra}]' (on every machine of the "
+                              "cluster)")
 
 
 def _check_backend(args) -> None:
@@ -336,7 +369,7 @@ def _dataset_arg(args):
 def _run(args) -> int:
     import ddlf_actors as ddlf
 
-    from . import models, report
+    from . import frameworks, models, report
     from .callbacks import TensorBoard
     from .schemes import train
 
@@ -357,7 +390,7 @@ def _run(args) -> int:
     try:
         dataset, label = _dataset_arg(args)
         shape = models.INPUT_SHAPES.get(args.dataset, (28, 28, 1))
-        model_fn = _ModelFn(shape)
+        model_fn = _ModelFn(shape, args.framework)
         common = dict(workers=args.workers, master_epochs=args.master_epochs,
                       worker_epochs=args.worker_epochs, batch_size=args.batch_size,
                       num_cpus=args.num_cpus, **_scheme_options(args),
@@ -365,6 +398,7 @@ def _run(args) -> int:
                       compression=args.compression, progress=not args.no_progress,
                       min_workers=args.min_workers,
                       rejoin_timeout_s=args.rejoin_timeout, resume=args.resume,
+                      keras_backend=args.keras_backend,
                       callbacks=[TensorBoard(args.tensorboard)] if args.tensorboard else [])
         if args.checkpoint_every:
             common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
@@ -374,15 +408,19 @@ def _run(args) -> int:
         ddlf.shutdown()
     os.makedirs(args.out, exist_ok=True)
     report.write_history(result.history, args.out)
+    what = "PyTorch" if args.framework == "torch" else f"Keras on {args.keras_backend}" \
+        if args.keras_backend else "Keras"
     report.plot_history(result.history, os.path.join(args.out, "training.png"),
-                        f"DDLF {args.scheme}, {label}, K={args.workers}")
-    result.model.save(os.path.join(args.out, "model.keras"))
+                        f"DDLF {args.scheme}, {label}, K={args.workers}, {what}")
+    # The adapter of the model's framework writes it in that framework's format.
+    adapter = frameworks.for_model(result.model)
+    adapter.save(result.model, os.path.join(args.out, adapter.model_file))
     print(report.format_table(result.history, result.events))
     workers = args.workers if isinstance(args.workers, int) else "{}-{}".format(*args.workers)
-    print(f"\n{args.scheme} on {label}, {workers} trainers: trainers ready in "
+    print(f"\n{args.scheme} on {label}, {workers} trainers ({what}): trainers ready in "
           f"{result.startup_s:.1f} s, trained in {result.history[-1]['time_s']:.1f} s, "
-          f"{total:.1f} s in all. Wrote model.keras, history.csv, history.json, training.png "
-          f"to {args.out}/")
+          f"{total:.1f} s in all. Wrote {adapter.model_file}, history.csv, history.json, "
+          f"training.png to {args.out}/")
     if args.tensorboard:
         print(f"TensorBoard logs in {args.tensorboard}/ (tensorboard --logdir {args.tensorboard})")
     if result.stopped_early:
@@ -391,14 +429,20 @@ def _run(args) -> int:
 
 
 class _ModelFn:
-    """``models.paper_cnn`` for an input shape, picklable by reference."""
+    """``models.paper_cnn`` (or ``paper_cnn_torch``) for an input shape, picklable by
+    reference. Named for it, as a function is (``__name__``): the dashboard and
+    checkpoints call it ``paper_cnn`` (``paper_cnn_torch``)."""
 
-    def __init__(self, input_shape):
+    def __init__(self, input_shape, framework: str = "keras"):
         self.input_shape = tuple(input_shape)
+        self.framework = framework
+        self.__name__ = "paper_cnn_torch" if framework == "torch" else "paper_cnn"
 
     def __call__(self):
         from . import models
 
+        if self.framework == "torch":
+            return models.paper_cnn_torch(input_shape=self.input_shape)
         return models.paper_cnn(input_shape=self.input_shape)
 
 

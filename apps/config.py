@@ -13,15 +13,28 @@ import dataclasses
 import os
 from typing import Any
 
-from .options import ConfigError, check_fields, int_at_least, one_of, option, seconds
+from .options import (
+    ConfigError,
+    check_fields,
+    describe_schedule,
+    int_at_least,
+    one_of,
+    option,
+    seconds,
+)
 
-__all__ = ["TrainConfig", "ConfigError", "LR_SCALINGS", "PLACEMENT_STRATEGIES", "BACKENDS"]
+__all__ = ["TrainConfig", "ConfigError", "LR_SCALINGS", "PLACEMENT_STRATEGIES", "BACKENDS",
+           "KERAS_BACKENDS", "FRAMEWORK_OPTIONS"]
 
 # Where the linear scaling rule for K trainers applies (Goyal et al. 2017): nowhere, to the
 # trainers' learning rate, or to the driver's outer learning rate.
 LR_SCALINGS = ("none", "inner", "outer")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 BACKENDS = ("ddlf", "ray")
+KERAS_BACKENDS = ("tensorflow", "jax", "torch")
+# The settings a run hands to its trainers' framework adapter (and, for keras_backend,
+# to the trainer itself before Keras is imported); each applies to one kind of model.
+FRAMEWORK_OPTIONS = ("optimizer", "loss", "keras_backend")
 
 
 def _cpus(name: str, v: Any) -> None:
@@ -44,6 +57,21 @@ def _compression(name: str, v: Any) -> None:
 def _fraction(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise ConfigError(name, f"must be in (0, 1], got {v!r}")
+
+
+def _factory(name: str, v: Any) -> None:
+    if type(v).__module__.startswith("torch.optim"):
+        raise ConfigError(name, "takes a callable that builds the optimizer from the "
+                          "parameters (each trainer builds its own, for its own model), not "
+                          "an optimizer: optimizer=lambda params: torch.optim.SGD(params, "
+                          "lr=0.03, momentum=0.9)")
+    if not callable(v):
+        what = ("a callable taking the parameters and returning a torch.optim.Optimizer, "
+                "e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.03, momentum=0.9)"
+                if name == "optimizer" else
+                "a callable (output, target) -> scalar tensor, e.g. "
+                "torch.nn.functional.cross_entropy")
+        raise ConfigError(name, f"must be {what}; got {v!r}")
 
 
 def _backend(name: str, v: Any) -> None:
@@ -114,6 +142,16 @@ class TrainConfig:
     placement_timeout_s: float = option(60.0, help="seconds to reserve the trainers' CPUs",
                                         check=seconds, cli=None)
     callbacks: list = dataclasses.field(default_factory=list)
+    # PyTorch models only (a Keras model compiles its own and refuses these by name): how
+    # each trainer builds its optimizer from its module's parameters, and the loss.
+    optimizer: Any = option(None, help="PyTorch: a callable params -> torch.optim.Optimizer "
+                            "(default SGD, lr 0.01)", check=_factory, cli=None)
+    loss: Any = option(None, help="PyTorch: a callable (output, target) -> scalar tensor "
+                       "(default cross-entropy on the module's logits)", check=_factory, cli=None)
+    # Keras models only: the backend Keras 3 runs on in the trainers (KERAS_BACKEND,
+    # set before Keras is first imported there); None: Keras' own choice.
+    keras_backend: str | None = option(None, help="Keras 3's backend in the trainers",
+                                       check=one_of(*KERAS_BACKENDS), cli=None)
     # Where the trainers run: "ddlf" or "ray" (apps/backends); None: what ddlf.init chose;
     # or a Backend instance (the tests' in-process FakeBackend).
     backend: Any = option(None, help="ddlf or ray", check=_backend, cli=None)
@@ -160,6 +198,16 @@ class TrainConfig:
     def names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
+    def framework_options(self) -> dict:
+        """What each trainer is given as ``framework_options``: the framework settings
+        that are set (``optimizer``, ``loss``, ``keras_backend``) and the trainers'
+        ``num_gpus`` where ``trainer_options`` asks for GPUs. Empty when none is."""
+        out = {k: getattr(self, k) for k in FRAMEWORK_OPTIONS if getattr(self, k) is not None}
+        gpus = self.trainer_options.get("num_gpus")
+        if gpus:
+            out["num_gpus"] = gpus
+        return out
+
     def to_json(self) -> dict:
         """The settings a checkpoint records: plain values only (classes by name)."""
         out = {}
@@ -171,6 +219,8 @@ class TrainConfig:
                 v = None if v is None else f"{v.__module__}.{v.__qualname__}"
             elif f.name == "trainer_options":
                 v = {k: repr(x) for k, x in v.items()}
+            elif f.name in ("optimizer", "loss") and v is not None:
+                v = describe_schedule(v)   # by name: a lambda's repr changes every run
             elif f.name == "backend" and v is not None and not isinstance(v, str):
                 v = type(v).__name__
             elif f.name == "compression" and v is not None:

@@ -33,15 +33,18 @@ def plot_history(history: list, path: str, title: str = "DDLF training") -> str:
     matplotlib.use("Agg")  # no display on cluster machines
     import matplotlib.pyplot as plt
 
+    # Test curves at the evaluated rows only; the train loss of every round (a sync run
+    # evaluates once per epoch by default but reports a train loss each round).
     rows = [r for r in history if r.get("test_accuracy") is not None]
-    epochs = [r["epoch"] for r in rows]
-    times = [r["time_s"] for r in rows]
+    trained = [r for r in history if r.get("train_loss") is not None]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for col, (xs, xlabel) in enumerate(((epochs, "epoch"), (times, "time (s)"))):
+    for col, (key, xlabel) in enumerate((("epoch", "epoch"), ("time_s", "time (s)"))):
+        xs = [r[key] for r in rows]
         axes[0][col].plot(xs, [r["test_accuracy"] for r in rows], marker="o", label="test")
         axes[0][col].set_ylabel("accuracy")
         axes[1][col].plot(xs, [r["test_loss"] for r in rows], marker="o", label="test")
-        axes[1][col].plot(xs, [r["train_loss"] for r in rows], marker="x", label="train")
+        axes[1][col].plot([r[key] for r in trained], [r["train_loss"] for r in trained],
+                          marker="x" if len(trained) <= 50 else None, label="train")
         axes[1][col].set_ylabel("loss")
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xlabel(xlabel)

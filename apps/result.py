@@ -13,8 +13,13 @@ class TrainResult:
     """``history``: one dict per row (a round for ``train_sync``, an epoch for
     ``train_async``); ``weights``: the final weights (a list of numpy arrays);
     ``config``: the run's shared settings (``TrainConfig``), ``options``: the scheme's
-(``SyncOptions`` ...) with its defaults filled in; ``model``: a model holding them, built on first access by the trainer class's
-    ``local_model`` (for Keras, ``model_fn()`` in this process); ``events``: what happened
+(``SyncOptions`` ...) with its defaults filled in; ``model``: a model holding them,
+    built on first access by the trainer class's ``local_model``, through the model's
+    framework adapter (``model_fn()`` in this process, holding the weights, with no
+    optimizer built: a Keras model as ``model_fn`` compiled it, a ``torch.nn.Module`` in
+    the mode ``model_fn`` left it); ``weights`` are ``get_weights``' arrays (PyTorch: the
+    ``state_dict()`` values, buffers included, in its order); ``framework``: the adapter's
+    name (``"keras"``, ``"torch"`` ...); ``events``: what happened
     to the run (trainers lost and joined, resumes, checkpoints), see ``records.RunEvent``;
     ``checkpoint``: the path of the last checkpoint written, if any; ``checkpoint_s``: the
     time the training loop spent on checkpoints (the rest is written in the background);
@@ -39,12 +44,14 @@ class TrainResult:
     checkpoint_s: float = 0.0
     checkpoint_write_s: float = 0.0
     checkpoint_cpu_s: float = 0.0
+    framework: str | None = None
     _model: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def model(self):
         if self._model is None:
-            self._model = self.trainer_cls.local_model(self.model_fn, self.weights)
+            options = self.config.framework_options() if self.config is not None else None
+            self._model = self.trainer_cls.local_model(self.model_fn, self.weights, options)
         return self._model
 
     @property

@@ -23,6 +23,23 @@ file meanwhile, then every line is written back except absl/TF log lines below t
 level and absl's banner. Nothing else is dropped: what other threads wrote in that
 window comes out late, not never, and if the block raises, all of it is shown.
 ``TF_CPP_MIN_LOG_LEVEL=0`` (``ddlf-train run --verbose``) shows everything.
+
+A GPU build of TensorFlow (the ``tensorflow`` package, not ``tensorflow-cpu``; pip
+installs it beside PyTorch's CUDA wheels as often as not) on a host without a usable
+CUDA driver logs, at ERROR level, when it first sets up its devices (the first op or
+``tf.config.list_physical_devices``, after the import):
+
+    E0000 00:00:1795734627.465977   22432 cuda_platform.cc:52] failed call to cuInit:
+    INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)
+
+(303: no ``libcuda.so.1``; ``CUDA_ERROR_NO_DEVICE`` where the driver is there but no GPU
+is visible). It is not an error for a run that trains on the CPU, and each trainer
+printed it to the driver's terminal. So :func:`import_tensorflow` also sets up TF's
+devices inside the quiet window (``list_physical_devices`` is cheap and leaves the
+thread pools settable), and at any level above 0 a ``failed call to cuInit`` line is kept
+off stderr and remembered instead: :func:`cuda_failure` gives its reason, for the driver
+to say once for the run (:func:`gpu_note`), not once per process.
+:func:`hide_gpus_unless_requested` keeps GPUs away from a trainer that asked for none.
 """
 
 from __future__ import annotations
@@ -35,7 +52,8 @@ import tempfile
 import threading
 
 __all__ = ["LEVEL_ENV", "DEFAULT_LEVEL", "quiet_startup", "import_tensorflow",
-           "filter_startup_lines"]
+           "filter_startup_lines", "split_cuda_failure", "cuda_failure", "gpu_note",
+           "hide_gpus_unless_requested"]
 
 LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 DEFAULT_LEVEL = "2"   # TF's meaning: 1 hides INFO, 2 also WARNING, 3 also ERROR
@@ -47,8 +65,10 @@ _ABSL_LINE = re.compile(rb"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+\s+[^\]\s]+:\d
 _TSL_LINE = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: ([IWEF]) [^\]\s]+:\d+\] ")
 _BANNER = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 _SEVERITY = {b"I": 0, b"W": 1, b"E": 2, b"F": 3}
+_CUINIT = b"failed call to cuInit"
 
 _lock = threading.Lock()
+_cuda_failure: str | None = None   # what TF said when CUDA would not start, in this process
 
 
 def _level() -> int:
@@ -120,14 +140,73 @@ def quiet_startup():
         except BaseException:
             _write_stderr(data)   # fd 2 is back: all of it, the reason may be in there
             raise
+        global _cuda_failure
+        data, reason = split_cuda_failure(data)
+        if reason is not None:
+            _cuda_failure = reason
         _write_stderr(filter_startup_lines(data, level))
 
 
 def import_tensorflow():
-    """``import tensorflow`` inside :func:`quiet_startup`; return the module."""
+    """``import tensorflow`` and the set-up of its devices inside :func:`quiet_startup`;
+    return the module. The thread pools can still be set afterwards (no op has run)."""
     with quiet_startup():
         import tensorflow
+
+        # Where a GPU build looks for CUDA and, without a driver, logs its failure:
+        # inside the window, so that line is kept off the terminal too.
+        tensorflow.config.list_physical_devices()
     return tensorflow
+
+
+def split_cuda_failure(data: bytes) -> tuple[bytes, str | None]:
+    """``(data without TF's "failed call to cuInit" log lines, the reason of the last one
+    or None)``. The reason is the text after ``failed call to cuInit:``, e.g. ``"INTERNAL:
+    CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)"``. Only lines in a TF/absl
+    log format are taken."""
+    out, reason = [], None
+    for line in data.splitlines(keepends=True):
+        if (_CUINIT in line) and (_ABSL_LINE.match(line) or _TSL_LINE.match(line)):
+            tail = line.split(_CUINIT, 1)[1].strip().lstrip(b":").strip()
+            reason = tail.decode("utf-8", "replace") or "no reason given"
+            continue
+        out.append(line)
+    return b"".join(out), reason
+
+
+def cuda_failure() -> str | None:
+    """Why TensorFlow could not start CUDA in this process (the hidden ``failed call to
+    cuInit`` line's reason), or None if it did not say so (a CPU-only build, or a GPU)."""
+    return _cuda_failure
+
+
+def gpu_note(num_gpus: float, failures) -> str | None:
+    """The one line a driver prints for a run whose trainers reported ``failures`` (each
+    trainer's :func:`cuda_failure`), or None when there is nothing to say.
+
+    With ``num_gpus`` 0 a failure is expected (the trainer asked for no GPU, and
+    :func:`hide_gpus_unless_requested` hid them): the line says the run trains on the
+    CPU. With ``num_gpus`` > 0 it says that GPUs were asked for but CUDA did not start,
+    with TF's reason: those trainers train on the CPU, slowly."""
+    reasons = sorted({f for f in failures if f})
+    if not reasons:
+        return None
+    if not num_gpus:
+        return ("trainers run on the CPU: no GPU requested (num_gpus=0); TensorFlow's "
+                "CUDA start-up message is hidden (--verbose shows it)")
+    return (f"num_gpus={num_gpus:g}, but TensorFlow could not start CUDA on "
+            f"{'a trainer' if len(reasons) == 1 else 'trainers'} ({'; '.join(reasons)}): "
+            "they train on the CPU. Check the GPU driver (nvidia-smi) on those hosts")
+
+
+def hide_gpus_unless_requested(num_gpus: float) -> None:
+    """In a trainer that asked for no GPU, ``CUDA_VISIBLE_DEVICES=""`` before a framework
+    starts, unless the variable is set already (the node sets it for a trainer it gave
+    GPUs to). On a host with GPUs, TensorFlow would otherwise claim every GPU's memory
+    from every trainer, and torch would start a CUDA context if asked. Call it before
+    TensorFlow, torch or JAX is imported."""
+    if not num_gpus and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def _write_stderr(data: bytes) -> None:

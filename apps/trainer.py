@@ -25,6 +25,7 @@ It subclasses the Cluster API's worker, so ``run_method``, ``add_method`` and
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, ClassVar
 
@@ -55,7 +56,10 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
     ``((x, y), (x_test, y_test))``, or a :func:`datasets.partitioned` directory, of
     which trainer ``index`` loads only partition ``index``. Trainers on one node share
     one read-only copy of the arrays (a memory-mapped cache file). ``framework_options``
-    go to the adapter (PyTorch's ``optimizer=`` and ``loss=``).
+    go to the adapter (PyTorch's ``optimizer=`` and ``loss=``), except two the trainer
+    reads itself before anything imports a framework: ``keras_backend`` (Keras 3's
+    backend: ``KERAS_BACKEND``, which Keras reads once, at its first import) and
+    ``num_gpus`` (0 or absent: GPUs are hidden, ``tf_startup.hide_gpus_unless_requested``).
     """
 
     #: The framework adapter; None: the one whose framework the built model belongs to.
@@ -65,6 +69,12 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                  framework_options: dict | None = None):
         super().__init__(index)
         self.num_cpus = num_cpus
+        options = dict(framework_options or {})
+        # Before any framework is imported: which GPUs it may see, and Keras' backend.
+        tf_startup.hide_gpus_unless_requested(options.pop("num_gpus", 0) or 0)
+        self.keras_backend = options.pop("keras_backend", None)
+        if self.keras_backend:
+            use_keras_backend(self.keras_backend)
         self.partitioned = isinstance(dataset, datasets.PartitionedDataset)
         # Data first: a missing dataset fails before a framework's slow start-up.
         (self.x, self.y), (self.x_test, self.y_test) = self.load_data(dataset, index)
@@ -82,7 +92,7 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
             except UnknownFrameworkError as e:   # a subclass may implement the hooks itself
                 self._no_adapter = str(e)
         if cls is not None:
-            self.adapter = cls(self.model, framework_options)
+            self.adapter = cls(self.model, options)
         self._last_call_end: float | None = None
         self._eval_s = 0.0  # evaluation time since the last train call, reported by train
 
@@ -118,6 +128,14 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
     def set_weights(self, weights) -> None:
         self._framework().set_weights(weights)
 
+    def buffer_mask(self) -> list[bool]:
+        """Which arrays of :meth:`get_weights` are buffers (values the model sets itself,
+        such as BatchNorm's running statistics), which the schemes average as values.
+        Without an adapter (a subclass implementing the hooks): none."""
+        if self.adapter is None:
+            return [False] * len(self.get_weights())
+        return self.adapter.buffer_mask()
+
     def fit(self, x, y, epochs: int, batch_size: int) -> float:
         """Train in place on ``x, y`` (already shuffled by the driver); return the mean
         training loss of the last epoch."""
@@ -151,7 +169,11 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                 "weights_bytes": nbytes(weights),
                 "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights],
                 "learning_rate": self.get_learning_rate(),
-                "framework": self.adapter.name if self.adapter is not None else None}
+                "framework": self.adapter.name if self.adapter is not None else None,
+                "buffers": self.buffer_mask(), "keras_backend": _keras_backend(),
+                # What TF said when CUDA would not start (its line is hidden): the driver
+                # says it once for the run (tf_startup.gpu_note).
+                "cuda_failure": tf_startup.cuda_failure()}
 
     def train(self, weights, indices, epochs: int, batch_size: int, return_state: bool = False,
               learning_rate: float | None = None):
@@ -220,10 +242,30 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
 
     @classmethod
     def local_model(cls, model_fn, weights, framework_options: dict | None = None):
-        """A model in the calling process holding ``weights`` (what ``result.model`` is)."""
+        """A model in the calling process holding ``weights`` (what ``result.model`` is),
+        built by its adapter's ``local_model``: no optimizer is made on the driver."""
         if cls.adapter_cls is not None:
             return cls.adapter_cls.local_model(model_fn, weights, framework_options)
         with tf_startup.quiet_startup():   # the driver's first TF import, if it is one
             model = model_fn()
-        frameworks.for_model(model)(model, framework_options).set_weights(weights)
-        return model
+        return frameworks.for_model(model).local_model(lambda: model, weights,
+                                                       framework_options)
+
+
+def _keras_backend() -> str | None:
+    """Keras' backend in this process, or None when Keras is not imported."""
+    keras = sys.modules.get("keras")
+    return keras.backend.backend() if keras is not None else None
+
+
+def use_keras_backend(backend: str) -> None:
+    """Make Keras 3 run on ``backend`` in this process: ``KERAS_BACKEND``, read once, when
+    keras is first imported. ``RuntimeError`` if Keras is imported already on another."""
+    current = _keras_backend()
+    if current is not None and current != backend:
+        raise RuntimeError(
+            f"keras_backend={backend!r}, but Keras is already imported in this trainer's "
+            f"process on {current!r} (KERAS_BACKEND is read once, at Keras' first import). "
+            "The trainer's process imported Keras before its model_fn ran: run it in a "
+            "fresh process")
+    os.environ["KERAS_BACKEND"] = backend

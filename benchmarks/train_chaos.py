@@ -1,6 +1,7 @@
 """Chaos benchmark: training on a multi-node cluster while trainers and nodes die and nodes join.
 
-    python benchmarks/train_chaos.py [--runs 20] [--numpy] [--nodes 2] [--schemes sync,async]
+    python benchmarks/train_chaos.py [--runs 20] [--numpy | --framework keras|torch]
+                                     [--nodes 2] [--schemes sync,async]
                                      [--train-size 12000] [--test-size 2000] [--epochs E]
                                      [--rounds-per-epoch 4] [--faults-per-run 3] [--seed 0]
                                      [--timeout S] [--json out.json] [--logs DIR]
@@ -9,8 +10,9 @@ Each run is its own process (this script with ``--one-run``), and starts its own
 cluster: a head and ``--nodes`` K one-CPU nodes on 127.0.0.1 (``MultiNodeCluster`` from
 tests/cluster_utils.py, what ``ddlf-node start`` runs). It trains K trainers on a subset
 of Fashion-MNIST (``--train-size`` images, ``--test-size`` test images), checkpointing
-every round into a temporary directory: the paper's CNN (TensorFlow), or with
-``--numpy`` the softmax regression of tests/helpers_modules/numpy_trainer.py, whose
+every round into a temporary directory: the paper's CNN (Keras on TensorFlow; with
+``--framework torch`` the same CNN in PyTorch, ``models.paper_cnn_torch``, SGD 0.01 as
+Keras compiles it), or with ``--numpy`` the softmax regression of tests/helpers_modules/numpy_trainer.py, whose
 ``fit`` sleeps ``--numpy-fit-s`` per call to stand for compute (so rounds last long
 enough for faults to land mid-round, without loading the shared machine). Runs
 alternate between the schemes given (``sync`` and ``async`` by default).
@@ -18,7 +20,9 @@ alternate between the schemes given (``sync`` and ``async`` by default).
 Faults come from a generator seeded by ``(--seed, run)``, at random times in the middle
 of the run (after 10 % of its rows and before 75 %: rows, not seconds, since the shared
 machine's load changes a run's length severalfold), spaced so that about
-``--faults-per-run`` fit in the fault-free run's time, one at a time:
+``--faults-per-run`` fit in the run's time (estimated from its own pace up to the window's
+start, not the fault-free run's, which a change of load makes several times off), one at
+a time:
 
 - ``trainer``: SIGKILL to one trainer's process, by pid (read from the head's actor
   list), from outside; its replacement starts in its reserved bundle on the same node.
@@ -128,6 +132,16 @@ def seeded_cnn(seed: int):
     return paper_cnn()
 
 
+def seeded_cnn_torch(seed: int):
+    """The paper's CNN in PyTorch, initialised from ``seed`` (every trainer and run alike)."""
+    import torch
+
+    from ddlf_actors.apps.models import paper_cnn_torch
+
+    torch.manual_seed(seed)
+    return paper_cnn_torch()
+
+
 def softmax_784(seed: int):
     from helpers_modules.numpy_trainer import SoftmaxModel
 
@@ -150,10 +164,10 @@ class _LoggedCalls:
     """Logs when each train call starts and ends (pid, slot, wall clock): the benchmark's
     record of work in progress when a fault hits, and of when the next round starts."""
 
-    def train(self, weights, indices, epochs, batch_size, return_state=False):
+    def train(self, weights, indices, epochs, batch_size, return_state=False, **kwargs):
         slot, pid = getattr(self, "_ddlf_index", None), os.getpid()
         _call_log({"e": "start", "slot": slot, "pid": pid, "t": time.time()})
-        out = super().train(weights, indices, epochs, batch_size, return_state)
+        out = super().train(weights, indices, epochs, batch_size, return_state, **kwargs)
         _call_log({"e": "end", "slot": slot, "pid": pid, "t": time.time(),
                    "n": out[1]["samples"]})
         return out
@@ -189,7 +203,7 @@ class Chaos:
     docstring), and records each: ``{kind, t, pid, node, ...}``."""
 
     def __init__(self, cluster, rng: random.Random, workers: int, window: tuple,
-                 mean_gap: float):
+                 mean_gap: float, faults: float | None = None):
         self.cluster = cluster
         self.rng = rng
         self.K = workers
@@ -197,6 +211,10 @@ class Chaos:
         # machine's load changes a run's length severalfold), ``mean_gap`` s apart.
         self.window = window
         self.mean_gap = mean_gap
+        # With ``faults``: the gap is set again from this run's own pace once the window
+        # opens (the fault-free run's time, measured at another load, can be several
+        # times off: faults then miss the window).
+        self.faults = faults
         self.progress = 0.0
         self.faults: list[dict] = []
         self.live = workers
@@ -232,6 +250,9 @@ class Chaos:
         try:
             while self.progress < self.window[0] and not self._stop.is_set():
                 self._sleep(0.05)
+            if self.faults and self.progress > 0 and self.t_begin is not None:
+                expected = (now() - self.t_begin) / self.progress   # this run's length
+                self.mean_gap = (self.window[1] - self.window[0]) * expected / self.faults
             gap = self.rng.uniform(0.5, 1.5) * self.mean_gap
             while not self._stop.is_set():
                 self._sleep(gap)
@@ -393,10 +414,12 @@ def one_run(spec: dict) -> dict:
         out["cluster_s"] = now() - t_process
         if spec["chaos"]:
             chaos = Chaos(cluster, random.Random(spec["chaos_seed"]), K, tuple(spec["window"]),
-                          spec["mean_gap"])
+                          spec["mean_gap"], spec.get("faults_per_run"))
         recorder = _recorder(chaos)
         if spec["numpy"]:
             model_fn, trainer_cls = functools.partial(softmax_784, spec["seed"]), numpy_cls
+        elif spec.get("framework") == "torch":   # the adapter follows the model: PyTorch
+            model_fn, trainer_cls = functools.partial(seeded_cnn_torch, spec["seed"]), cnn_cls
         else:
             model_fn, trainer_cls = functools.partial(seeded_cnn, spec["seed"]), cnn_cls
         train = train_sync if spec["scheme"] == "sync" else train_async
@@ -760,11 +783,13 @@ def _training_s(run: dict) -> float:
 def _spec(args, run: int, scheme: str, chaos: bool, root: str, base_s: float | None) -> dict:
     window = (0.1, 0.75)   # of the rows
     return {"run": run, "scheme": scheme, "chaos": chaos, "numpy": args.numpy,
+            "framework": args.framework,
             "nodes": args.nodes, "train_size": args.train_size, "test_size": args.test_size,
             "epochs": args.epochs, "rounds_per_epoch": args.rounds_per_epoch,
             "seed": args.seed, "chaos_seed": args.seed * 100_003 + run,
             "numpy_fit_s": args.numpy_fit_s, "window": window,
             "mean_gap": (window[1] - window[0]) * (base_s or 0) / max(1, args.faults_per_run),
+            "faults_per_run": args.faults_per_run,
             "dir": os.path.join(root, f"{'run' if chaos else 'base'}-{scheme}-{run:03d}")}
 
 
@@ -773,6 +798,8 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=20, help="runs with faults (default 20)")
     p.add_argument("--numpy", action="store_true",
                    help="the numpy softmax trainer instead of the paper's CNN (fast)")
+    p.add_argument("--framework", choices=("keras", "torch"), default="keras",
+                   help="the paper's CNN in Keras (TensorFlow) or in PyTorch")
     p.add_argument("--nodes", type=int, default=2, help="K one-CPU nodes = K trainers")
     p.add_argument("--schemes", default="sync,async")
     p.add_argument("--train-size", type=int, default=12000)
@@ -816,7 +843,10 @@ def main(argv=None) -> int:
     os.makedirs(root, exist_ok=True)
     # One dataset cache for every run: built by the first, mapped by the rest.
     os.environ.setdefault("DDLF_CACHE_DIR", os.path.join(root, "cache"))
-    what = "numpy softmax" if args.numpy else "paper CNN"
+    if args.numpy and args.framework != "keras":
+        p.error("--numpy and --framework: the numpy model is neither")
+    what = ("numpy softmax" if args.numpy else
+            "paper CNN (PyTorch)" if args.framework == "torch" else "paper CNN (Keras)")
     log(f"train_chaos: {args.runs} runs, {what}, K={args.nodes}, schemes {schemes}, "
         f"logs in {root}; load {os.getloadavg()}")
 

@@ -128,6 +128,7 @@ from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND, RoundOptions  # noq
 
 OUTER_LR = RoundOptions.DEFAULTS["outer_lr"]
 OUTER_MOMENTUM = RoundOptions.DEFAULTS["outer_momentum"]
+OUTER_K_RULE = RoundOptions.DEFAULTS["lr_scaling"] == "outer"   # rate x K, warmed up
 DEFAULT_CHOICES = os.path.join(_HERE, "train_compare_choices.json")
 now = time.perf_counter
 
@@ -534,10 +535,11 @@ def run_ray(job: Job, args) -> dict:
 
 
 def run_ray_rounds(job: Job, args) -> dict:
-    """Rounds of ~32 local steps per trainer; the driver treats the mean delta g as a
-    gradient: v <- 0.9 v + g, w <- w - lr (g + 0.9 v) (Nesterov), lr = 0.5 x K after a
-    linear warm-up from 0.5 over half an epoch's rounds (as apps/schemes/sync.py,
-    outer.py and rates.py do)."""
+    """Rounds of ~STEPS_PER_ROUND local steps per trainer; the driver treats the mean delta
+    g as a gradient: v <- mu v + g, w <- w - lr (g + mu v) (Nesterov), with DDLF's default
+    mu and lr (and, when its default applies the K rule to the outer rate, lr x K after a
+    linear warm-up over half an epoch's rounds), as apps/schemes/rounds.py, outer.py and
+    rates.py do."""
     t0 = now()
     ray, actors, n, n_eval = _start_ray(job, args)
     K = len(actors)
@@ -559,7 +561,8 @@ def run_ray_rounds(job: Job, args) -> dict:
                 sizes = [len(p) for p in parts]
                 g = [sum(s * d[i] for s, (d, _) in zip(sizes, out)) / sum(sizes)
                      for i in range(len(w))]
-                rate = OUTER_LR * (K if step >= warmup else 1 + (K - 1) * step / warmup)
+                rate = OUTER_LR * ((K if step >= warmup else 1 + (K - 1) * step / warmup)
+                                   if OUTER_K_RULE else 1.0)
                 velocity = [OUTER_MOMENTUM * v + gi for v, gi in zip(velocity, g)]
                 w = [wi - rate * (gi + OUTER_MOMENTUM * v) for wi, gi, v in zip(w, g, velocity)]
                 compute.append(max(c for _, c in out))
@@ -574,8 +577,9 @@ def run_ray_rounds(job: Job, args) -> dict:
     return result(job, args, startup_s=t_ready - t0, train_s=train_s, eval_s=clock.eval_s,
                   points=clock.points, label=label, compute_s=sum(compute), rounds_per_epoch=R,
                   settings=f"by hand on {K} Ray actors: {R} rounds/epoch, outer Nesterov "
-                           f"{OUTER_MOMENTUM:g} at {OUTER_LR:g} x K (warm-up {warmup} rounds); "
-                           f"{label}")
+                           f"{OUTER_MOMENTUM:g} at {OUTER_LR:g}"
+                           + (f" x K (warm-up {warmup} rounds)" if OUTER_K_RULE else "")
+                           + f"; {label}")
 
 
 # -- raytrain: Ray Train's TensorflowTrainer, gradients all-reduced every step ------------------

@@ -101,9 +101,13 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
             raise AlreadyInitializedError(
                 "ddlf.init(backend='ray') was called in this process: call ddlf.shutdown() "
                 "before ddlf.init() of a DDLF cluster")
-        if get_core(auto=False) is not None:
+        current = get_core(auto=False)
+        if current is not None:
             if ignore_reinit_error:
-                return _info
+                # No _info in a worker, whose core joined its cluster on first use: describe
+                # the cluster that core is connected to.
+                return _info if _info is not None else ClusterInfo(
+                    current.head_address, current.token, current.cluster is not None)
             raise AlreadyInitializedError(
                 "ddlf.init() was already called in this process (perhaps implicitly, by a "
                 "first .remote(), get, put or wait); pass ignore_reinit_error=True to "
@@ -143,7 +147,9 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
             if num_cpus is not None or resources or num_gpus is not None or memory is not None:
                 raise ValueError("num_cpus, num_gpus, memory and resources describe an embedded "
                                  "cluster; give them to `ddlf-node start` on each host instead")
-        core = Core(address, token, is_driver=True, cluster=cluster)
+        # No token found (None): the handshake then uses the empty key, which the head
+        # refuses with an AuthenticationError that says how to pass its token.
+        core = Core(address, token or "", is_driver=True, cluster=cluster)
         try:
             core.connect()
             if env_spec:
@@ -158,7 +164,7 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
             url = cluster.dashboard_url
         else:
             url = core.head_call("dashboard_url")
-        _info = ClusterInfo(address, token, cluster is not None, url)
+        _info = ClusterInfo(address, core.token, cluster is not None, url)
         if dashboard and url:
             import sys
 
@@ -268,6 +274,10 @@ def core(auto_init: bool = True) -> Core:
                         "local cluster on first use: call ddlf.init() first")
     with _lock:
         # Another thread may have started it while we waited for the lock.
-        if get_core(auto=False) is None:
+        core = get_core(auto=False)
+        if core is None:
             init()
-    return get_core(auto=False)
+            core = get_core(auto=False)
+        # init() sets the core or raises; shutdown() cannot run meanwhile (it takes _lock).
+        assert core is not None
+        return core

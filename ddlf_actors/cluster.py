@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 import types
 
@@ -33,6 +34,8 @@ from . import api
 from .actor import ActorHandle
 
 __all__ = ["Cluster", "WorkerProxy", "ClusterWorker", "read_config"]
+
+log = logging.getLogger("ddlf.cluster")
 
 
 class ClusterWorker:
@@ -204,8 +207,10 @@ class Cluster:
         for w in self.workers:
             try:
                 api.kill(w.handle)
-            except Exception:
-                pass
+            except Exception as e:
+                # Already dead, or the session is gone: either way it no longer runs,
+                # which is what shutdown asks for.
+                log.debug("killing worker actor %r: %r", w.handle, e)
         self.workers = []
 
     # -- running things ----------------------------------------------------------------------

@@ -93,7 +93,11 @@ class RuntimeContext:
         ctx = context.current
         if ctx is None or ctx.actor_id is None:
             raise RuntimeError("was_current_actor_reconstructed is only available in an actor")
-        for view in get_core().head_call("list_actors"):
+        core = get_core()
+        if core is None:   # an actor's process always joins; only a cleared context stops it
+            raise RuntimeError("was_current_actor_reconstructed: this process has no DDLF core "
+                               "to ask the head with")
+        for view in core.head_call("list_actors"):
             if view["actor_id"] == ctx.actor_id:
                 # The head counts successful starts (epoch); while a restart's __init__
                 # runs, the actor is not ALIVE yet and that count is still the old one.
@@ -104,9 +108,9 @@ class RuntimeContext:
     def current_actor(self) -> ActorHandle:
         """A handle to the actor this code runs in (to pass itself to others)."""
         ctx = context.current
-        info = _actor_info()
-        if info is None:
+        if ctx is None or ctx.actor_id is None:
             raise RuntimeError("current_actor is only available in an actor")
+        info = _info_of(ctx)
         return ActorHandle(ctx.actor_id, info["class_name"], info.get("methods") or {})
 
     def get_assigned_resources(self) -> dict:
@@ -259,6 +263,11 @@ def _actor_info() -> dict | None:
     ctx = context.current
     if ctx is None or ctx.actor_id is None:
         return None
+    return _info_of(ctx)
+
+
+def _info_of(ctx: context.WorkerContext) -> dict:
+    """An actor's name, class, methods and resources (from its creation spec)."""
     return ctx.actor_info or {"class_name": "", "name": None, "methods": {}, "resources": {}}
 
 

@@ -16,8 +16,8 @@ from .states import CallState
 if TYPE_CHECKING:
     from .wire.connection import Connection
 
-__all__ = ["WorkerContext", "CallContext", "current", "running_task", "set_running_task",
-           "current_call", "set_current_call"]
+__all__ = ["WorkerContext", "CallContext", "current", "worker_context", "running_task",
+           "set_running_task", "current_call", "set_current_call"]
 
 
 class WorkerContext:
@@ -40,6 +40,16 @@ class WorkerContext:
 
 
 current: WorkerContext | None = None
+
+
+def worker_context() -> WorkerContext:
+    """This worker process's context (a ``Worker`` sets it as it starts, before any call
+    arrives). Raises ``RuntimeError`` in a process that is not a DDLF worker."""
+    ctx = current
+    if ctx is None:
+        raise RuntimeError("no DDLF worker context: this runs only in a DDLF worker process, "
+                           "once its Worker has started")
+    return ctx
 
 
 # True on the thread that runs a task, while it runs: a ``get`` there lends the task's

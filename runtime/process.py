@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import select
 import signal
@@ -28,6 +29,8 @@ from .wire.auth import read_token_file
 __all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
            "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
            "check_versions", "pin_malloc_mmap_threshold"]
+
+log = logging.getLogger("ddlf.process")
 
 READY_PREFIX = "DDLF_READY "
 TOKEN_ENV = "DDLF_AUTH_TOKEN"
@@ -72,13 +75,15 @@ def start_child(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
         [*(prefix or []), sys.executable, "-m", *args], stdin=stdin, stdout=subprocess.PIPE,
         stderr=stderr, env={**child_env(), **(env or {})}, start_new_session=new_session,
     )
+    out = proc.stdout
+    assert out is not None  # stdout=subprocess.PIPE above
     deadline = time.monotonic() + config.START_TIMEOUT_S
     marker = READY_PREFIX.encode()
     buf = b""
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        ready, _, _ = select.select([out], [], [], 0.2)
         if ready:
-            chunk = os.read(proc.stdout.fileno(), 4096)
+            chunk = os.read(out.fileno(), 4096)
             if not chunk:
                 break
             buf += chunk
@@ -106,8 +111,9 @@ def stop_children(procs, timeout: float = 15.0) -> None:
         try:
             if p.stdin is not None:
                 p.stdin.close()
-        except Exception:
-            pass   # a broken pipe: that child is gone already
+        except OSError as e:
+            # A broken pipe: that child is gone already, which is what closing asks for.
+            log.debug("closing the stdin of child %s: %r", p.pid, e)
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
@@ -118,8 +124,9 @@ def stop_children(procs, timeout: float = 15.0) -> None:
         try:
             if p.stdout is not None:
                 p.stdout.close()
-        except Exception:
-            pass
+        except OSError as e:
+            # The child has exited: its pipe only had to be released, not read.
+            log.debug("closing the stdout of child %s: %r", p.pid, e)
 
 
 def stop_on_signals(loop, stop, stdin_lifeline: bool = False) -> None:

@@ -298,9 +298,10 @@ def for_call(core, runtime_env) -> dict | None:
     ``init``), with every package it names uploaded to the head."""
     ctx = context.current
     parent = ctx.runtime_env if ctx is not None else core.runtime_env
-    if not runtime_env:
+    spec = validate(runtime_env) if runtime_env else None
+    if spec is None:   # none given, or nothing in it (e.g. {"env_vars": {}})
         return parent
-    wire, sources = packed(validate(runtime_env))
+    wire, sources = packed(spec)
     upload(core, sources)
     return merge(parent, wire)
 

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from enum import Enum
 
@@ -22,9 +21,6 @@ __all__ = ["Strategy", "Scheduling", "fits", "subtract", "add", "choose_node", "
            "feasible_anywhere"]
 
 _EPS = 1e-9
-
-# slots=True needs Python 3.10; on 3.9 it is an ordinary dataclass.
-_SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 
 class Strategy(str, Enum):
@@ -37,7 +33,7 @@ class Strategy(str, Enum):
         return self.value
 
 
-@dataclass(frozen=True, **_SLOTS)
+@dataclass(frozen=True, slots=True)
 class Scheduling:
     """Where one actor or task may run. ``None`` in its place means DEFAULT.
 
@@ -159,11 +155,11 @@ def choose_node(demand: dict, nodes: list, load_key=None):
     """Return the node that fits ``demand`` and comes first in :func:`node_order` (the
     first one in ``nodes`` among equals); ``None`` if none fits now."""
     best = None
-    best_key = None
+    best_key: tuple | None = None
     for n in nodes:
         if not fits(demand, n.available):
             continue
         key = node_order(n, load_key(n) if load_key else 0)
-        if best is None or key < best_key:
+        if best_key is None or key < best_key:
             best, best_key = n, key
     return best

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import psutil
 
@@ -73,10 +74,10 @@ def read_config(path: str = "cluster.toml") -> tuple[list[str], list[int]]:
 
         hosts = ["10.0.0.5:6380", "10.0.0.6:6380"]
     """
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ImportError:  # Python < 3.11
-        import tomli as tomllib  # type: ignore[no-redef]  # the same API under its old name
+    else:  # Python 3.10: the same API under its old name (a dependency there)
+        import tomli as tomllib
     with open(path, "rb") as f:
         data = tomllib.load(f)
     entries = data.get("hosts") or data.get("cluster", {}).get("hosts")

@@ -26,8 +26,8 @@ their names alone.
   ``SHM_POOL_BYTES``; all of a process's segments are unlinked at ``shutdown``/exit.
 * **Unlinking** never invalidates a mapping (POSIX): a receiver that still holds an
   array keeps it, valid and unchanged, until it drops it; only the name disappears.
-* **Sweeping.** Node daemons call :func:`sweep` every ``SHM_SWEEP_INTERVAL_S``: it
-  unlinks the segments whose creator is no longer running (e.g. killed with SIGKILL).
+* **Sweeping.** Node daemons call :func:`sweep` every ``SHM_SWEEP_INTERVAL_S`` and as they
+  stop: it unlinks the segments whose creator has exited (SIGKILL), reaped or not.
 * **Bound.** New segments are created only while all of this user's segments stay
   within ``SHM_CAPACITY`` (30 % of RAM by default) and the file system keeps
   ``_RESERVE`` bytes free. Past it, objects take the old path: an in-process snapshot
@@ -57,8 +57,9 @@ if TYPE_CHECKING:
 
 try:
     import fcntl
-except ImportError:  # Windows: no flock, no /dev/shm; the path stays off
-    fcntl = None
+    _HAVE_FLOCK = True
+except ImportError:  # Windows: no flock, no /dev/shm; the path stays off (so fcntl is
+    _HAVE_FLOCK = False  # only used once a store exists, which needs _HAVE_FLOCK)
 
 __all__ = ["enabled", "local_info", "same_host", "store", "ship", "wrap_result",
            "client_result", "client_hello", "worker_object", "on_ack", "send_hello", "wait_hello",
@@ -128,7 +129,7 @@ def _get() -> _Store | None:
         return _store
     with _state_lock:
         if not _tried:
-            if config.SHM_ENABLED and fcntl is not None and os.path.isdir(config.SHM_ROOT):
+            if config.SHM_ENABLED and _HAVE_FLOCK and os.path.isdir(config.SHM_ROOT):
                 try:
                     _store = _Store(config.SHM_ROOT)
                     sweep(_store)   # whoever starts first cleans up after killed processes
@@ -583,8 +584,9 @@ def sweep(s: _Store | None = None) -> int:
         key = (int(parts[0]), int(parts[1]))
         ok = alive.get(key)
         if ok is None:
-            try:
-                ok = abs(int(psutil.Process(key[0]).create_time()) - key[1]) <= 1
+            try:   # a zombie has exited: a node sweeps as soon as its driver dies, unreaped
+                p = psutil.Process(key[0])
+                ok = abs(int(p.create_time()) - key[1]) <= 1 and p.status() != psutil.STATUS_ZOMBIE
             except psutil.Error:
                 ok = False
             alive[key] = ok

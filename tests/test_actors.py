@@ -366,3 +366,24 @@ def test_kill_one_actor_leaves_others_alive(cluster):
     with pytest.raises(ActorDiedError):
         ddlf.get(a.pid.remote(), timeout=20)
     assert ddlf.get(b.incr.remote(), timeout=20) == 2
+
+
+def test_a_new_clusters_first_actor_runs_in_a_worker_started_before_init_returned(no_leaks):
+    """A new node warms its workers before it registers, so an actor created right after
+    ``ddlf.init()`` takes a ready process instead of waiting for the forkserver to start
+    and import (0.3 s idle, over 1 s on a loaded 2-core host: Ray's doc example
+    ``actors.py`` cancels its first call 1 s after creating the actor). Timing-free: the
+    actor's process must be one of the node's processes when ``init`` returned."""
+    import psutil
+
+    from ddlf_actors.runtime.client.current import get_core
+
+    ddlf.init(num_cpus=1)
+    try:
+        node = psutil.Process(get_core().cluster.procs[1].pid)
+        there = {p.pid for p in node.children(recursive=True)}
+        c = Counter.remote()
+        pid = ddlf.get(c.pid.remote(), timeout=60)
+        assert pid in there, "the first actor waited for a worker process to be started"
+    finally:
+        ddlf.shutdown()

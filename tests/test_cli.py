@@ -157,3 +157,62 @@ def test_init_auto_without_a_head_says_how_to_start_one(session_dir):
 def _without_memory(res: dict) -> dict:
     """Every node also offers its RAM as "memory" (bytes), which differs by machine."""
     return {k: v for k, v in res.items() if k != "memory"}
+
+
+_SLOW_NODE = """\
+import os, time
+with open("/proc/self/cmdline", "rb") as f:
+    if b"ddlf_actors.runtime.node" in f.read():
+        time.sleep(float(os.environ.get("DDLF_TEST_NODE_START_DELAY_S", "0")))
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_client_connecting_as_the_head_opens_its_port_waits_for_its_node(session_dir, tmp_path):
+    """``start --head --block`` starts the head's own node once the head serves. A client
+    that connects in between (polling the port) and at once creates an actor must get the
+    node, not "the cluster has no live nodes". The node is made to start 3 s late (a
+    sitecustomize that sleeps in the node process only), so the client is always first."""
+    (tmp_path / "sitecustomize.py").write_text(_SLOW_NODE)
+    token_file = tmp_path / "token"
+    token_file.write_text("t" * 32)
+    token_file.chmod(0o600)
+    env = {**os.environ, "DDLF_TEST_NODE_START_DELAY_S": "3",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    port = _free_port()
+    proc = subprocess.Popen([*CLI, "start", "--head", "--port", str(port), "--num-cpus", "1",
+                             "--dashboard-port", "0", "--token-file", str(token_file), "--block"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    tree: set = set()
+    try:
+        import socket
+
+        deadline = time.monotonic() + 60
+        while True:   # the moment the head's port opens
+            assert proc.poll() is None and time.monotonic() < deadline, "the head did not start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.01)
+        tree = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        ddlf.init(address=f"127.0.0.1:{port}", token="t" * 32)
+        try:
+            probe = Probe.options(num_cpus=1).remote()   # was: "the cluster has no live nodes"
+            assert ddlf.get(probe.pid.remote(), timeout=30) > 0
+            assert ddlf.cluster_resources()["CPU"] == 1.0
+        finally:
+            ddlf.shutdown()
+        tree |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert not wait_gone(tree)
+    finally:
+        _end(proc, tree)

@@ -45,6 +45,24 @@ def test_sigkill_with_ten_queued_calls_fails_all_of_them(cluster):
         ddlf.get(a.state.remote(), timeout=15)
 
 
+def test_a_call_queued_behind_one_that_waits_for_a_lost_call_is_not_lost(cluster):
+    """``second`` waits (head of line) for the value of ``first``, which runs when the
+    actor is killed; ``third`` is queued behind it. Failing ``first`` unblocks the queue
+    while the connection is already gone: ``third`` must fail with the actor, not be
+    "sent" on no connection and then wait forever."""
+    a = Slow.remote()
+    pid = ddlf.get(a.pid.remote(), timeout=20)
+    first = a.nap.remote(30)
+    second = a.nap.remote(first)   # its argument is first's value
+    third = a.nap.remote(0)
+    time.sleep(0.3)
+    os.kill(pid, signal.SIGKILL)
+    # A hang would surface as GetTimeoutError here, not as ActorDiedError.
+    for ref in (first, second, third):
+        with pytest.raises(ActorDiedError):
+            ddlf.get(ref, timeout=15)
+
+
 def test_sigkill_does_not_affect_other_actors(cluster):
     a, b = Slow.remote(), Slow.remote()
     pid_a = ddlf.get(a.pid.remote(), timeout=20)

@@ -95,6 +95,17 @@ def test_merge_follows_ray():
     assert renv.merge(parent, None) is parent and renv.merge(None, child) is child
 
 
+def test_a_call_env_with_nothing_in_it_runs_in_its_parents():
+    """An env that validates to nothing ({"env_vars": {}}) is no env of its own: the call
+    runs in its parent's (it used to reach packed(None) and raise AttributeError)."""
+    class FakeCore:
+        runtime_env = {"env_vars": {"A": "job"}, "key": "k"}
+
+    core = FakeCore()
+    assert renv.for_call(core, {"env_vars": {}}) is core.runtime_env
+    assert renv.for_call(core, None) is core.runtime_env
+
+
 def test_pack_is_by_content_and_skips_excluded(project):
     wd, _ = project
     pkg_id, data = renv.pack(str(wd), ("*.bin",))

@@ -247,7 +247,9 @@ def test_sigkilled_driver_leaves_no_segments(shm_env):
             assert _owned_by(shm_env, info["worker"]), "the actor's result is not in shared memory"
             os.kill(child.pid, signal.SIGKILL)
             child.wait(10)
-            # The child's node daemon sees its lifeline close, kills its workers and sweeps.
+            # The child's node daemon sees its lifeline close, kills its workers and sweeps
+            # (at once: the killed driver may still be an unreaped zombie then, which the
+            # sweep counts as gone; see the test below).
             _wait_for(lambda: not _files(shm_env), timeout=30, what="the killed driver's segments to go")
         finally:
             if child.poll() is None:
@@ -316,3 +318,28 @@ def test_past_the_capacity_objects_fall_back_to_tcp(shm_env, monkeypatch):
         out = ddlf.get(a.make.remote(2 * MB, 1.0), timeout=30)   # a result past it too
         assert float(out.sum()) == 2 * MB and "mmap" not in _chain(out)
         assert not ddlf.get(ref, timeout=30).flags.writeable      # put still snapshots read-only
+
+
+# -- the sweep: a creator that has exited but is not yet reaped ---------------------------------
+def test_sweep_unlinks_the_segments_of_an_exited_unreaped_creator(shm_env):
+    """A SIGKILLed driver is a zombie until its parent reaps it. Its node daemon sees the
+    lifeline close and sweeps at once, often before that: a zombie still has its pid and
+    start time, so the sweep must not count it as running (it used to keep its segments,
+    and with the node gone nobody swept them again)."""
+    store = shm_store._Store(shm_env)
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        _wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE,
+                  what="the child to exit (it stays unreaped)")
+        start = int(psutil.Process(zombie.pid).create_time())
+        dead = os.path.join(store.dir, f"{zombie.pid}-{start}-1-abcdef")
+        mine = os.path.join(store.dir, f"{store.tag}-1-abcdef")   # a running creator's
+        for path in (dead, mine):
+            with open(path, "wb") as f:
+                f.write(b"x")
+        assert shm_store.sweep(store) == 1
+        assert not os.path.exists(dead), "the exited creator's segment was kept"
+        assert os.path.exists(mine), "a running creator's segment was unlinked"
+        os.unlink(mine)
+    finally:
+        zombie.wait()

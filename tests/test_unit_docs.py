@@ -56,3 +56,22 @@ def test_every_reference_resolves_inside_the_repository(doc):
     dangling = [t for t in _targets(text) if _inside_repo(doc, t) is None]
     assert not dangling, f"{os.path.relpath(doc, _REPO)} points outside the repository " \
                          f"or at missing files: {dangling}"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_readme_names_the_tests_its_test_command_skips_and_how_to_include_them():
+    """README's test command skips what needs a tool a fresh machine lacks; a user who sees
+    a skip must find in the Quickstart which test it is, and the command that includes it
+    (the same one the skip's own message gives)."""
+    with open(os.path.join(_REPO, "README.md"), encoding="utf-8") as f:
+        quick = _section(f.read(), "## Quickstart")
+    with open(os.path.join(_REPO, "tests", "test_dashboard_browser.py"), encoding="utf-8") as f:
+        install = re.search(r"apt-get install [\w-]+", f.read())
+    assert install, "the browser test's skip no longer says how to install Chromium"
+    assert "tests/test_dashboard_browser.py" in quick and install.group(0) in quick
+    assert "tests/test_netns.py" in quick and "root" in quick

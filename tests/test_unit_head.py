@@ -384,3 +384,31 @@ def test_a_batch_of_creations_is_answered_at_once_and_each_view_follows_as_a_pus
     # One placement pass spread them: one CPU taken on each node.
     assert n1.record.available == n2.record.available == {"CPU": 1.0}
     assert head.actors.get("a2") is None and head.actors.get("a5") is None
+
+
+# -- a new head's first node -------------------------------------------------------------------
+def test_a_hello_to_a_head_with_no_node_yet_waits_for_the_first_one():
+    """``ddlf-node start --head`` starts the head's own node once the head serves: a client
+    in between is answered once that node registers (within the wait it asked for), so
+    its first creation finds it. A head that had nodes answers at once, even with none
+    alive; so does one whose first node never comes, after the wait."""
+    async def scenario(loop, head):
+        conn = FakeConn()
+        hello = head.rpc_hello_driver(conn, {**process.versions(), "await_node_s": 5})
+        task = asyncio.ensure_future(hello)
+        await asyncio.sleep(0.1)
+        assert not task.done(), "answered with no node in the cluster"
+        node = FakeNode(loop, head, "n1")
+        reply = await asyncio.wait_for(task, 1)
+        assert reply["node_totals"] == [{"CPU": 2.0}] and conn in head.cores
+        head._node_dead(node.record, "test")
+        again = head.rpc_hello_driver(FakeConn(), {**process.versions(), "await_node_s": 5})
+        assert again["node_totals"] == []            # had a node: no wait
+
+    run(scenario)
+
+    async def never(loop, head):
+        hello = head.rpc_hello_driver(FakeConn(), {**process.versions(), "await_node_s": 0.2})
+        return await asyncio.wait_for(hello, 2)
+
+    assert run(never)["node_totals"] == []

@@ -276,7 +276,10 @@ class FakeBackground:
 
 
 def _worker(tmp_path, wid="w1", pid=41):
-    w = WorkerProc(wid, str(tmp_path / f"worker-{wid}"))
+    # The tailer never looks at the start-up future; one from a closed loop stays inert.
+    loop = asyncio.new_event_loop()
+    w = WorkerProc(wid, str(tmp_path / f"worker-{wid}"), loop.create_future())
+    loop.close()
     w.pid = pid
     return w
 

@@ -371,3 +371,66 @@ def test_wire_imports_no_other_role():
         if bad:
             offenders[m] = bad
     assert not offenders, offenders
+
+
+# -- swallowed exceptions -------------------------------------------------------------------
+# Folders (from the repository root) where no broad handler may swallow an error silently
+# (apps/ since its handlers were done in the issue 22 rewrite); add new top-level folders.
+SWALLOW_CHECKED_FOLDERS = ["runtime", "ddlf_actors", "apps"]
+# A handler catching one of these (alone, in a tuple, or bare `except:`) must do something:
+# handle the error, or log it at debug level with a comment saying why dropping it is safe.
+# A narrow handler (`except OSError: pass`) names the one failure it expects and may stay.
+_BROAD_EXCEPTIONS = {"Exception", "BaseException"}
+
+
+def _catches_broadly(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any((isinstance(t, ast.Name) and t.id in _BROAD_EXCEPTIONS)
+               or (isinstance(t, ast.Attribute) and t.attr in _BROAD_EXCEPTIONS)
+               for t in types)
+
+
+def _silent_broad_handlers(source: str) -> list[int]:
+    """Lines of the broad handlers in ``source`` whose body does nothing (``pass``, ``...``)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.ExceptHandler) and _catches_broadly(node)
+                and all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr)
+                        and isinstance(s.value, ast.Constant) and s.value.value is Ellipsis)
+                        for s in node.body)):
+            out.append(node.lineno)
+    return out
+
+
+def test_no_broad_handler_swallows_an_error_silently():
+    """Issue 22: ``except Exception: pass`` hid real failures. Each one is handled, or
+    logged at debug level with a comment saying why it is safe to drop."""
+    offenders = []
+    for folder in SWALLOW_CHECKED_FOLDERS:
+        base = os.path.join(_ROOT, folder)
+        assert os.path.isdir(base), base
+        for root, dirs, names in os.walk(base):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for f in names:
+                if f.endswith(".py"):
+                    path = os.path.join(root, f)
+                    with open(path) as fh:
+                        lines = _silent_broad_handlers(fh.read())
+                    offenders += [f"{os.path.relpath(path, _ROOT)}:{n}" for n in lines]
+    assert not offenders, ("these handlers swallow every error silently; handle it, or "
+                           f"log it at debug level saying why that is safe: {offenders}")
+
+
+def test_the_swallow_finder_finds_silent_broad_handlers():
+    """The check above can fail: it sees bare, Exception, BaseException and tuples holding
+    them, with a body of ``pass`` or ``...``; a narrow or a logging handler passes."""
+    source = (
+        "try:\n    f()\nexcept Exception:\n    pass\n"                      # line 3
+        "try:\n    f()\nexcept:\n    ...\n"                                  # line 7
+        "try:\n    f()\nexcept (OSError, builtins.BaseException):\n    pass\n"  # line 11
+        "try:\n    f()\nexcept OSError:\n    pass\n"
+        "try:\n    f()\nexcept Exception as e:\n    log.debug('safe: %r', e)\n"
+    )
+    assert _silent_broad_handlers(source) == [3, 7, 11]

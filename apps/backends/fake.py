@@ -359,6 +359,21 @@ class FakeBackend(Backend):
                 g.created = True
         self._changed.notify_all()
 
+    def quiesce(self, timeout_s: float = 10.0) -> None:
+        """Wait until every live, placed actor has finished ``__init__`` and has no call
+        queued or running: what a test uses to make "a trainer is ready now" deterministic.
+        ``TimeoutError`` after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while any(a.dead is None and (a.group is None or a.group.created)
+                      and (not a._ready.done or a.running is not None or not a._queue.empty())
+                      for a in self.actors):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the fake backend's actors were still busy after "
+                                       f"{timeout_s} s")
+                self._changed.wait(min(left, 0.01))
+
     def add_cpus(self, n: float) -> None:
         """More capacity (a node joined): pending placement groups are placed now."""
         with self._changed:

@@ -63,9 +63,12 @@ def for_model(model: Any) -> type[FrameworkAdapter]:
 
 
 def _register_builtin() -> None:
+    # Keras first: on Keras' torch backend a keras.Model is a torch.nn.Module too.
     from .keras import KerasAdapter
+    from .torch import TorchAdapter  # imports no torch: only its methods do
 
     register(KerasAdapter)
+    register(TorchAdapter)
 
 
 _register_builtin()

@@ -58,6 +58,14 @@ class FrameworkAdapter:
         """Load arrays in :meth:`get_weights`' order and layout."""
         raise NotImplementedError
 
+    def buffer_mask(self) -> list[bool]:
+        """For each array of :meth:`get_weights`, in order: True for a *buffer*, a value
+        the model sets itself while it trains (BatchNorm's running mean and variance, a
+        batch counter), False for a weight the optimizer steps. The schemes average
+        buffers as values and never step them like gradients (``schemes/averaging.py``).
+        This default: no buffers."""
+        return [False] * len(self.get_weights())
+
     # -- training ------------------------------------------------------------------------------
     def fit(self, x: np.ndarray, y: np.ndarray, epochs: int, batch_size: int) -> float:
         """Train in place on ``x, y`` in the order given (the driver shuffled the indices:
@@ -96,6 +104,12 @@ class FrameworkAdapter:
         """``model_fn()`` built in the calling process, holding ``weights``: what
         ``result.model`` is."""
         raise NotImplementedError
+
+    @classmethod
+    def weights_of(cls, model: Any) -> list[np.ndarray]:
+        """``model``'s arrays in :meth:`get_weights`' order, read in the calling process
+        (the driver) without building what training needs (an optimizer)."""
+        return cls(model).get_weights()
 
     @classmethod
     def save(cls, model: Any, path: str) -> None:

@@ -1,8 +1,11 @@
 """The Keras adapter: a compiled Keras 3 model, on whichever backend Keras runs.
 
-Training is one ``train_on_batch`` per batch over the indices the driver sent: the same
-steps as ``model.fit(x, y, epochs, batch_size, shuffle=False)``, without the ~0.2 s of
-set-up ``fit`` pays per call, which rounds of a few dozen steps would pay every round.
+Training runs the batches of the indices the driver sent in order: the same steps as
+``model.fit(x, y, epochs, batch_size, shuffle=False)``, without the ~0.2 s of set-up
+``fit`` pays per call, which rounds of a few dozen steps would pay every round. On
+TensorFlow it is one compiled loop per local epoch (``keras_steps.fit_steps``: about a
+quarter less CPU per step than a ``train_on_batch`` per batch, the same weights bit for
+bit); on the other backends one ``train_on_batch`` per batch.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import tf_startup
+from .. import keras_steps, tf_startup
 from .base import FrameworkAdapter
 
 __all__ = ["KerasAdapter"]
@@ -52,15 +55,15 @@ class KerasAdapter(FrameworkAdapter):
     def set_weights(self, weights) -> None:
         self.model.set_weights(weights)
 
+    def buffer_mask(self) -> list[bool]:
+        """The non-trainable weights (BatchNorm's moving mean and variance, a frozen
+        layer's weights), in ``model.weights`` order, which is ``get_weights``' order."""
+        return [not bool(getattr(v, "trainable", True)) for v in self.model.weights]
+
     def fit(self, x, y, epochs: int, batch_size: int) -> float:
-        model = self.model
-        logs = None
-        for _ in range(int(epochs)):
-            model.reset_metrics()    # the loss is the mean over this epoch, as fit reports
-            for start in range(0, len(x), batch_size):
-                logs = model.train_on_batch(x[start:start + batch_size],
-                                            y[start:start + batch_size], return_dict=True)
-        return float(logs["loss"]) if logs is not None else 0.0
+        # One compiled loop per local epoch on TensorFlow, one train_on_batch per batch on
+        # the other backends: the same steps either way (keras_steps.py).
+        return keras_steps.fit_steps(self.model, x, y, epochs, batch_size)
 
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)

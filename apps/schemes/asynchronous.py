@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..options import SchemeOptions, boolean, int_at_least, option, schedule
-from .averaging import apply_delta
+from .averaging import ValueBuffers
 from .orders import TRAIN, Call
 from .slots import Slot
 from .wire import PLAIN, WHOLE, Broadcast
@@ -58,6 +58,11 @@ class AsyncMachine(QueueMachine):
     _bc: Broadcast | None = None
     _bc_version = -1
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        # Buffers move toward the value a trainer reached (averaging.py), not by steps.
+        self.values = ValueBuffers(ctx.trainer_info)
+
     def cut_epoch(self, epoch: int, part: int | None) -> list:
         """``rounds_per_epoch`` pieces per trainer the run is sized for."""
         return [p for _, p in self.plan.async_pieces(epoch, self.config.workers, part)]
@@ -72,6 +77,7 @@ class AsyncMachine(QueueMachine):
     def train_call(self, slot: Slot, indices: np.ndarray, want_state: bool) -> Call:
         cfg = self.config
         bc = self._weights()
+        self.values.started(slot.index, self.w)
         # A checkpoint call also brings back the trainer's error-feedback residual, as it
         # brings its optimizer state: both are saved as of that trainer's last such call.
         spec = bc.train(slot, indices, cfg.worker_epochs, cfg.batch_size,
@@ -86,5 +92,5 @@ class AsyncMachine(QueueMachine):
         scale = 1.0 / max(1, len(self.live))
         if self.options.staleness_scaling:
             scale /= self.round_no - update.start_version + 1
-        self.w = apply_delta(self.w, delta, scale)
+        self.w = self.values.apply(self.w, delta, scale, update.slot.index)
         return True

@@ -37,7 +37,7 @@ import numpy as np
 from ..codecs import Codec
 from ..options import ConfigError, SchemeOptions, boolean, int_at_least, option, schedule
 from ..wire import TrainerWire, Weights
-from .averaging import apply_delta
+from .averaging import ValueBuffers
 from .orders import TRAIN, Call, Order
 from .slots import Slot
 from .wire import PLAIN, WHOLE, Broadcast
@@ -96,6 +96,8 @@ class DownpourMachine(QueueMachine):
         self.fresh: set[int] = set()                   # slots whose next call starts clean
         self._bc: Broadcast | None = None              # the current version's broadcast
         self._bc_version = -1
+        # Buffers move toward the value a trainer reached, by 1/K (averaging.py).
+        self.values = ValueBuffers(ctx.trainer_info)
 
     def cut_epoch(self, epoch: int, part: int | None) -> list:
         return self.plan.sized_pieces(epoch, self.unit * self.config.batch_size, part)
@@ -123,6 +125,7 @@ class DownpourMachine(QueueMachine):
             weights = self._bc.ref_for(slot)
             since = 0
             self.fetched_at[j] = self.round_no
+            self.values.started(j, self._bc.model)   # the weights the trainer gets
             self.bytes_sent += self._bc.take_bytes()
         self.since_fetch[j] = since + 1
         fresh = j in self.fresh
@@ -150,7 +153,7 @@ class DownpourMachine(QueueMachine):
         scale = 1.0
         if self.options.staleness_scaling:
             scale /= self.round_no - update.start_version + 1
-        self.w = apply_delta(self.w, pushed, scale)
+        self.w = self.values.apply(self.w, pushed, scale, j, scale / max(1, len(self.live)))
         return True
 
     # -- faults and membership -----------------------------------------------------------------

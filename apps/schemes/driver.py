@@ -20,7 +20,9 @@ with the remote traceback.
 from __future__ import annotations
 
 import collections
+import logging
 import secrets
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -29,11 +31,11 @@ import numpy as np
 
 from ddlf_actors.errors import DDLFError
 
-from .. import backends, checkpoint, datasets
+from .. import backends, checkpoint, datasets, tf_startup
 from ..arrays import nbytes
 from ..callbacks import DashboardPublisher, EarlyStopping, EventLog, History, ProgressBar
 from ..config import TrainConfig
-from ..options import SchemeOptions
+from ..options import ConfigError, SchemeOptions
 from ..records import EventKind, RunEvent
 from ..result import TrainResult
 from .errors import TooFewTrainersError
@@ -45,21 +47,62 @@ from .pool import TrainerPool, default_trainer_cls
 from .slots import LOSS_ERRORS, Slot, SlotState
 from .wire import Wire
 
-__all__ = ["Driver", "Run", "TooFewTrainersError", "describe_callable"]
+__all__ = ["Driver", "Run", "TooFewTrainersError", "describe_callable", "check_framework"]
+
+log = logging.getLogger("ddlf_actors.train")
 
 
 def describe_callable(obj) -> str:
     """A stable name for a model function or dataset: what a checkpoint compares and the
-    dashboard shows. An object may name itself with a ``name`` attribute."""
+    dashboard shows. A function or class is ``module.qualname``; an object that names
+    itself with a ``__name__`` (``ddlf-train``'s model: ``paper_cnn``) is that name; any
+    other object is its class's, with its ``name`` in brackets if it has one."""
     if isinstance(obj, str):
         return obj
     if isinstance(obj, datasets.PartitionedDataset):
         return f"partitioned:{obj.path}"
+    own = getattr(obj, "__name__", None)
+    if isinstance(own, str) and not hasattr(obj, "__qualname__"):
+        return own
     name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
     module = getattr(obj, "__module__", None) or type(obj).__module__
     label = f"{module}.{name}"
     extra = getattr(obj, "name", None)
     return f"{label}({extra})" if isinstance(extra, str) else label
+
+
+def check_framework(config: TrainConfig, info: dict) -> None:
+    """Refuse, by name, a framework setting the model's framework does not read
+    (``info``: a trainer's ``describe()``, whose ``framework`` the model's type chose).
+
+    ``optimizer=`` and ``loss=`` build a PyTorch module's training; a Keras model compiles
+    its own. ``keras_backend=`` runs Keras on another backend, which a PyTorch module
+    does not use. Raises :class:`ConfigError`."""
+    framework = info.get("framework")
+    if framework == "keras":
+        for name in ("optimizer", "loss"):
+            if getattr(config, name) is not None:
+                raise ConfigError(f"{name}=", "applies to PyTorch models; model_fn returned a "
+                                  "Keras model, which compiles its own (model.compile("
+                                  f"{name}=...)): leave {name}= out")
+    elif framework == "torch" and config.keras_backend is not None:
+        raise ConfigError(f"keras_backend={config.keras_backend!r}", "applies to Keras "
+                          "models; model_fn returned a torch.nn.Module: leave it out")
+
+
+def _say_gpu_note(config: TrainConfig, infos: list) -> None:
+    """Once for the run: what the trainers' hidden CUDA start-up lines said
+    (``tf_startup.gpu_note``). GPUs asked for and not started: a warning."""
+    gpus = float(config.trainer_options.get("num_gpus") or 0)
+    note = tf_startup.gpu_note(gpus, [i.get("cuda_failure") for i in infos])
+    if note is None:
+        return
+    if gpus:
+        log.warning(note)
+    elif config.progress:
+        print(f"ddlf: {note}", file=sys.stderr)
+    else:
+        log.info(note)
 
 
 class Run:
@@ -136,6 +179,8 @@ class Driver:
                                     adopted=self._adopted, backend=self.backend,
                                     trainer_cls=self.trainer_cls)
             self.pool.start()
+            check_framework(self.config, self.pool.live()[0].info)
+            _say_gpu_note(self.config, [s.info for s in self.pool.live()])
             machine = self.machine = self._make_machine(self.pool.live())
             if ckpt is not None:
                 weights = self._restore(ckpt)
@@ -165,13 +210,15 @@ class Driver:
                 self.emit(EventKind.RESUMED, None, self._resume_detail(ckpt))
             result = None
             try:
-                weights = self._loop(machine.start(weights, self.pool.live()))
+                weights = self._loop(machine.start(weights, self.pool.live(), self.clock()))
                 if self.writer is not None:
                     self.writer.close()
                 self._flush_checkpoint_events()
                 result = TrainResult(
                     scheme=self.name, history=self.history.rows, weights=weights,
                     config=self.config, options=machine.options, model_fn=self.model_fn,
+                    framework=self.pool.live()[0].info.get("framework")
+                    if self.pool.live() else None,
                     trainer_cls=self.trainer_cls, updates=machine.updates,
                     stopped_early=self.early.reason, startup_s=startup, events=self.events,
                     checkpoint=self.last_checkpoint,

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..options import SchemeOptions, int_at_least, number_in, option, schedule
+from .averaging import elastic_exchange
 from .orders import TRAIN, Call
 from .slots import Slot
 from .wire import PLAIN, WHOLE
@@ -56,16 +57,6 @@ class EasgdOptions(SchemeOptions):
 
     def defaults(self, config) -> dict:
         return {"tau": 16, "alpha": 0.9 / config.workers}
-
-
-def elastic_exchange(center: list, local: list, alpha: float) -> tuple[list, list]:
-    """``(new center, new local)`` after one exchange of strength ``alpha``."""
-    new_center, new_local = [], []
-    for c, x in zip(center, local):
-        e = (x - c) * np.asarray(alpha, dtype=c.dtype)
-        new_center.append(c + e)
-        new_local.append(x - e)
-    return new_center, new_local
 
 
 class EasgdMachine(QueueMachine):

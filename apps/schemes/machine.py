@@ -76,8 +76,11 @@ class Machine:
         self._ids = itertools.count(1)
 
     # -- the protocol --------------------------------------------------------------------------
-    def start(self, weights: list, live: list[Slot]) -> list[Order]:
-        """The run begins from ``weights`` with the ``live`` trainers."""
+    def start(self, weights: list, live: list[Slot], now: float | None = None) -> list[Order]:
+        """The run begins from ``weights`` with the ``live`` trainers, at ``now`` (the
+        driver's clock; the first round's time starts here, not at the trainers' start)."""
+        if now is not None:
+            self.now = now
         return self.admit(live) + self.begin(weights)
 
     def handle(self, event: Event) -> list[Order]:

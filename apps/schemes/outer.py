@@ -14,6 +14,11 @@ is exactly plain averaging, bit for bit. ``state()`` is the velocity, which chec
 keep so that a resumed run ends with the same weights as one never stopped.
 
 Used by ``sync`` and usable by any scheme that averages deltas (``allreduce``).
+
+**Buffers** (``buffers=``, a mask from the adapter: BatchNorm's running statistics and
+counters) are values, not gradients: the outer step skips them. A buffer takes the
+round's mean delta at rate 1 with no momentum (so it becomes the weighted mean of the
+trainers' values), and its entry of the velocity stays zero. See ``averaging.py``.
 """
 
 from __future__ import annotations
@@ -23,24 +28,44 @@ import numpy as np
 from .averaging import apply_delta
 from .rates import evaluate, k_multiplier
 
-__all__ = ["OuterOptimizer", "momentum_update"]
+__all__ = ["OuterOptimizer", "momentum_update", "apply_outer"]
 
 
 def momentum_update(velocity: list | None, mean_delta: list, momentum: float,
-                    nesterov: bool) -> tuple[list, list]:
+                    nesterov: bool, buffers=None) -> tuple[list, list]:
     """One momentum step on ``mean_delta``: ``(new velocity, update)``; ``velocity`` None
     is zeros. The update is applied as ``w − η·update``. Written once, so the driver
     (sync) and the trainers (allreduce, where each holds a copy of the velocity) compute
-    it bit for bit alike."""
+    it bit for bit alike. A layer that ``buffers`` marks keeps its velocity (zeros) and
+    its update is the mean delta itself."""
     if velocity is None:
         velocity = [np.zeros_like(np.asarray(g)) for g in mean_delta]
     new_velocity, update = [], []
-    for v, g in zip(velocity, mean_delta):
+    for i, (v, g) in enumerate(zip(velocity, mean_delta)):
         g = np.asarray(g)
+        if buffers and buffers[i]:
+            new_velocity.append(v)
+            update.append(g)
+            continue
         v = v * g.dtype.type(momentum) + g
         new_velocity.append(v)
         update.append(g + v * g.dtype.type(momentum) if nesterov else v)
     return new_velocity, update
+
+
+def apply_outer(w: list, mean_delta: list, velocity: list | None, settings: dict | None,
+                buffers=None) -> tuple[list, list | None]:
+    """``(new weights, new velocity)`` after one outer step on ``mean_delta`` with
+    :meth:`OuterOptimizer.remote_settings`' ``settings`` (None: plain averaging, the
+    velocity unchanged); buffers take the mean at rate 1 with no momentum. What an
+    allreduce trainer applies to its own copy of the weights and velocity."""
+    if settings is None:
+        return apply_delta(w, mean_delta), velocity
+    update = mean_delta
+    if settings["momentum"]:
+        velocity, update = momentum_update(velocity, mean_delta, settings["momentum"],
+                                           settings["nesterov"], buffers)
+    return apply_delta(w, update, settings["rate"], buffers), velocity
 
 
 class OuterOptimizer:
@@ -74,18 +99,19 @@ class OuterOptimizer:
             rate *= k_multiplier(self.steps, k, self.warmup_rounds)
         return rate
 
-    def step(self, w: list, mean_delta: list, k: int = 1) -> list:
-        """New weights from ``w`` and the round's averaged delta over ``k`` trainers."""
+    def step(self, w: list, mean_delta: list, k: int = 1, buffers=None) -> list:
+        """New weights from ``w`` and the round's averaged delta over ``k`` trainers;
+        the layers ``buffers`` marks take the mean at rate 1, without momentum."""
         if self.plain:
             self.steps += 1
             return apply_delta(w, mean_delta)
         rate = self.last_rate = self.rate(k)
         self.steps += 1
         if self.momentum == 0.0:
-            return apply_delta(w, mean_delta, rate)
+            return apply_delta(w, mean_delta, rate, buffers)
         self.velocity, update = momentum_update(self.velocity, mean_delta, self.momentum,
-                                                self.nesterov)
-        return apply_delta(w, update, rate)
+                                                self.nesterov, buffers)
+        return apply_delta(w, update, rate, buffers)
 
     def remote_settings(self, k: int) -> dict | None:
         """The settings of an outer step over ``k`` deltas that the trainers take

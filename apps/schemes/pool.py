@@ -211,7 +211,11 @@ class TrainerPool:
         cls = self._actor_cls
         if slot.group is not None:
             cls = cls.options(scheduling_strategy=self.backend.in_bundle(slot.group, slot.bundle))
-        slot.handle = cls.remote(self.model_fn, self.dataset, slot.index, self.config.num_cpus)
+        # Framework settings only when there are some: a TrainerActor subclass written
+        # before them keeps its (model_fn, dataset, index, num_cpus) signature.
+        extra = self.config.framework_options()
+        slot.handle = cls.remote(self.model_fn, self.dataset, slot.index, self.config.num_cpus,
+                                 *([extra] if extra else []))
         slot.ready_ref = slot.handle.describe.remote()
         slot.info = None
         slot.state = SlotState.STARTING

@@ -30,9 +30,9 @@ from ddlf_actors.errors import ActorDiedError
 
 from .. import backends, ring
 from ..arrays import nbytes
-from .averaging import apply_delta
+from .averaging import like_layers, ring_layers
 from .fragments import LocalStream
-from .outer import momentum_update
+from .outer import apply_outer
 
 __all__ = ["RingStreamTrainer"]
 
@@ -50,6 +50,7 @@ class RingStreamTrainer:
     ring_send: Callable[..., Any]
     get_weights: Callable[[], list]
     set_weights: Callable[[list], None]
+    buffer_mask: Callable[[], list]
     _stream: LocalStream | None
     _hop_feedback: ring.HopFeedback | None
 
@@ -131,7 +132,10 @@ class RingStreamTrainer:
         frags = list(range(fragments)) if fragment < 0 else [int(fragment)]
         outers = list(outer) if fragment < 0 else [outer]
         grads = self._held_grads(st, frags, round_no, fragment < 0, zero)
-        vectors, spec = ring.scaled_vectors([a for g in grads for a in g], fraction)
+        flat = [a for g in grads for a in g]
+        vectors, spec = ring.scaled_vectors(ring_layers(flat), fraction)   # counters: f64
+        mask = self.buffer_mask()
+        masks = [[bool(mask) and mask[i] for i, _lo, _hi in st.layout.pieces[f]] for f in frags]
         box = self._ring_mailbox()
         box.begin(tag)
         fb = None
@@ -146,8 +150,8 @@ class RingStreamTrainer:
 
         def work():
             job["result"] = self._collective(
-                tag, rank, size, right, timeout_s, vectors, spec, frags, outers,
-                [len(g) for g in grads], bases, vels, codec, fb, want_hops, runtime, box)
+                tag, rank, size, right, timeout_s, vectors, spec, flat, frags, outers,
+                masks, bases, vels, codec, fb, want_hops, runtime, box)
 
         if background:
             job["thread"] = threading.Thread(target=work, daemon=True,
@@ -189,8 +193,8 @@ class RingStreamTrainer:
             out.append(g)
         return out
 
-    def _collective(self, tag, rank, size, right, timeout_s, vectors, spec, frags, outers,
-                    counts, bases, vels, codec, fb, want_hops, runtime, box) -> dict:
+    def _collective(self, tag, rank, size, right, timeout_s, vectors, spec, flat, frags,
+                    outers, masks, bases, vels, codec, fb, want_hops, runtime, box) -> dict:
         """The ring and the outer steps, on whichever thread: ``{"reply", "staged"}``."""
         t0 = time.perf_counter()
         sent = [0]
@@ -219,19 +223,14 @@ class RingStreamTrainer:
         except Exception as e:   # on a thread nothing else would see it
             return {"reply": {**reply, "sent_bytes": sent[0], "status": "error",
                               "detail": f"{type(e).__name__}: {e}"}}
-        mean = ring.unflatten(summed, spec)
+        mean = like_layers(ring.unflatten(summed, spec), flat)
         staged: dict = {"round": tag[1], "fragments": {}, "hops": fb}
         i = 0
-        for f, n, o in zip(frags, counts, outers):
-            m, vel = mean[i:i + n], vels[f]
+        for f, o, mask in zip(frags, outers, masks):
+            n = len(mask)
+            # Buffers' pieces take the mean at rate 1, no momentum (outer.py).
+            values, vel = apply_outer(bases[f], mean[i:i + n], vels[f], o, mask)
             i += n
-            if o is None:
-                values = apply_delta(bases[f], m)
-            else:
-                update = m
-                if o["momentum"]:
-                    vel, update = momentum_update(vel, m, o["momentum"], o["nesterov"])
-                values = apply_delta(bases[f], update, o["rate"])
             staged["fragments"][f] = (values, vel)
         reply.update(status="done", sent_bytes=sent[0], collective_s=time.perf_counter() - t0)
         if want_hops and fb is not None:

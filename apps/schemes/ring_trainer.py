@@ -19,9 +19,9 @@ from ddlf_actors.errors import ActorDiedError
 
 from .. import backends, ring
 from ..arrays import nbytes
-from .averaging import apply_delta
+from .averaging import like_layers, ring_layers
 from .fragments import StreamingTrainer
-from .outer import momentum_update
+from .outer import apply_outer
 from .ring_stream import RingStreamTrainer
 
 __all__ = ["AllreduceTrainer"]
@@ -40,6 +40,7 @@ class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
     train: Callable[..., Any]
     get_weights: Callable[[], list]
     set_weights: Callable[[list], None]
+    buffer_mask: Callable[[], list]
 
     # This round's delta, kept here, the ring's mailbox, the outer velocity (a copy on every
     # trainer: each applies the same step to the same mean, so the copies stay equal).
@@ -100,7 +101,7 @@ class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
         _, old, delta, velocity, hops = self._held
         box = self._ring_mailbox()
         box.begin(tag)
-        vectors, spec = ring.scaled_vectors(delta, fraction)
+        vectors, spec = ring.scaled_vectors(ring_layers(delta), fraction)   # counters: f64
         sent = [0]
         fb = None
         if feedback:   # from the round's start: a redone collective feeds back the same
@@ -131,14 +132,11 @@ class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
             self._hop_feedback = fb
             if want_hops:
                 reply["hops"] = fb.state()
-        mean = ring.unflatten(summed, spec)
-        if outer is None:
-            self.set_weights(apply_delta(old, mean))
-        else:
-            if outer["momentum"]:
-                velocity, mean = momentum_update(velocity, mean, outer["momentum"],
-                                                 outer["nesterov"])
-            self.set_weights(apply_delta(old, mean, outer["rate"]))
+        mean = like_layers(ring.unflatten(summed, spec), delta)
+        # Buffers (BatchNorm's statistics) take the mean at rate 1, no momentum (outer.py).
+        weights, velocity = apply_outer(old, mean, velocity, outer, self.buffer_mask())
+        self.set_weights(weights)
+        if outer is not None:
             self._velocity = velocity
         spent = time.perf_counter() - start
         if self._last_call_end is not None:

@@ -51,9 +51,10 @@ class FragmentOuter:
     def steps(self) -> list[int]:
         return [p.steps for p in self.parts]
 
-    def step(self, values: list, f: int, mean: list, k: int) -> list:
-        """Fragment ``f``'s new global from ``values`` and its averaged outer gradient."""
-        out = self.parts[f].step(values, mean, k)
+    def step(self, values: list, f: int, mean: list, k: int, buffers=None) -> list:
+        """Fragment ``f``'s new global from ``values`` and its averaged outer gradient
+        (``buffers``: the mask of its pieces, which take the mean at rate 1)."""
+        out = self.parts[f].step(values, mean, k, buffers)
         self.last_rate = self.parts[f].last_rate
         return out
 
@@ -149,7 +150,8 @@ class Streaming:
         heads, refs = self.messages(slot)
         return ("flush_stream", ((self.run, key), heads, self.count, *refs), {"up": self.up})
 
-    def flushed(self, w: list, outer: FragmentOuter, replies: list) -> tuple[list, int]:
+    def flushed(self, w: list, outer: FragmentOuter, replies: list,
+                buffers=None) -> tuple[list, int]:
         """``w`` with each fragment's flushed gradients averaged (trainers weighted alike)
         and stepped by its outer optimizer; and the bytes received."""
         size = 0
@@ -160,7 +162,8 @@ class Streaming:
                 grads.append(g)
                 size += n
             mean = weighted_mean(grads, [1.0] * len(grads))
-            w = self.layout.put(w, f, outer.step(self.layout.take(w, f), f, mean, len(grads)))
+            w = self.layout.put(w, f, outer.step(self.layout.take(w, f), f, mean, len(grads),
+                                                 self.buffers(buffers, f)))
             self.dirty.add(f)
         return w, size
 
@@ -172,10 +175,16 @@ class Streaming:
     def received(self, payload) -> tuple[list, int]:
         return self.wires[0].received(payload)
 
-    def step(self, w: list, round_no: int, outer: FragmentOuter, mean: list, k: int) -> list:
-        """``w`` after round ``round_no``'s outer step on its fragment."""
+    def buffers(self, mask, f: int) -> list | None:
+        """Which of fragment ``f``'s pieces are buffers, from the weights' mask."""
+        return [bool(mask[i]) for i, _lo, _hi in self.layout.pieces[f]] if mask else None
+
+    def step(self, w: list, round_no: int, outer: FragmentOuter, mean: list, k: int,
+             buffers=None) -> list:
+        """``w`` after round ``round_no``'s outer step on its fragment; ``buffers``: the
+        weights' buffer mask (buffers take the mean at rate 1, no momentum)."""
         f = self.fragment_of(round_no)
-        values = outer.step(self.layout.take(w, f), f, mean, k)
+        values = outer.step(self.layout.take(w, f), f, mean, k, self.buffers(buffers, f))
         self.bases[f] = round_no
         self.dirty.add(f)
         return self.layout.put(w, f, values)

@@ -41,7 +41,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ..options import ConfigError, boolean, int_at_least, option
-from .averaging import weighted_mean
+from .averaging import buffer_mask, weighted_mean
 from .balance import RateBalancer
 from .evaluation import Evaluations
 from .events import CallDone, RowDone, Tick, TrainerLost, TrainersJoined
@@ -112,6 +112,7 @@ class SyncMachine(Machine):
         self.late = LateDeltas(o.backup_workers or 0, balanced=bool(o.balance))
         self.balancer = RateBalancer() if o.balance else None
         self.evals = Evaluations(self.num_test, self.call)
+        self.buffers = buffer_mask(ctx.trainer_info)   # values: no outer step (averaging.py)
         self.w: list = []
         self.open: _Round | None = None    # the round whose deltas are being collected
         self.ahead: _Round | None = None   # overlap: the next round, already handed out
@@ -288,9 +289,10 @@ class SyncMachine(Machine):
                 self.balancer.observe(j, s["samples"], s["compute_s"])
         mean = weighted_mean(deltas, weights)
         if self.stream is not None:
-            self.w = self.stream.step(self.w, rd.number, self.rounds.outer, mean, len(deltas))
+            self.w = self.stream.step(self.w, rd.number, self.rounds.outer, mean, len(deltas),
+                                      self.buffers)
         else:
-            self.w = self.rounds.outer.step(self.w, mean, len(deltas))
+            self.w = self.rounds.outer.step(self.w, mean, len(deltas), self.buffers)
         self.rounds.count_steps(max(len(p) for p in rd.pieces.values()), cfg.batch_size,
                                 cfg.worker_epochs)
         self.round_no += 1
@@ -377,7 +379,8 @@ class SyncMachine(Machine):
         if self.flush_calls:
             return []
         if self.flush_replies:
-            self.w, size = self.stream.flushed(self.w, self.rounds.outer, self.flush_replies)
+            self.w, size = self.stream.flushed(self.w, self.rounds.outer, self.flush_replies,
+                                               self.buffers)
             self.bytes_received += size
         self.flushed = True
         return self._finish()

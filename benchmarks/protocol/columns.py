@@ -51,7 +51,18 @@ class Column:
 
 
 ALG6 = "Algorithm 6: 1 round/epoch, plain average, SGD 0.01"
-ROUNDS = "local SGD: rounds of ~32 steps, outer Nesterov 0.9 at 0.5 x K"
+def _rounds_label() -> str:
+    """DDLF's default scheme in words, from its own settings (apps/schemes/rounds.py)."""
+    from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND, RoundOptions
+
+    d = RoundOptions.DEFAULTS
+    k = " x K" if d["lr_scaling"] == "outer" else ""
+    return (f"local SGD: rounds of ~{STEPS_PER_ROUND} steps, outer "
+            f"{'Nesterov ' if d['nesterov'] else 'momentum '}{d['outer_momentum']:g} "
+            f"at {d['outer_lr']:g}{k}")
+
+
+ROUNDS = _rounds_label()
 _ALG6_WHY = "the paper's Algorithm 6 as published (SGD 0.01), kept fixed as the reference"
 
 COLUMNS: dict[str, Column] = {c.name: c for c in (

@@ -179,6 +179,7 @@ class ActorClient(TableFrameHandler):
         if view.state != ActorState.ALIVE:
             self.resolve(self.epoch)
             return
+        assert view.address is not None  # _read_view checked an ALIVE view's address
         self.epoch = view.epoch
         self.max_task_retries = view.max_task_retries or 0
         host, port = split_address(view.address)
@@ -235,6 +236,12 @@ class ActorClient(TableFrameHandler):
     def pump(self) -> None:
         store = self.store
         conn = self.conn
+        if conn is None:
+            # The connection is gone, and connection_closed is failing the calls that were
+            # on it: a call queued behind one of them unblocks and pumps from there while
+            # the state still reads READY. Queued calls wait for the next connection
+            # (_apply pumps once it is up), or fail with the actor if it is dead.
+            return
         queue = self.queue
         inflight = self.inflight
         while queue and self.state is READY:
@@ -412,7 +419,10 @@ class ActorCreations:
         except Exception as e:
             answers = [e] * len(batch)
         for (client, creation), answer in zip(batch, answers):
-            if answer is not None and self.waiting.pop(client.actor_id, None) is client:
+            if answer is None:
+                continue
+            waiting = self.waiting.pop(client.actor_id, None)
+            if waiting is not None and waiting is client:
                 client.creation_failed(answer, creation)
 
     def started(self, data) -> None:

@@ -112,8 +112,10 @@ def _print_log_batch(core: Core, batch: LogBatch) -> None:
         out = sys.stderr if stream == "err" else sys.stdout
         try:
             print(f"({name} pid={pid}{where}) {line}", file=out, flush=True)
-        except Exception:
-            pass
+        except Exception as e:
+            # The driver's own stdout/stderr is closed or broken (a closed pipe): a
+            # worker's line cannot be shown, and failing here would stop the head link.
+            log.debug("printing a worker's output line: %r", e)
 
 
 class Core:
@@ -151,7 +153,8 @@ class Core:
 
     # -- connection to the head ------------------------------------------------------------
     def connect(self, timeout: float = 30.0) -> None:
-        self.io.run(self._connect(timeout), timeout + 5)
+        # A new head whose own node is still starting holds the hello up to another timeout.
+        self.io.run(self._connect(timeout), 2 * timeout + 5)
 
     async def _connect(self, timeout):
         host, port = split_address(self.head_address)
@@ -161,14 +164,16 @@ class Core:
         except OSError as e:   # refused, unknown host, unreachable, timed out
             raise _unreachable(self.head_address, e, timeout) from e
         info = await rpc.call(self.head, "hello_driver", {
-            **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id, "pid": os.getpid(),
-        }, timeout=timeout)
+            **process.versions(), "is_driver": self.is_driver, "job_id": self.job_id,
+            "pid": os.getpid(), "await_node_s": timeout}, timeout=2 * timeout)
         self.job_id = info["job_id"]
         self.node_totals = info["node_totals"]
 
     def head_call(self, method: str, *args, timeout: float | None = 60.0):
         """Call the head from a user thread and return its reply."""
         self._check_open()
+        if self.head is None:   # connect() (which ddlf.init calls) has not run
+            raise DDLFError(f"cannot call the head ({method}): call connect() first")
         return self.io.run(rpc.call(self.head, method, *args), timeout)
 
     def on_push(self, conn: Connection, event, data):
@@ -269,8 +274,8 @@ class Core:
     def _take_cpu_back(self) -> None:
         # As in Ray, the task resumes at once; its node may run over its CPU count until
         # the work started meanwhile finishes.
-        self.submit_io(self._push_head, "task_unblocked",
-                       {"worker_id": context.current.worker_id})
+        if (ctx := context.current) is not None:   # None outside a worker: nothing was lent
+            self.submit_io(self._push_head, "task_unblocked", {"worker_id": ctx.worker_id})
 
     def _push_head(self, event, data) -> None:
         if self.head is not None and not self.head.closed:

@@ -74,8 +74,12 @@ def ship_deps(store: ObjectStore, conn: Connection, refs) -> None:
         if conn not in e.sent_to:
             if e.contained:
                 ship_deps(store, conn, e.contained)
-            if not shm_store.ship(conn, ref.id, e.segments):
-                conn.send_msg(protocol.OBJ, 0, [ref.id, *e.segments])
+            segs = e.segments
+            # Callers ship only after deps_state found every dependency (contained ones
+            # too) settled OK, and an OK entry holds its segments.
+            assert segs is not None
+            if not shm_store.ship(conn, ref.id, segs):
+                conn.send_msg(protocol.OBJ, 0, [ref.id, *segs])
             e.sent_to.add(conn)
 
 

@@ -16,6 +16,7 @@ ended it early (the worker died, a dependency failed).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from .object_ref import ObjectRef
 
 __all__ = ["ObjectRefGenerator", "DynamicObjectRefGenerator", "Stream", "STREAMING", "DYNAMIC"]
+
+log = logging.getLogger("ddlf.core")
 
 STREAMING = "streaming"
 DYNAMIC = "dynamic"
@@ -151,11 +154,15 @@ class ObjectRefGenerator:
         return self._stream.ended and not self.next_ready()
 
     # -- lifetime -------------------------------------------------------------------------------
+    _debug = staticmethod(log.debug)   # held by the class (see ObjectRef._debug)
+
     def __del__(self):
         try:
             self._streams.stream_dropped(self._stream)
-        except Exception:  # interpreter shutdown, or the core already closed
-            pass
+        except Exception as e:
+            # Interpreter exit, or the core closed: the call's stream and its worker link
+            # are gone with it, so there is no backpressure left to lift.
+            self._debug("dropping a generator after shutdown: %r", e)
 
     def __reduce__(self):
         raise TypeError("an ObjectRefGenerator cannot be passed to another process; iterate "

@@ -14,6 +14,7 @@ fetchable from any process of the cluster while its owner lives. See ``runtime/c
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 
 from .. import context
@@ -22,6 +23,8 @@ from . import current
 
 __all__ = ["ObjectRef", "ForeignObjectRef", "collect_refs", "resolving_refs",
            "set_default_resolver", "free", "pinned"]
+
+log = logging.getLogger("ddlf.core")
 
 # Per thread, so concurrent pickling in several threads of one process cannot mix up
 # whose refs were found.
@@ -46,11 +49,18 @@ class ObjectRef:
         self._core = core
         core.incref(obj_id)
 
+    # Held by the class, which lives as long as its instances: at interpreter exit this
+    # module's globals may be gone before the last ref is (subprocess.Popen.__del__ keeps
+    # warnings.warn the same way, as a default argument).
+    _debug = staticmethod(log.debug)
+
     def __del__(self):
         try:
             self._core.decref(self.id)
-        except Exception:  # interpreter shutdown: nothing left to free
-            pass
+        except Exception as e:
+            # Interpreter exit or a shut-down core: the store, and every entry a FREE
+            # would have released, is gone with it.
+            self._debug("dropping a ref after shutdown: %r", e)
 
     def __await__(self):
         return self._core.await_ref(self).__await__()

@@ -21,6 +21,7 @@ import os
 import pickle
 import threading
 import time
+from typing import Any
 
 from .. import context, shm_store
 from ..errors import DDLFError, GetTimeoutError, TaskCancelledError
@@ -47,7 +48,8 @@ class Entry:
     def __init__(self):
         self.state = PENDING
         self.segments = None
-        self.value = None
+        # The value once deserialized (any object), or for LOCAL_ERR the exception itself.
+        self.value: Any = None
         self.has_value = False
         self.refs = 0
         self.sent_to = None
@@ -240,10 +242,12 @@ class ObjectStore:
                     self.copy_outcome(obj_id, e)
                 return
             try:
-                index = pickle.loads(e.segments[0])
+                segs = e.segments
+                assert segs is not None  # an OK entry holds its segments (else: malformed)
+                index = pickle.loads(segs[0])
                 pos = 1
                 for obj_id, (kind, n) in zip(ids, index):
-                    self.complete_result(obj_id, kind, [None, *e.segments[pos:pos + n]])
+                    self.complete_result(obj_id, kind, [None, *segs[pos:pos + n]])
                     pos += n
             except Exception as exc:
                 for obj_id in ids:

@@ -168,7 +168,7 @@ def serve_fetch(conn: Connection, msg_id: int, segs, loop) -> None:
     ref = pinned(bytes(segs[1]))
     core = ref._core if ref is not None else None
     entry = core.objects.get(ref.id) if core is not None else None
-    if entry is None:
+    if core is None or entry is None:
         conn.send_msg(protocol.FETCH_REPLY, msg_id, [bytes([MISSING])])
         return
 

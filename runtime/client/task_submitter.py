@@ -15,6 +15,7 @@ uses only public attributes: ``store`` and ``streams``; ``head``, ``token`` and 
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Task", "Lease", "TaskPool", "LeaseHandler"]
 
+log = logging.getLogger("ddlf.core")
+
 
 class Task:
     __slots__ = ("obj_id", "fn_id", "fn_segments", "fn_name", "payload", "refs", "retries",
@@ -62,11 +65,16 @@ class Lease:
     __slots__ = ("lease_id", "worker_id", "node_id", "conn", "inflight", "idle_timer",
                  "force_cancel")
 
-    def __init__(self, lease_id, worker_id, node_id, conn: Connection):
+    def __init__(self, lease_id, worker_id, node_id, conn: Connection | None = None):
         self.lease_id = lease_id
         self.worker_id = worker_id
         self.node_id = node_id
-        self.conn = conn
+        # The worker's connection. A lease being opened gets it from TaskPool._request once
+        # connected (its handler must exist first, to be handed to connect): until then
+        # the lease is in no pool's leases and no frame has arrived, so nothing reads it.
+        self.conn: Connection
+        if conn is not None:
+            self.conn = conn
         self.inflight: dict[int, Task] = {}
         self.idle_timer = None
         self.force_cancel: Task | None = None   # the task cancelled with force=True: its worker may exit
@@ -195,7 +203,7 @@ class TaskPool:
                 return
             grant = self._read_grant(reply)
             host, port = split_address(grant.address)
-            lease = Lease(grant.lease_id, grant.worker_id, grant.node_id, None)
+            lease = Lease(grant.lease_id, grant.worker_id, grant.node_id)
             handler = LeaseHandler(self, lease)
             try:
                 lease.conn = await connect(host, port, self.core.token, handler)
@@ -264,8 +272,10 @@ class TaskPool:
     async def _return_remote(self, lease_id):
         try:
             await rpc.call(self.core.head, "return_lease", lease_id)
-        except Exception:
-            pass
+        except Exception as e:
+            # The head link is closing or gone: the head releases every lease of this
+            # process when that connection closes (Head._owner_gone).
+            log.debug("returning lease %s: %r", lease_id, e)
 
     def lost(self, lease: Lease) -> None:
         if lease in self.leases:
@@ -300,8 +310,7 @@ class TaskPool:
         for lease in self.leases:
             if lease.idle_timer is not None:
                 lease.idle_timer.cancel()
-            if lease.conn is not None:
-                lease.conn.close()
+            lease.conn.close()   # a lease in self.leases is connected
 
 
 class LeaseHandler(TableFrameHandler):

@@ -76,7 +76,8 @@ class ActorLifecycle:
         if not isinstance(creations, (list, tuple)):
             raise MessageError(f"create_actors takes a list of ActorCreation dicts, got "
                                f"{type(creations).__name__}")
-        answers, accepted = [], []
+        answers: list[DDLFError | None] = []   # per creation: None (accepted) or why not
+        accepted = []
         for c in creations:
             try:
                 a = self.actors.add(ActorCreation.from_wire(c), owner)
@@ -131,6 +132,10 @@ class ActorLifecycle:
         elif a.state == _DEAD:   # killed between its placement and now: resources given back
             return
         node = a.node
+        if node is None:
+            # Placed, but its node was lost before this start ran: lost() took it off that
+            # node and has restarted it (another start) or marked it dead. Nothing to do.
+            return
         try:
             reply = ActorStarted.from_wire(
                 await rpc.call(node.conn, "start_actor", a.creation.to_wire())).check_placed()

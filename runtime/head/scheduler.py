@@ -72,11 +72,11 @@ class Scheduler:
         """``(node, charge)`` with ``demand`` taken out, None if it must wait; raises if it
         never can (see the module's docstring). ``what`` names the work in errors."""
         what = what or kind.value
-        if sched is not None and sched.in_group:
-            return self._try_place_in_group(demand, sched, kind, what)
+        if sched is not None and sched.group_id:   # sched.in_group
+            return self._try_place_in_group(demand, sched, sched.group_id, kind, what)
         nodes = self.nodes.alive()
         pin = sched.node_id if sched is not None else None
-        if pin:
+        if sched is not None and pin:
             target = [n for n in nodes if n.node_id == pin]
             if target and fits(demand, target[0].total):
                 node = target[0]
@@ -113,12 +113,13 @@ class Scheduler:
                 return node
         return None
 
-    def _try_place_in_group(self, demand: dict, sched: Scheduling, kind: WorkKind, what: str):
-        g = self.groups.get(sched.group_id)
+    def _try_place_in_group(self, demand: dict, sched: Scheduling, group_id: str, kind: WorkKind,
+                            what: str):
+        g = self.groups.get(group_id)
         if g is None or g.state == GroupState.REMOVED:
             cls = (ActorPlacementGroupRemovedError if kind is WorkKind.ACTOR
                    else TaskPlacementGroupRemovedError)
-            raise cls(f"{what} was scheduled in placement group {sched.group_id}, which "
+            raise cls(f"{what} was scheduled in placement group {group_id}, which "
                       "has been removed (remove_placement_group, or its owner exited)")
         index = sched.bundle_index
         if not -1 <= index < len(g.bundles):

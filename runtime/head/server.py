@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import sys
-import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -138,12 +137,15 @@ class Head:
         rec = self.nodes.register(info, conn)
         conn.info.node = rec
         log.info("node %s joined at %s with %s", rec.node_id, rec.address, rec.total)
-        self._push_all(self.logs.connections(), "nodes_changed", self.nodes.totals())
+        _push_all(self.logs.connections(), "nodes_changed", self.nodes.totals())
         self.placer.retry()
         return {"head_address": self.address}
 
     def rpc_hello_driver(self, conn: Connection, info: dict):
         process.check_versions(info, "this driver")
+        wait_s = info.get("await_node_s")   # how long the client waits for a first node
+        if not self.nodes.nodes and isinstance(wait_s, (int, float)) and wait_s > 0:
+            return self._hello_later(conn, info, min(wait_s, config.START_TIMEOUT_S))
         # job id: whose logs these are (workers calling actors inherit their driver's);
         # owner id: whose actors die with this connection.
         job_id = info.get("job_id") or uuid.uuid4().hex[:8]
@@ -153,6 +155,11 @@ class Head:
             self.logs.add_driver(job_id, conn)
             conn.info.job_id = job_id
         return {"job_id": job_id, "node_totals": self.nodes.totals()}
+
+    async def _hello_later(self, conn: Connection, info: dict, wait_s: float):
+        """The hello, once a first node has registered (``Placer.first_node`` says why)."""
+        await self.placer.first_node(wait_s)
+        return None if conn.closed else self.rpc_hello_driver(conn, {**info, "await_node_s": 0})
 
     # -- pushes ------------------------------------------------------------------------------
     def on_push(self, conn: Connection, event, data):
@@ -257,10 +264,10 @@ class Head:
         for g in self.groups.node_died(node):
             log.info("placement group %s lost bundles on node %s; placing them again",
                      g.group_id, node.node_id)
-        self._push_all(self.cores, "node_dead", {"node_id": node.node_id, "why": why})
+        _push_all(self.cores, "node_dead", {"node_id": node.node_id, "why": why})
         for a in self.actors.on_node(node):
             self.lifecycle.lost(a, f"its node {node.node_id} died ({why})")
-        self._push_all(self.logs.connections(), "nodes_changed", self.nodes.totals())
+        _push_all(self.logs.connections(), "nodes_changed", self.nodes.totals())
         self.placer.retry()   # lost bundles may fit elsewhere
 
     # -- actors (their lives are in actor_lifecycle.py) -----------------------------------------
@@ -382,18 +389,7 @@ class Head:
 
     async def rpc_wait_placement_group(self, conn: Connection, group_id: str, timeout: float):
         """The group's table entry once it is CREATED or REMOVED, or after ``timeout`` s."""
-        deadline = time.monotonic() + min(float(timeout), config.WAIT_GROUP_MAX_S)
-        while True:
-            g = self.groups.get(group_id)
-            if g is None:
-                return None
-            left = deadline - time.monotonic()
-            if g.state in (GroupState.CREATED, GroupState.REMOVED) or left <= 0:
-                return self.groups.view(g, self.nodes.alive())
-            try:
-                await asyncio.wait_for(g.changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+        return await self.placer.wait_group(group_id, timeout)
 
     def rpc_placement_group_table(self, conn: Connection, group_id: str | None = None):
         if group_id is None:
@@ -425,20 +421,16 @@ class Head:
     def rpc_available_resources(self, conn: Connection):
         return self.nodes.available_resources()
 
-    # -- pushing and stopping -----------------------------------------------------------------
-    @staticmethod
-    def _push_all(conns, event, data):
-        for conn in list(conns):
-            rpc.push(conn, event, data)
-
-    async def rpc_shutdown(self, conn: Connection):
+    # -- stopping ------------------------------------------------------------------------------
+    async def rpc_shutdown(self, conn: Connection | None):   # None: a signal asked
         """Stop every node (and so every worker), then the head itself."""
         self.stopping = True
         for n in self.nodes.alive():
             try:
                 await asyncio.wait_for(rpc.call(n.conn, "shutdown"), 5)
-            except Exception:
-                pass
+            except Exception as e:   # best effort: a node that misses it stops on its own
+                log.debug("node %s did not confirm shutdown (its _head_lost stops it): %r",
+                          n.node_id, e)
         self.loop.call_later(0.05, self._stop)
         return None
 
@@ -461,6 +453,11 @@ class _HeadRpcHandler(rpc.RpcHandler):
         if node is not None:
             node.heard()
         super().frame_received(conn, segs)
+
+
+def _push_all(conns, event, data):
+    for conn in list(conns):
+        rpc.push(conn, event, data)
 
 
 def _field(data, key: str, event: str) -> str:

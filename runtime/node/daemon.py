@@ -115,11 +115,17 @@ class NodeDaemon:
                                   rpc.RpcHandler(self, self.rpc_handlers()))
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.host}:{port}"
+        # Warm workers before the head learns of us: the first actor placed on a cold node
+        # waits for the forkserver to start and import what workers need (0.3 s idle, 1-1.5 s
+        # at load ~12 on 2 cores), longer than callers expect an actor to take to start
+        # (Ray's doc example actors.py cancels its call 1 s after creating the actor).
+        if not await self.pool.warm(config.START_TIMEOUT_S / 2):
+            log.warning("the node's workers are not ready after %g s; registering anyway",
+                        config.START_TIMEOUT_S / 2)
         await self._register()
         self.background.spawn(self._heartbeat())
         self.background.spawn(self._sweep_shm())
         self.logs.start()
-        self.pool.refill()
 
     async def _register(self) -> None:
         hhost, hport = split_address(self.head_address)
@@ -195,7 +201,8 @@ class NodeDaemon:
                             rss=proc.memory_info().rss)
             except (OSError, psutil.Error):
                 pass  # e.g. out of descriptors: the beat itself matters more than its stats
-            rpc.push(self.head_conn, "heartbeat", beat)
+            if self.head_conn is not None:   # (set by start(), before this loop began)
+                rpc.push(self.head_conn, "heartbeat", beat)
             await asyncio.sleep(config.HEARTBEAT_INTERVAL_S)
 
     async def _sweep_shm(self):
@@ -207,6 +214,7 @@ class NodeDaemon:
     # -- workers -----------------------------------------------------------------------------
     def _worker_args(self, w: WorkerProc) -> tuple:
         """What ``worker_main`` is started with: where to announce itself, and to whom."""
+        assert self.address is not None  # start() listens before the pool starts a worker
         host, port = split_address(self.address)
         env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         return (host, port, self.token, self.node_id, w.worker_id, self.head_address,
@@ -239,6 +247,9 @@ class NodeDaemon:
 
     # -- runtime envs ------------------------------------------------------------------------
     async def _fetch_package(self, pkg_id: str):
+        if self.head_conn is None:
+            raise ConnectionLostError(f"cannot fetch runtime_env package {pkg_id}: this node "
+                                      "is not registered with a head")
         return await rpc.call(self.head_conn, "get_package", pkg_id, timeout=300)
 
     async def _env_setup(self, env: dict | None, gpu_ids: list) -> dict:
@@ -279,6 +290,7 @@ class NodeDaemon:
         w.actor_id = creation.actor_id
         w.name = creation.class_name
         w.job_id = creation.job_id
+        assert w.conn is not None  # the pool hands out only workers that announced themselves
         try:
             reply = ActorStarted.from_wire(
                 await rpc.call(w.conn, "start_actor", creation.to_wire()))
@@ -306,6 +318,7 @@ class NodeDaemon:
             if w is None:
                 setup = await self._env_setup(env, gpu_ids)
                 w = await self.pool.fresh()
+                assert w.conn is not None  # fresh() returns once the worker announced itself
                 if setup:
                     try:
                         await rpc.call(w.conn, "setup_env", setup, timeout=60)
@@ -318,6 +331,7 @@ class NodeDaemon:
             raise
         w.gpu_ids, w.gpu_share = gpu_ids, share
         w.state = WorkerState.TASK
+        assert w.address is not None  # fresh or idle: it announced itself (with its address)
         if conn.closed:  # the head that asked for it is gone: nobody would release it
             self.pool.kill(w)
             raise DDLFError("the head connection closed while leasing a worker")

@@ -7,6 +7,7 @@ decides when, and tests give the pool a fake launcher instead.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import multiprocessing.util
 import os
@@ -16,6 +17,8 @@ from ..errors import DDLFError
 from ..worker import worker_main
 
 __all__ = ["ForkserverLauncher", "kill_pid"]
+
+log = logging.getLogger("ddlf.node")
 
 
 class ForkserverLauncher:
@@ -51,8 +54,10 @@ class ForkserverLauncher:
         """On exit: stop watching ``w`` and collect its exit code."""
         try:
             self.loop.remove_reader(w.process.sentinel)
-        except Exception:
-            pass
+        except Exception as e:
+            # The loop is closing (node shutdown): it watches nothing any more, and the
+            # exit code below is all that is left to collect.
+            log.debug("unwatching worker %s's exit: %r", w.worker_id, e)
         w.process.join(0)
         return w.process.exitcode
 
@@ -120,7 +125,8 @@ def _drop_parent_pipe(process) -> None:
     fin = getattr(popen, "finalizer", None)
     args = getattr(fin, "_args", None)
     sentinel = getattr(popen, "sentinel", None)
-    if not (isinstance(args, tuple) and len(args) == 2 and args[1] == sentinel
+    if popen is None or fin is None or not (
+            isinstance(args, tuple) and len(args) == 2 and args[1] == sentinel
             and isinstance(args[0], int)):
         return
     fin.cancel()

@@ -76,7 +76,7 @@ class LogTailer:
                 log.info("cannot watch %s for worker output (%s); polling it instead",
                          self.log_dir, e)
         if self._watch is not None:
-            self.loop.add_reader(self._watch.fd, self._woken)
+            self.loop.add_reader(self._watch.fd, self._woken, self._watch)
         else:
             self._background.spawn(self._poll())
 
@@ -89,8 +89,10 @@ class LogTailer:
         if self._watch is not None:
             try:
                 self.loop.remove_reader(self._watch.fd)
-            except Exception:
-                pass
+            except Exception as e:
+                # The loop is closing with the node: nothing will call _woken again, and
+                # the descriptor is closed just below either way.
+                log.debug("unwatching %s: %r", self.log_dir, e)
             self._watch.close()
 
     # -- reading ---------------------------------------------------------------------------
@@ -146,17 +148,19 @@ class LogTailer:
             self._send(records)
 
     # -- event-driven: inotify ---------------------------------------------------------------
-    def _woken(self) -> None:
+    # The callbacks get the watch as an argument: they are only ever scheduled once start()
+    # made one, so they need not look at the Optional attribute.
+    def _woken(self, watch: Watch) -> None:
         """A worker wrote: gather the burst for LOG_BATCH_S before reading it."""
-        self.loop.remove_reader(self._watch.fd)
+        self.loop.remove_reader(watch.fd)
         if self._timer is None:
-            self._timer = self.loop.call_later(config.LOG_BATCH_S, self._flush)
+            self._timer = self.loop.call_later(config.LOG_BATCH_S, self._flush, watch)
 
-    def _flush(self) -> None:
+    def _flush(self, watch: Watch) -> None:
         self._timer = None
         if self.closed:
             return
-        events, overflow = self._watch.read()
+        events, overflow = watch.read()
         ids = set(self._more)
         self._more.clear()
         if overflow:
@@ -171,9 +175,9 @@ class LogTailer:
                 records.extend(self.read(w))
         self._send_records(records)
         if self._more:   # a file had more than a chunk: go on without waiting for a write
-            self._timer = self.loop.call_later(config.LOG_BATCH_S, self._flush)
+            self._timer = self.loop.call_later(config.LOG_BATCH_S, self._flush, watch)
         else:
-            self.loop.add_reader(self._watch.fd, self._woken)
+            self.loop.add_reader(watch.fd, self._woken, watch)
 
     # -- polling, where inotify is not available ----------------------------------------------
     async def _poll(self) -> None:

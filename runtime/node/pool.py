@@ -8,6 +8,7 @@ Pure bookkeeping on the event loop: starting and killing processes is the launch
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from typing import TYPE_CHECKING
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerProc", "WorkerPool"]
 
+log = logging.getLogger("ddlf.node")
+
 
 class WorkerProc:
     """One worker process as its node sees it."""
@@ -29,7 +32,7 @@ class WorkerProc:
                  "log_prefix", "name", "job_id", "exited", "on_purpose", "env_key", "gpu_ids",
                  "gpu_share")
 
-    def __init__(self, worker_id: str, log_prefix: str):
+    def __init__(self, worker_id: str, log_prefix: str, ready: asyncio.Future):
         self.worker_id = worker_id
         self.process = None
         self.pid: int | None = None
@@ -37,7 +40,7 @@ class WorkerProc:
         self.conn: Connection | None = None              # its control connection, once it is ready
         self.state = WorkerState.STARTING
         self.actor_id = None
-        self.ready: asyncio.Future | None = None   # settles when it announces itself
+        self.ready = ready            # settles when it announces itself
         self.log_prefix = log_prefix  # its output goes to log_prefix + ".out" / ".err"
         self.name = "worker"          # whose output it prints (from its log markers)
         self.job_id = None
@@ -77,8 +80,7 @@ class WorkerPool:
     def spawn(self) -> WorkerProc:
         """A new worker, starting (ready once it announces itself: ``ready``)."""
         wid = uuid.uuid4().hex[:12]
-        w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"))
-        w.ready = self.loop.create_future()
+        w = WorkerProc(wid, os.path.join(self.log_dir, f"worker-{wid}"), self.loop.create_future())
         self.workers[wid] = w
         task = self.background.spawn(self._start(w))
         self._starting.add(task)
@@ -112,6 +114,17 @@ class WorkerPool:
         for _ in range(max(0, self.prestart - len(self.idle_fresh) - starting)):
             w = self.spawn()
             self.background.spawn(self._park(w))
+
+    async def warm(self, timeout: float) -> bool:
+        """Start the prestarted workers and wait, at most ``timeout`` s, until they are idle;
+        whether they are. The first start also starts the forkserver, which imports what
+        every worker needs: that is most of a new node's first actor start."""
+        self.refill()
+        starting = [w.ready for w in self.workers.values() if w.state is WorkerState.STARTING]
+        if not starting:
+            return True
+        done, _ = await asyncio.wait(starting, timeout=timeout)
+        return len(done) == len(starting)
 
     async def _park(self, w: WorkerProc) -> None:
         try:
@@ -184,8 +197,10 @@ class WorkerPool:
         for w in [w for w in self.workers.values() if w.process is not None and not w.exited]:
             try:
                 await self.launcher.join(w, timeout)
-            except Exception:
-                pass
+            except Exception as e:
+                # Shutting down: kill_all has SIGKILLed it already and the node exits next,
+                # so a join that fails (or the executor refusing work) changes nothing.
+                log.debug("joining worker %s (pid %s): %r", w.worker_id, w.pid, e)
 
     def exited(self, w: WorkerProc) -> None:
         """``w``'s process ended (the launcher calls this on the loop)."""

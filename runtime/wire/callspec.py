@@ -23,16 +23,12 @@ field, which the worker sends back as the call's error.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Union
 
 from .messages import MessageError
 
 __all__ = ["CallSpec", "TaskSpec", "NumReturns", "STREAMING", "DYNAMIC"]
-
-# slots=True needs Python 3.10; on 3.9 the specs are ordinary dataclasses.
-_SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 # The same strings as generators.STREAMING/DYNAMIC (imported from there would pull the
 # caller's stream machinery into every worker for two constants).
@@ -74,13 +70,13 @@ _COMMON_CHECKS = (
 )
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class CallSpec:
     """One actor method call: ``handle.method.options(num_returns=...).remote(*args)``."""
 
     method: str
     args: Any   # tuple (or list) of arguments
-    kwargs: dict
+    kwargs: dict | None   # a dict; None once the worker has handed it to the call
     num_returns: NumReturns = 1
     # A streaming generator pauses once this many yielded values wait unconsumed by the
     # caller (Ray's _generator_backpressure_num_objects); -1: never.
@@ -114,7 +110,7 @@ class CallSpec:
 _CALL_CHECKS = (("method", lambda v: type(v) is str, "a str"), *_COMMON_CHECKS)
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class TaskSpec:
     """One task: ``f.options(num_returns=...).remote(*args)`` of a function shipped to the
     worker once per connection (a ``FUNC`` frame, by ``fn_id``)."""
@@ -123,7 +119,7 @@ class TaskSpec:
     fn_name: str
     job_id: Any   # str, or None for a task submitted outside a job
     args: Any
-    kwargs: dict
+    kwargs: dict | None   # a dict; None once the worker has handed it to the call
     num_returns: NumReturns = 1
     backpressure: int = -1
     # The placement group it runs in: {"group_id", "bundles", "capture"}, or None.

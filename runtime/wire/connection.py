@@ -130,7 +130,9 @@ class Connection(asyncio.BufferedProtocol):
         self.on_open = on_open
         self.decoder = FrameDecoder(max_frame_bytes)
         self.transport: asyncio.Transport | None = None
-        self.loop: asyncio.AbstractEventLoop = None   # set in connection_made
+        # Declared, not set: connection_made sets it, and asyncio calls connection_made
+        # before anything else runs on a connection (no one has the object before that).
+        self.loop: asyncio.AbstractEventLoop
         self.peer = None
         self.state = _AUTH_SERVER_RESPONSE if server else _AUTH_CLIENT_CHALLENGE
         self._auth_buf = bytearray()
@@ -213,6 +215,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _advance_auth(self):
         buf = self._auth_buf
+        transport = self.transport
+        assert transport is not None  # bytes arrive only after connection_made set it
         try:
             if self.state is _AUTH_CLIENT_CHALLENGE:
                 if len(buf) < auth.CHALLENGE_SIZE:
@@ -221,7 +225,7 @@ class Connection(asyncio.BufferedProtocol):
                 del buf[: auth.CHALLENGE_SIZE]
                 response, self._client_nonce = auth.answer_challenge(self.token, challenge)
                 self._server_nonce = challenge[-32:]
-                self.transport.write(response)
+                transport.write(response)
                 self.state = _AUTH_CLIENT_REPLY
             if self.state is _AUTH_CLIENT_REPLY:
                 if len(buf) < auth.REPLY_SIZE:
@@ -236,7 +240,7 @@ class Connection(asyncio.BufferedProtocol):
                 response = bytes(buf[: auth.RESPONSE_SIZE])
                 del buf[: auth.RESPONSE_SIZE]
                 ok, reply = auth.check_answer(self.token, self._server_nonce, response)
-                self.transport.write(reply)
+                transport.write(reply)
                 if not ok:
                     if response.startswith(b"\x16\x03"):  # a TLS ClientHello, not a token
                         _rejections.rejected(self.peer, "rejected a TLS connection from %s: this "
@@ -246,7 +250,7 @@ class Connection(asyncio.BufferedProtocol):
                         _rejections.rejected(self.peer, "rejected a connection from %s: wrong "
                                              "or missing token", self.peer)
                     self.state = _CLOSED
-                    self.transport.close()  # flushes the "refused" reply first
+                    transport.close()  # flushes the "refused" reply first
                     return
                 self._open(bytes(buf))
         except AuthenticationError as e:
@@ -256,7 +260,7 @@ class Connection(asyncio.BufferedProtocol):
         self.state = _OPEN
         self._cancel_auth_timer()
         self._auth_buf = bytearray()
-        if not self.ready.done():
+        if self.ready is not None and not self.ready.done():
             # Not set_result(self): a future holding its connection is a reference cycle,
             # which keeps a closed connection's 256 KiB receive buffer until a full GC.
             self.ready.set_result(None)
@@ -287,7 +291,8 @@ class Connection(asyncio.BufferedProtocol):
                 # With TLS 1.3 a client finishes its side of the handshake before the server
                 # has checked the client's certificate: a refusal arrives here, as an alert.
                 self.ready.set_exception(AuthenticationError(tls.describe_ssl_error(exc, self.peer)))
-            elif nothing_yet and self.transport.get_extra_info("sslcontext") is not None:
+            elif (nothing_yet and self.transport is not None
+                  and self.transport.get_extra_info("sslcontext") is not None):
                 # A DDLF server sends its challenge as soon as TLS is up; closing before
                 # that means it refused our certificate (its alert reaches us as a bare EOF).
                 self.ready.set_exception(AuthenticationError(
@@ -331,6 +336,7 @@ class Connection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         if self._out and not self.closed:
             out, self._out = self._out, []
+            assert self.transport is not None  # send() scheduled this after connection_made
             self.transport.writelines(out)
 
     def abort(self, exc: BaseException | None = None) -> None:
@@ -372,6 +378,8 @@ async def connect(host: str, port: int, token, handler, *, timeout: float = 10.0
         )
     except ssl.SSLError as e:
         raise AuthenticationError(tls.describe_ssl_error(e, (host, port))) from e
+    # create_connection returns once connection_made has run, which made the future.
+    assert conn.ready is not None
     await asyncio.wait_for(conn.ready, timeout)
     return conn
 

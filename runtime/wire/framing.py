@@ -99,6 +99,9 @@ class FrameDecoder:
                 return []
             self._finish_big()
             return self._drain()
+        # BufferedProtocol calls get_buffer before every buffer_updated; with no big segment
+        # open, get_buffer handed out (and so allocated) the staging buffer.
+        assert self._staging is not None
         return self.feed(self._staging[:nbytes])
 
     # -- chunk interface --------------------------------------------------------------

@@ -29,7 +29,6 @@ Heartbeat          push heartbeat                      node -> head
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -44,9 +43,6 @@ from ..scheduling import Scheduling
 
 __all__ = ["MessageError", "ActorCreation", "ActorStarted", "LeaseGrant", "ActorDeath",
            "ActorView", "WorkerDied", "ActorLost", "LogBatch", "Heartbeat"]
-
-# slots=True needs Python 3.10; on 3.9 the messages are ordinary dataclasses.
-_SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 
 # -- field checks: each returns the value unchanged or raises MessageError ------------------
@@ -173,7 +169,7 @@ class _Message:
 
 
 # -- actors ------------------------------------------------------------------------------------
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class ActorCreation(_Message):
     """How to create one actor: sent by its creator to the head (``create_actor``), then
     by the head to a node and by the node to a worker (``start_actor``).
@@ -227,7 +223,7 @@ class ActorCreation(_Message):
         return self.scheduling or (Scheduling(node_id=self.node_id) if self.node_id else None)
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class ActorStarted(_Message):
     """The outcome of ``start_actor``: where the actor listens, or why it did not start.
 
@@ -262,7 +258,7 @@ class ActorStarted(_Message):
         return out
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class ActorDeath(_Message):
     """Why an actor is dead, as the head tells its callers (``ActorView.error``)."""
 
@@ -310,7 +306,7 @@ def _death(value, where):
     return value
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class ActorView(_Message):
     """What the head tells a caller about an actor: its state and where it listens.
 
@@ -349,7 +345,7 @@ class ActorView(_Message):
 
 
 # -- task leases -------------------------------------------------------------------------------
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class LeaseGrant(_Message):
     """A worker lent for tasks: the node's reply to ``lease_worker``, which the head
     passes on to the caller with the ``lease_id`` it gives back in ``return_lease``."""
@@ -375,7 +371,7 @@ class LeaseGrant(_Message):
 
 
 # -- pushes ------------------------------------------------------------------------------------
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class WorkerDied(_Message):
     """A node's worker process exited (push ``worker_died``, node -> head)."""
 
@@ -393,7 +389,7 @@ class WorkerDied(_Message):
     REQUIRED: ClassVar[tuple] = ("worker_id",)
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class ActorLost(_Message):
     """An actor's process is gone (push ``actor_lost``, head -> every core): callers fail
     their calls in flight to it at ``epoch`` or before, even without a closed socket."""
@@ -406,7 +402,7 @@ class ActorLost(_Message):
     REQUIRED: ClassVar[tuple] = ("actor_id", "epoch", "why")
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class LogBatch(_Message):
     """Lines workers printed (push ``logs``, node -> head -> the driver of each line)."""
 
@@ -419,7 +415,7 @@ class LogBatch(_Message):
     REQUIRED: ClassVar[tuple] = ("records",)
 
 
-@dataclass(**_SLOTS)
+@dataclass(slots=True)
 class Heartbeat(_Message):
     """A node is alive (push ``heartbeat``, node -> head), with a little load data."""
 

@@ -96,6 +96,10 @@ class RpcHandler(TableFrameHandler):
                 self._requests = TaskGroup(conn.loop, "rpc")
             # Its outcome is the reply (errors included), so the group need not log it.
             task = self._requests.spawn(result, log_errors=False)
+            if task is None:   # the group was closed (nothing closes it today): answer anyway
+                self._reply_err(conn, msg_id, DDLFError(f"request {method!r} arrived while "
+                                                        "this process was shutting down"))
+                return
             task.add_done_callback(lambda t: self._reply_task(conn, msg_id, t))
         else:
             self._reply_ok(conn, msg_id, result)

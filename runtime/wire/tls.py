@@ -190,7 +190,7 @@ def _self_test(server: ssl.SSLContext, client: ssl.SSLContext, files: TLSFiles) 
 def _stamp(files: TLSFiles) -> tuple:
     """The files plus their modification times: a replaced certificate is picked up by the
     next connection, while an unchanged one is never parsed twice."""
-    out = []
+    out: list[int | None] = []
     for p in (files.cert, files.key, files.ca):
         try:
             out.append(os.stat(p).st_mtime_ns)

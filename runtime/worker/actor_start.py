@@ -27,7 +27,7 @@ async def start_actor(worker, creation: ActorCreation) -> dict:
     worker.is_actor = True
     apply_env(creation.env_setup)
     apply_sys_path(creation.sys_path, creation.cwd)
-    ctx = context.current
+    ctx = context.worker_context()
     ctx.actor_id = creation.actor_id
     ctx.job_id = creation.job_id
     if creation.scheduling is not None and creation.scheduling.in_group:

@@ -70,6 +70,7 @@ class Call(context.CallContext):
             return
         spec = self.spec
         assert isinstance(spec, TaskSpec)   # is_task: a task's spec
-        context.current.job_id = spec.job_id
-        context.current.placement = spec.placement
+        ctx = context.worker_context()
+        ctx.job_id = spec.job_id
+        ctx.placement = spec.placement
         log_marker(f"task:{spec.fn_name}:{spec.job_id or ''}")

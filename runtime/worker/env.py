@@ -33,6 +33,6 @@ def apply_env(setup: dict | None) -> None:
     if not setup:
         return
     runtime_env.apply(setup)
-    ctx = context.current
+    ctx = context.worker_context()
     ctx.runtime_env = setup.get("runtime_env")
     ctx.gpu_ids = list(setup.get("gpu_ids") or ())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import sys
 import threading
@@ -12,6 +13,8 @@ from ..context import CallContext
 from ..states import CallState
 
 __all__ = ["interrupt", "settle", "exit_now"]
+
+log = logging.getLogger("ddlf.worker")
 
 # Held while a cancel decides to interrupt a thread and while that thread marks its call
 # done, so an interrupt never reaches the next call that thread runs.
@@ -53,6 +56,8 @@ def exit_now(status: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
-            pass
+        except Exception as e:
+            # Whatever the stream (closed, or replaced by user code), the process must
+            # reach os._exit: only unflushed output is lost.
+            log.debug("flushing %r before exiting: %r", stream, e)
     os._exit(status)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import stat
@@ -20,6 +21,8 @@ from .output import redirect_output
 from .worker import Worker
 
 __all__ = ["worker_main"]
+
+log = logging.getLogger("ddlf.worker")
 
 
 def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker_id: str,
@@ -40,7 +43,7 @@ def worker_main(node_host: str, node_port: int, token: str, node_id: str, worker
         worker.server = await serve(listen_host, 0, token, worker.frames,
                                     on_open=worker.callers.add)
         port = worker.server.sockets[0].getsockname()[1]
-        context.current.address = f"{listen_host}:{port}"   # named by out-of-band refs
+        context.worker_context().address = f"{listen_host}:{port}"   # named by out-of-band refs
         worker.node_conn = await connect(node_host, node_port, token,
                                          rpc.RpcHandler(worker, worker.rpc_handlers()))
         await rpc.call(worker.node_conn, "worker_ready", worker_id, worker.pid, port)
@@ -86,19 +89,24 @@ def close_inherited_fds() -> list:
         from multiprocessing import forkserver, process, resource_tracker
 
         server = getattr(forkserver, "_forkserver", None)
-        if getattr(server, "_forkserver_alive_fd", None) is not None:
-            close(server._forkserver_alive_fd)
+        alive_fd = getattr(server, "_forkserver_alive_fd", None)
+        if server is not None and alive_fd is not None:
+            close(alive_fd)
             server._forkserver_alive_fd = None
         tracker = getattr(resource_tracker, "_resource_tracker", None)
-        if getattr(tracker, "_fd", None) is not None and getattr(tracker, "_pid", None) is None:
-            close(tracker._fd)   # not a tracker this process started (that would have a pid)
+        tracker_fd = getattr(tracker, "_fd", None)
+        if (tracker is not None and tracker_fd is not None
+                and getattr(tracker, "_pid", None) is None):
+            close(tracker_fd)   # not a tracker this process started (that would have a pid)
             tracker._fd = None
         parent = getattr(process, "_parent_process", None)
         if parent is not None and isinstance(getattr(parent, "_sentinel", None), int):
             close(parent._sentinel)
             process._parent_process = None   # type: ignore[attr-defined]  # (private, checked above)
-    except Exception:
-        pass
+    except Exception as e:
+        # multiprocessing's private names differ in this Python: those descriptors stay
+        # open, which costs a few fds per worker, never correctness (see the docstring).
+        log.debug("closing multiprocessing's inherited descriptors: %r", e)
     try:
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         os.dup2(null, 0, inheritable=True)
@@ -157,5 +165,7 @@ def _die_with_parent() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass  # the getppid poll still catches it
+    except Exception as e:
+        # No prctl here (a libc without it): the getppid poll still catches the parent's
+        # exit, within half a second.
+        log.debug("PR_SET_PDEATHSIG: %r", e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..client import current
 from ..client.object_store import OK
+from ..errors import DDLFError
 from ..wire.serialization import loads
 
 __all__ = ["ObjectCache", "adopt_shipped"]
@@ -53,5 +54,9 @@ def adopt_shipped(cache: ObjectCache):
         segs = cache.raw(obj_id)
         if segs is None:
             return None
-        return current.get_core(auto=True).adopt(obj_id, OK, segs)
+        core = current.get_core(auto=True)
+        if core is None:   # a worker always joins; only a cleared worker context stops it
+            raise DDLFError(f"cannot adopt shipped object {obj_id.hex()}: this process has "
+                            "no DDLF core (its worker context was cleared)")
+        return core.adopt(obj_id, OK, segs)
     return resolve

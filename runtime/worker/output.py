@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import sys
 
 __all__ = ["MARKER", "log_marker", "redirect_output"]
+
+log = logging.getLogger("ddlf.worker")
 
 # Starts a line that names whose output follows (runtime/node/logs.py reads it).
 MARKER = "\x00ddlf:"
@@ -31,8 +35,10 @@ def log_marker(text: str) -> None:
             stream.flush()
             stream.write(line)
             stream.flush()
-        except Exception:
-            pass
+        except Exception as e:
+            # User code closed or replaced the stream: its lines are not ours to forward
+            # then, and a missing marker only leaves them under the previous name.
+            log.debug("writing the output marker to %r: %r", stream, e)
 
 
 def redirect_output(log_prefix: str | None) -> None:
@@ -44,7 +50,7 @@ def redirect_output(log_prefix: str | None) -> None:
         os.dup2(f, fd)
         os.close(f)
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)   # type: ignore[union-attr]  # a TextIOWrapper, or replaced (caught)
-        except Exception:
-            pass
+        # Python's own streams are TextIOWrappers; one replaced before us (a test's
+        # capture) keeps the buffering it has.
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)

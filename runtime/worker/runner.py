@@ -183,8 +183,10 @@ class Runner:
             call.claim()   # started: from now on a cancel is answered here
             context.set_current_call(call)   # this asyncio task's own context
         kind = segs = result = None
+        gate = _UNLIMITED if call.is_task else self.semaphore
+        assert gate is not None  # start_actor set it before any call to the actor arrived
         try:
-            async with (_UNLIMITED if call.is_task else self.semaphore):
+            async with gate:
                 call.state = CallState.RUNNING
                 try:
                     call.enter()

@@ -4,6 +4,7 @@ how an actor's process ends when its code calls ``sys.exit`` or ``exit_actor()``
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ..wire.connection import Connection
 
 __all__ = ["Worker"]
+
+log = logging.getLogger("ddlf.worker")
 
 
 class Worker:
@@ -100,7 +103,7 @@ class Worker:
         then = ("it is not restarted" if status == 0 else
                 "this counts as a crash: it is restarted if max_restarts allows")
         err = ActorDiedError(
-            f"actor {self.actor_name} ({context.current.actor_id}) exited: {where} called "
+            f"actor {self.actor_name} ({context.worker_context().actor_id}) exited: {where} called "
             f"{how}, exit status {status}; {then}")
         self.exit_status = status
         return encode_error(err, where)
@@ -112,23 +115,25 @@ class Worker:
         this connection by the time its user code sees the ActorDiedError: a call made
         next waits for the restarted actor (or fails as dead) instead of being lost here.
         """
-        note = dumps(("exiting", {"status": self.exit_status}))
+        status = self.exit_status
+        assert status is not None  # the runner replies this way only after begin_exit set it
+        note = dumps(("exiting", {"status": status}))
         for c in self.callers:
             if not c.closed and c is not conn:
                 c.send_msg(protocol.PUSH, 0, note)
         if not conn.closed:
             # The caller may retry the very call that exited (max_task_retries).
             conn.send_msg(protocol.PUSH, 0, dumps(
-                ("exiting", {"status": self.exit_status, "msg_id": msg_id})))
+                ("exiting", {"status": status, "msg_id": msg_id})))
         if not conn.closed:
             conn.send_msg(protocol.RESULT_ERR, msg_id, segs)
-        if self.exit_status == 0 and self.node_conn is not None and not self.node_conn.closed:
+        if status == 0 and self.node_conn is not None and not self.node_conn.closed:
             # Status 0 alone does not mean "on purpose" (os._exit(0) is a crash, as in
             # Ray): say so to the node, which tells the head not to restart us.
             rpc.push(self.node_conn, "exiting_on_purpose", {})
-        self._exit_after_replies()
+        self._exit_after_replies(status)
 
-    def _exit_after_replies(self) -> None:
+    def _exit_after_replies(self, status: int) -> None:
         """Flush replies already queued, then exit with the status ``sys.exit`` gave."""
         deadline = time.monotonic() + 2.0
 
@@ -145,9 +150,11 @@ class Worker:
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
-                except Exception:
-                    pass
-            os._exit(self.exit_status)
+                except Exception as e:
+                    # Whatever the stream (closed, or replaced by user code), the process
+                    # must reach os._exit: only unflushed output is lost.
+                    log.debug("flushing %r before exiting: %r", stream, e)
+            os._exit(status)
 
         # Let completions already handed to the loop (the exiting call's reply) go first.
         self.loop.call_soon(check)

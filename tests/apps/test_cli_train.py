@@ -87,6 +87,33 @@ def test_ddlf_train_run_writes_every_output(tmp_path, scheme, verbose):
     assert model.count_params() == 515146  # the paper's CNN
 
 
+def test_ddlf_train_run_framework_torch_writes_model_pt(tmp_path):
+    torch = pytest.importorskip("torch")
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_fake_fashion_mnist(str(data))
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    with no_leaked_processes():
+        proc = _ddlf_train("run", "--framework", "torch", "--dataset", "fashion-mnist",
+                           "--data-dir", str(data), "--workers", "2", "--master-epochs", "2",
+                           "--out", str(out), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ddlf sync" in proc.stderr
+    # A PyTorch run loads no TensorFlow anywhere: not a line of it on the terminal.
+    assert not [m for m in map(_TF_LINE.match, proc.stderr.splitlines()) if m], proc.stderr
+    assert "(PyTorch)" in proc.stdout and "Wrote model.pt, history.csv" in proc.stdout
+    assert sorted(os.listdir(out)) == ["history.csv", "history.json", "model.pt",
+                                       "training.png"]
+    from ddlf_actors.apps import models
+
+    model = models.paper_cnn_torch()
+    model.load_state_dict(torch.load(str(out / "model.pt")))   # weights only, no code
+    assert sum(p.numel() for p in model.parameters()) == 515146
+    with open(out / "history.json") as f:
+        assert [round(r["epoch"]) for r in json.load(f)] == [1, 2]
+
+
 def test_ddlf_train_bad_dataset_name_is_a_clear_error(tmp_path):
     with no_leaked_processes():
         proc = _ddlf_train("run", "--dataset", "fashion-mnits", "--out", str(tmp_path / "o"),
@@ -172,11 +199,13 @@ def _closed_port() -> int:
     (["--compression", "fp16,topk:2"], "--compression fp16,topk:2: bad codec spec 'topk:2'"),
     (["--scheme", "async", "--compression", "topk:0.01"],
      "compression=('fp16', 'topk:0.01')"),
+    (["--framework", "torch", "--keras-backend", "jax"],
+     "--keras-backend jax runs a Keras model on that backend; --framework torch"),
 ], ids=["out-is-a-file", "tensorboard-is-a-file", "unknown-dataset", "workers-0",
         "target-accuracy", "staleness-with-sync", "balance-with-async",
         "backup-workers-2-of-2", "unknown-scheme", "downpour-periods", "token-file-missing",
         "no-head-there", "compression-unknown", "compression-bad-fraction",
-        "compression-async-changes"])
+        "compression-async-changes", "keras-backend-with-torch"])
 def test_a_user_mistake_is_one_line_exit_2_before_any_fetch(tmp_path, args, says):
     """cifar10 is in no cache here, so checking after the dataset would start a download
     (and print "fetching"); every mistake must be caught first."""

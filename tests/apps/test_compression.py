@@ -1,4 +1,5 @@
-"""compression= on train_sync and train_async: codecs on the wire, with the numpy trainer.
+"""compression= on train_sync and train_async: codecs on the wire, with the numpy trainer
+(and a lost trainer with top-k on a small PyTorch module too).
 
 Every run is seeded and the numpy trainer is deterministic, so the accuracies compared
 here are the same on every run of the test.
@@ -19,6 +20,7 @@ from helpers_modules.numpy_trainer import (
     momentum_model_fn,
     softmax_model_fn,
 )
+from helpers_modules.torch_trainer import KITS
 
 from ddlf_actors.apps import TrainConfig, checkpoint, codecs, train_async, train_sync
 from ddlf_actors.apps.callbacks import Callback
@@ -150,14 +152,18 @@ def _kill_env(tmp_path, sleep=0.15, slot=1, call=2):
     return {"runtime_env": {"env_vars": env}}
 
 
-@pytest.mark.parametrize("spec", ["topk:0.1", ("int8:ef", "fp16"), ("fp16", "topk:0.1")],
+@pytest.mark.parametrize("spec,kit", [("topk:0.1", "numpy"), (("int8:ef", "fp16"), "numpy"),
+                                      (("fp16", "topk:0.1"), "numpy"), ("topk:0.1", "torch")],
                          ids=str)
-def test_sync_trainer_sigkilled_with_compression(train_cluster, tmp_path, spec):
+def test_sync_trainer_sigkilled_with_compression(train_cluster, tmp_path, spec, kit):
+    if kit == "torch":
+        pytest.importorskip("torch")
+    kit = KITS[kit]
     # min_workers=2: the round after the loss waits for the replacement, so it rejoins at
     # round 3 whatever the machine's load.
-    result = train_sync(MODEL, hard_blobs_dataset, compression=spec, min_workers=2,
-                        **dict(SYNC, trainer_cls=SigkillOnce,
-                               trainer_options=_kill_env(tmp_path)))
+    result = train_sync(kit.model_fn(), hard_blobs_dataset, compression=spec, min_workers=2,
+                        **dict(SYNC, trainer_cls=kit.trainer(SigkillOnce),
+                               trainer_options=_kill_env(tmp_path), **kit.options))
     assert (tmp_path / "killed").exists()
     h = result.history
     assert [r["round"] for r in h] == [1, 2, 3, 4, 5, 6]
@@ -166,7 +172,8 @@ def test_sync_trainer_sigkilled_with_compression(train_cluster, tmp_path, spec):
     assert [r["workers"] for r in h] == [2, 1, 2, 2, 2, 2]
     assert h[-1]["test_accuracy"] > 0.6
     if _sends_changes(spec):
-        # The replacement held nothing, so it was sent the whole replica (1040 bytes)
+        # The replacement held nothing, so it was sent the whole replica (1040 bytes: a
+        # 64x4 kernel and 4 biases, in numpy and torch alike)
         # where the other trainer got the round's change; every later round sends two
         # changes. (A change applied to no replica would have failed the run.)
         indices = 300 * 4

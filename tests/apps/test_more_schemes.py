@@ -171,16 +171,18 @@ def test_sync_evaluates_every_eval_every_rounds_and_the_last(train_cluster):
     assert sum(r["eval_s"] > 0 for r in result.history) == 2    # 8's ran after the last round
 
 
-def test_sync_defaults_to_rounds_of_about_32_local_steps_each(train_cluster):
-    from ddlf_actors.apps.schemes.rounds import default_rounds
+def test_sync_defaults_to_rounds_of_about_16_local_steps_each(train_cluster):
+    from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND, default_rounds
 
-    assert default_rounds(30000, 32) == 29 and default_rounds(100, 32) == 1
+    assert STEPS_PER_ROUND == 16
+    assert default_rounds(30000, 32) == 59 and default_rounds(100, 32) == 1
+    assert default_rounds(30000, 32, steps=32) == 29
     result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=1,
                         batch_size=2, trainer_cls=NumpyTrainer, progress=False)
-    # 600 samples, 2 trainers, batch 2: 150 steps each per epoch, about 32 per round.
-    assert result.options.rounds_per_epoch == 5 == len(result.history)
-    assert result.options.eval_every == 5
-    assert [r["test_accuracy"] is not None for r in result.history] == [False] * 4 + [True]
+    # 600 samples, 2 trainers, batch 2: 150 steps each per epoch, about 16 per round.
+    assert result.options.rounds_per_epoch == 9 == len(result.history)
+    assert result.options.eval_every == 9
+    assert [r["test_accuracy"] is not None for r in result.history] == [False] * 8 + [True]
 
 
 @pytest.mark.parametrize("scheme", ["sync", "allreduce", "async", "easgd", "downpour"])

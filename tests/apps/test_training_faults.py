@@ -1,6 +1,8 @@
 """Training that survives lost trainers, grows when CPUs appear, checkpoints and resumes.
 
-One embedded 2-CPU cluster for the module; trainers are the numpy ones (seconds per test).
+One embedded 2-CPU cluster for the module; trainers are the numpy ones (seconds per test),
+and for a lost trainer and a bit-equal resume, a small PyTorch module too (the
+``framework`` fixture; the in-process versions of every fault test run on both).
 Faults are real: a trainer SIGKILLs its own process mid-``fit`` (``SigkillOnce``), as
 ``kill -9`` from outside would. Multi-node faults are in test_training_nodes.py.
 """
@@ -23,6 +25,7 @@ from helpers_modules.numpy_trainer import (
     momentum_model_fn,
     softmax_model_fn,
 )
+from helpers_modules.torch_trainer import Sgd, TinyTorch, TorchTrainer
 from helpers_modules.util import wait_for
 
 import ddlf_actors as ddlf
@@ -50,12 +53,13 @@ def _kinds(result, kind):
     return [e for e in result.events if e["kind"] == kind]
 
 
-def test_sync_trainer_sigkilled_mid_round_is_replaced(train_cluster, tmp_path):
+def test_sync_trainer_sigkilled_mid_round_is_replaced(train_cluster, tmp_path, framework):
     # min_workers=2: the round after the loss waits for the replacement. Without it the
     # replacement races the remaining rounds (0.15 s each), and under load it lost.
-    result = train_sync(MODEL, hard_blobs_dataset, workers=2, master_epochs=3,
-                        rounds_per_epoch=2, trainer_cls=SigkillOnce, progress=False,
-                        min_workers=2, trainer_options=_kill_env(tmp_path))
+    result = train_sync(framework.model_fn(), hard_blobs_dataset, workers=2, master_epochs=3,
+                        rounds_per_epoch=2, trainer_cls=framework.trainer(SigkillOnce),
+                        progress=False, min_workers=2, trainer_options=_kill_env(tmp_path),
+                        **framework.options)
     assert (tmp_path / "killed").exists()          # the fault really happened
     h = result.history
     assert [r["round"] for r in h] == [1, 2, 3, 4, 5, 6]   # every round completed
@@ -218,9 +222,13 @@ _OUTER = dict(outer_lr=0.6, outer_momentum=0.8, nesterov=True, lr_scaling="outer
     (NumpyTrainer, MODEL, dict(outer_momentum=0.0, lr_scaling="none")),
     (MomentumTrainer, momentum_model_fn(64, 4), dict(outer_momentum=0.0, lr_scaling="none")),
     (NumpyTrainer, MODEL, _OUTER),
-], ids=["plain", "optimizer-state", "outer-momentum-and-schedules"])
+    # PyTorch: SGD with momentum (its state in the checkpoint) and DDLF's outer defaults.
+    (TorchTrainer, TinyTorch(), dict(optimizer=Sgd(0.5, momentum=0.9))),
+], ids=["plain", "optimizer-state", "outer-momentum-and-schedules", "torch"])
 def test_sync_resume_is_continuous_and_bit_equal(train_cluster, tmp_path, trainer, model,
                                                  options):
+    if trainer is TorchTrainer:
+        pytest.importorskip("torch")
     # Every round evaluated, so row 3 (where the driver stops) comes after its checkpoint.
     common = dict(workers=2, master_epochs=3, rounds_per_epoch=2, eval_every=1,
                   trainer_cls=trainer, progress=False, seed=5, **options)

@@ -1,6 +1,9 @@
 """Every scheme's state machine, with the real driver loop, on the in-process fake backend:
 no cluster, no sockets, no processes. Losses, joins, late deltas and resume positions.
 
+Most run on both the numpy model and a small PyTorch module (the ``framework`` fixture:
+the same test, parametrized), so the PyTorch adapter goes through every fault path too.
+
 The cluster tests (test_schemes.py, test_training_faults.py, test_allreduce.py ...) check
 the same behaviour end to end with real processes; these pin each transition down in a
 fraction of a second, deterministically where the scheme is.
@@ -10,15 +13,12 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
 from helpers_modules.numpy_trainer import (
-    MomentumTrainer,
     NumpyTrainer,
     hard_blobs_dataset,
-    momentum_model_fn,
     softmax_model_fn,
 )
 
@@ -30,7 +30,14 @@ SCHEMES = ["sync", "async", "allreduce", "easgd", "downpour"]
 RUN = dict(workers=2, master_epochs=3, seed=7, progress=False)
 
 
-def _train(scheme="sync", backend=None, trainer_cls=NumpyTrainer, model_fn=None, **options):
+def _train(scheme="sync", backend=None, trainer_cls=NumpyTrainer, model_fn=None, kit=None,
+           **options):
+    """A run on the fake backend; with ``kit`` (a framework fixture), on its model, its
+    variant of ``trainer_cls`` and its options."""
+    if kit is not None:
+        model_fn = model_fn or kit.model_fn()
+        trainer_cls = kit.trainer(trainer_cls)
+        options = {**kit.options, **options}
     return train(model_fn or softmax_model_fn(), hard_blobs_dataset, scheme,
                  trainer_cls=trainer_cls, backend=backend or FakeBackend(), **{**RUN, **options})
 
@@ -55,8 +62,8 @@ def _dies(slot: int, method: str, call: int):
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_every_scheme_trains_in_process(scheme):
-    result = _train(scheme)
+def test_every_scheme_trains_in_process(scheme, framework):
+    result = _train(scheme, kit=framework)
     assert [r["epoch"] for r in result.history][-1] == 3
     assert result.history[-1]["test_accuracy"] > 0.6
     # A row of an asynchronous run counts who finished work in it: one or both.
@@ -64,25 +71,25 @@ def test_every_scheme_trains_in_process(scheme):
                                                                          "downpour")
 
 
-def test_sync_and_allreduce_agree_bit_for_bit_at_two_trainers():
-    sync = _train("sync", rounds_per_epoch=3)
-    ring = _train("allreduce", rounds_per_epoch=3)
+def test_sync_and_allreduce_agree_bit_for_bit_at_two_trainers(framework):
+    sync = _train("sync", rounds_per_epoch=3, kit=framework)
+    ring = _train("allreduce", rounds_per_epoch=3, kit=framework)
     for a, b in zip(sync.weights, ring.weights):
         np.testing.assert_array_equal(a, b)
     assert ring.history[-1]["ring_bytes"] > 0
 
 
-def test_a_seeded_sync_run_is_repeatable():
-    a, b = _train("sync"), _train("sync")
+def test_a_seeded_sync_run_is_repeatable(framework):
+    a, b = _train("sync", kit=framework), _train("sync", kit=framework)
     for x, y in zip(a.weights, b.weights):
         np.testing.assert_array_equal(x, y)
 
 
 # -- losses ------------------------------------------------------------------------------------
-def test_sync_a_trainer_lost_mid_round_costs_its_share_and_is_replaced():
+def test_sync_a_trainer_lost_mid_round_costs_its_share_and_is_replaced(framework):
     # min_workers=2: the round after the loss waits for the replacement (in-process rounds
     # take microseconds; without it the run could end before the replacement is built).
-    result = _train("sync", rounds_per_epoch=3, min_workers=2,
+    result = _train("sync", rounds_per_epoch=3, min_workers=2, kit=framework,
                     backend=FakeBackend(fail_when=_dies(1, "train", 2)))
     lost = _kinds(result, "trainer_lost")
     assert len(lost) == 1 and lost[0]["trainer"] == 1 and lost[0]["round"] == 2
@@ -95,8 +102,8 @@ def test_sync_a_trainer_lost_mid_round_costs_its_share_and_is_replaced():
     assert h[-1]["workers"] == 2 and h[-1]["test_accuracy"] > 0.6
 
 
-def test_sync_an_evaluation_shard_of_a_lost_trainer_moves_to_another():
-    result = _train("sync", rounds_per_epoch=2, eval_every=1,
+def test_sync_an_evaluation_shard_of_a_lost_trainer_moves_to_another(framework):
+    result = _train("sync", rounds_per_epoch=2, eval_every=1, kit=framework,
                     backend=FakeBackend(fail_when=_dies(1, "evaluate", 2)))
     assert len(_kinds(result, "trainer_lost")) == 1
     # Every row still has its test accuracy: the lost shard was evaluated elsewhere.
@@ -104,11 +111,11 @@ def test_sync_an_evaluation_shard_of_a_lost_trainer_moves_to_another():
 
 
 @pytest.mark.parametrize("scheme", ["async", "easgd", "downpour"])
-def test_asynchronous_a_lost_trainers_work_is_done_again(scheme):
+def test_asynchronous_a_lost_trainers_work_is_done_again(scheme, framework):
     # Its first call: each trainer surely gets one (the queue hands out work as trainers
     # are free, so how many more it gets depends on the threads' timing).
     method = "run_steps" if scheme == "downpour" else "train"
-    result = _train(scheme, backend=FakeBackend(fail_when=_dies(1, method, 1)))
+    result = _train(scheme, kit=framework, backend=FakeBackend(fail_when=_dies(1, method, 1)))
     assert len(_kinds(result, "trainer_lost")) == 1
     # Each epoch still counts every sample once: a lost piece (and Downpour's unpushed
     # ones) went back to the queue.
@@ -117,9 +124,9 @@ def test_asynchronous_a_lost_trainers_work_is_done_again(scheme):
     assert result.history[-1]["test_accuracy"] > 0.55
 
 
-def test_allreduce_a_member_lost_in_the_collective_is_redone_by_the_survivors():
+def test_allreduce_a_member_lost_in_the_collective_is_redone_by_the_survivors(framework):
     backend = FakeBackend(fail_when=_dies(1, "allreduce_held", 2))
-    result = _train("allreduce", workers=3, min_workers=3, rounds_per_epoch=2,
+    result = _train("allreduce", workers=3, min_workers=3, rounds_per_epoch=2, kit=framework,
                     backend=backend, chunk_timeout_s=5.0)
     lost = _kinds(result, "trainer_lost")
     assert len(lost) == 1 and lost[0]["trainer"] == 1
@@ -165,17 +172,16 @@ class _AddCpuAfter(Callback):
         self.seen += 1
         if self.seen == self.rows:
             self.backend.add_cpus(1)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not all(
-                    a.calls.get("describe") and a.running is None for a in self.backend.actors):
-                time.sleep(0.005)
+            # The waiting trainer starts now; let it finish starting before the run goes
+            # on (in-process rounds take microseconds: the run could end first).
+            self.backend.quiesce()
 
 
 @pytest.mark.parametrize("scheme", ["sync", "async", "allreduce"])
-def test_elastic_a_trainer_joins_when_a_cpu_appears(scheme):
+def test_elastic_a_trainer_joins_when_a_cpu_appears(scheme, framework):
     backend = FakeBackend(num_cpus=1)
     options = dict(rounds_per_epoch=2) if scheme != "async" else {}
-    result = _train(scheme, workers=(1, 2), backend=backend,
+    result = _train(scheme, workers=(1, 2), backend=backend, kit=framework,
                     callbacks=[_AddCpuAfter(backend, 1)], **options)
     workers = [r["workers"] for r in result.history]
     assert workers[0] == 1 and workers[-1] == 2, workers
@@ -195,15 +201,20 @@ class GatedTrainer(NumpyTrainer):
         return super().fit(x, y, epochs, batch_size)
 
 
+class GatedTorchTrainer(GatedTrainer):
+    adapter_cls = None   # the adapter follows the model: PyTorch
+
+
 class _OpenGate(Callback):
     def on_row(self, row, run):
         GatedTrainer.gate.set()
 
 
-def test_sync_backup_workers_fold_a_late_delta_into_a_later_round():
+def test_sync_backup_workers_fold_a_late_delta_into_a_later_round(framework):
     GatedTrainer.gate = threading.Event()
-    result = _train("sync", rounds_per_epoch=3, backup_workers=1, trainer_cls=GatedTrainer,
-                    callbacks=[_OpenGate()])
+    gated = GatedTrainer if framework.name == "numpy" else GatedTorchTrainer
+    result = _train("sync", rounds_per_epoch=3, backup_workers=1, trainer_cls=gated,
+                    model_fn=framework.model_fn(), callbacks=[_OpenGate()], **framework.options)
     h = result.history
     assert h[0]["workers"] == 1 and h[0]["late"] == 0   # closed without the straggler
     # Its delta is folded into the round open when it arrives (round 2, or a later one
@@ -226,19 +237,22 @@ def test_a_stopped_sync_run_returns_the_weights_of_its_last_row():
 
 @pytest.mark.parametrize("scheme,compression", [("sync", None), ("allreduce", None),
                                                 ("sync", "topk:0.2"), ("sync", "int8:ef")])
-def test_resume_from_a_middle_checkpoint_is_bit_equal(scheme, compression, tmp_path):
+def test_resume_from_a_middle_checkpoint_is_bit_equal(scheme, compression, tmp_path, framework):
+    model_fn, trainer_cls, options = framework.momentum()   # optimizer state to keep
     extra = dict(compression=compression) if compression else {}
-    full = _train(scheme, model_fn=momentum_model_fn(), trainer_cls=MomentumTrainer,
+    full = _train(scheme, model_fn=model_fn, trainer_cls=trainer_cls,
                   rounds_per_epoch=2, checkpoint_dir=str(tmp_path / "a"), keep_checkpoints=10,
-                  **extra)
+                  **extra, **options)
+    ckpt = checkpoint.load(str(tmp_path / "a"))
+    assert ckpt.optimizer_states, "the checkpoints keep the trainers' optimizer state"
     names = checkpoint.list_checkpoints(str(tmp_path / "a"))
     assert len(names) == 6
     middle = tmp_path / "b"
     middle.mkdir()
     shutil.copy(names[2], middle)   # after round 3
-    resumed = train(momentum_model_fn(), hard_blobs_dataset, scheme, resume=str(middle),
-                    trainer_cls=MomentumTrainer, backend=FakeBackend(),
-                    **{**RUN, "rounds_per_epoch": 2, **extra})
+    resumed = train(model_fn, hard_blobs_dataset, scheme, resume=str(middle),
+                    trainer_cls=trainer_cls, backend=FakeBackend(),
+                    **{**RUN, "rounds_per_epoch": 2, **extra, **options})
     for a, b in zip(full.weights, resumed.weights):
         np.testing.assert_array_equal(a, b)
     assert [r["round"] for r in resumed.history] == list(range(1, 7))
@@ -246,16 +260,18 @@ def test_resume_from_a_middle_checkpoint_is_bit_equal(scheme, compression, tmp_p
 
 
 @pytest.mark.parametrize("scheme", ["async", "easgd", "downpour"])
-def test_asynchronous_resume_continues_from_the_position(scheme, tmp_path):
-    full = _train(scheme, checkpoint_dir=str(tmp_path / "a"), keep_checkpoints=20)
+def test_asynchronous_resume_continues_from_the_position(scheme, tmp_path, framework):
+    full = _train(scheme, checkpoint_dir=str(tmp_path / "a"), keep_checkpoints=20,
+                  kit=framework)
     names = checkpoint.list_checkpoints(str(tmp_path / "a"))
     assert names
     middle = tmp_path / "b"
     middle.mkdir()
     pick = names[len(names) // 2]
     shutil.copy(pick, middle)
-    resumed = train(softmax_model_fn(), hard_blobs_dataset, scheme, resume=str(middle),
-                    trainer_cls=NumpyTrainer, backend=FakeBackend(), **RUN)
+    resumed = train(framework.model_fn(), hard_blobs_dataset, scheme, resume=str(middle),
+                    trainer_cls=framework.trainer(), backend=FakeBackend(),
+                    **{**RUN, **framework.options})
     assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
     assert sum(r["samples"] for r in resumed.history) == sum(r["samples"] for r in full.history)
     assert resumed.history[-1]["test_accuracy"] > 0.55
@@ -388,3 +404,18 @@ def test_sync_machine_position_restores_where_it_was():
     resumed = _calls(again.start(list(m.w), [a2, b2]))
     assert [c.args[1].tolist() for c in resumed] == [c.args[1].tolist() for c in second]
     assert again.rounds.outer.steps == m.rounds.outer.steps
+
+
+def test_the_first_rows_time_starts_when_training_does():
+    """Trainer start-up is the result's startup_s, not the first round's wall time."""
+    import time as _time
+
+    class SlowStart(NumpyTrainer):
+        def __init__(self, *args, **kwargs):
+            _time.sleep(0.3)
+            super().__init__(*args, **kwargs)
+
+    result = _train("sync", rounds_per_epoch=3, trainer_cls=SlowStart)
+    assert result.startup_s >= 0.3
+    first = result.history[0]
+    assert first["wall_s"] < 0.25 and first["overhead_s"] < 0.25, first

@@ -90,6 +90,16 @@ def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
     # outer step is a plain average.
     _, plain = resolve_options("sync", outer_momentum=0.0, lr_scaling="none")
     assert plain.nesterov is False and plain.warmup_rounds == 0 and plain.outer_lr == 1.0
+    # outer_momentum=0 alone is a plain average too (not a damped one at the default rate).
+    _, no_momentum = resolve_options("sync", outer_momentum=0.0)
+    assert no_momentum.outer_lr == 1.0 and no_momentum.nesterov is False
+    # lr_scaling="none" given is what the default is: the default outer rate stays.
+    assert resolve_options("sync", lr_scaling="none")[1].outer_lr == \
+        resolve_options("sync")[1].outer_lr == SyncOptions.DEFAULTS["outer_lr"]
+    # The K rule on the trainers: the outer rate is 1; on the outer step: K x the default.
+    assert resolve_options("sync", lr_scaling="inner")[1].outer_lr == 1.0
+    assert resolve_options("sync", lr_scaling="outer")[1].outer_lr == \
+        SyncOptions.DEFAULTS["outer_lr"]
     assert resolve_options("easgd", workers=3)[1].alpha == pytest.approx(0.3)
     assert resolve_options("easgd", workers=3, alpha=0.1)[1].alpha == 0.1
     _, down = resolve_options("downpour")

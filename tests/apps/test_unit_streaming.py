@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -219,10 +218,7 @@ class _AddCpuAfter(Callback):
         self.seen += 1
         if self.seen == self.rows:
             self.backend.add_cpus(1)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and not all(
-                    a.calls.get("describe") and a.running is None for a in self.backend.actors):
-                time.sleep(0.005)
+            self.backend.quiesce()
 
 
 @pytest.mark.parametrize("extra", STREAMED)

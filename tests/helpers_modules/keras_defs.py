@@ -18,6 +18,21 @@ def tiny_keras_model():
     return model
 
 
+def bn_model_fn():
+    """Softmax regression on 8x8x1 images behind a BatchNormalization: moving mean and
+    moving variance among its weights (Keras' non-trainable weights)."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape=(8, 8, 1)), layers.Flatten(),
+                              layers.BatchNormalization(momentum=0.9),
+                              layers.Dense(4, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
 class BlobsApp(App):
     """The paper's style: methods set attributes, and create_model does not compile."""
 

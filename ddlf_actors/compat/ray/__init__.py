@@ -59,8 +59,8 @@ class RayContext(dict):
                          gcs_address=info.address)
         self.address_info = dict(self)
         # Ray's form: "host:port", without the scheme.
-        self.dashboard_url = (info.dashboard_url.split("://", 1)[-1]
-                              if getattr(info, "dashboard_url", None) else None)
+        url = info.dashboard_url
+        self.dashboard_url = url.split("://", 1)[-1] if url else None
         self.python_version = ".".join(map(str, sys.version_info[:3]))
         self.ray_version = None
         self.ddlf = info

@@ -1,0 +1,740 @@
+"""The paper CNN in PyTorch on Fashion-MNIST, side by side: one process, torch DDP,
+torchft's DiLoCo, DDLF on PyTorch (its defaults, and the paper's Algorithm 6), and DDLF's
+Keras on TF and on JAX. Issue 24 §3.
+
+    python benchmarks/torch_compare.py --select --choices choices.json      # 1. choose lr
+    python benchmarks/torch_compare.py --choices choices.json               # 2. report
+    python benchmarks/torch_compare.py --limit 3200 --seeds 0 --epochs 1 \\
+        --eval-limit 2000                                                    # a smoke run
+
+The protocol of the evidence issue (21, section 1):
+
+* **Choices on a validation split.** ``--select`` trains every tunable column on the
+  first 50,000 training images with each learning rate of the grid (SGD, momentum 0.9,
+  lr in {0.01, 0.03, 0.1}), evaluates on the last 10,000, and picks, per column, the rate
+  that first reaches ``--target`` (earliest, in epochs; ties and no crossing: the best
+  accuracy after the last epoch). It prints the selection table and writes the choices
+  to ``--choices``. The report run reads them and then uses the test set, once per run.
+* **Seeds** (``--seeds``, default 0,1,2): each changes the initial weights
+  (``torch.manual_seed``) and the data order (a permutation per epoch from
+  ``numpy.random.default_rng([seed, epoch])``); the same seed gives every column the same
+  initial weights and the same order of images.
+* **Fine evaluation**: ``--evals-per-epoch`` (default 4) evaluations of the global model
+  per epoch, plus one at each epoch's end; the first crossing of ``--target`` is reported.
+  Evaluation time is excluded from every column the same way: the clock stops while it
+  runs, and in the two-process columns both processes wait at a barrier meanwhile.
+* **Interleaved**: seed 1 of every column, then seed 2, ...; each run is its own process
+  (its own threads and imports), and the load average is printed beside it.
+* **Three numbers apart**: seconds per epoch (training time / epochs), epochs to the
+  target, time to the target; and the test accuracy after ``--epochs`` epochs.
+
+Columns (``--columns``):
+
+torch-1p        one process, ``torch.set_num_threads(2)``, batch 32, SGD momentum 0.9.
+                (Its two OpenMP threads spin between ops by default, which on a busy
+                machine costs several times their speed: ``--omp-wait-policy passive``.)
+torch-1p-1t     the same with one thread: a DDLF trainer's own compute, the baseline of
+                "DDLF-torch with Algorithm 6 adds nothing measurable" (each of its 2
+                trainers trains half an epoch on one thread, so its seconds per epoch
+                compare with half of this column's).
+torch-ddp       ``torchrun --standalone --nproc_per_node 2``: two processes of 1 thread,
+                ``DistributedDataParallel`` over gloo (gradients all-reduced every step),
+                batch 32 per process (global 64), the same grid (the learning rate applies
+                to the averaged gradient). Rank 0 evaluates at 2 threads between steps
+                while rank 1 waits at a barrier.
+torchft-diloco  torchft's ``DiLoCo`` (``pip install torchft``): two replicas of 1 thread,
+                a lighthouse, inner SGD momentum 0.9 (lr from the grid), outer SGD lr 0.7,
+                Nesterov momentum 0.9 (the DiLoCo paper's), a sync every ``--sync-every``
+                (32) inner steps: DDLF's default of about 32 local steps per round.
+                Evaluated right after a sync (the global model), at the first sync past
+                each quarter of an epoch.
+ddlf-torch-default
+                ``train_sync(models.paper_cnn_torch, ...)`` on an embedded DDLF cluster: 2
+                trainers of 1 thread, batch 32 each, ``optimizer=`` SGD momentum 0.9 (lr
+                from the grid, tuned like the others), every scheme setting at DDLF's
+                default (rounds of ~32 local steps, Nesterov outer momentum 0.9 at 0.5·K
+                warmed up over half an epoch). Evaluated by the trainers every
+                ``rounds_per_epoch // --evals-per-epoch`` rounds and after each epoch's last
+                round; the clock is the rows' round times minus their evaluation time.
+ddlf-torch-alg6 the same with the paper's Algorithm 6 (``rounds_per_epoch=1,
+                outer_momentum=0, lr_scaling="none"``: a plain average once per epoch). Its
+                global model exists only at each epoch's end, so it has one evaluation per
+                epoch, not ``--evals-per-epoch``.
+keras-tf, keras-jax
+                DDLF's defaults with ``models.paper_cnn`` (Keras, SGD 0.01 as it compiles,
+                not tuned) on TensorFlow and, with ``keras_backend="jax"``, on JAX in the
+                trainers; for the record, evaluated as ``ddlf-torch-default``.
+
+The two-process columns run in a private network namespace (``unshare -n``, loopback
+only): torchrun's store and torchft's servers listen on every interface, and nothing
+here may be reachable from outside. That needs root (CI and this machine's sessions
+are); without it those columns say so.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before numpy and torch load
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+BATCH = 32
+GRID = (0.01, 0.03, 0.1)
+TUNED = ("torch-1p", "torch-1p-1t", "torch-ddp", "torchft-diloco", "ddlf-torch-default",
+         "ddlf-torch-alg6")
+DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "keras-tf", "keras-jax")
+ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
+IN_NETNS = ("torch-ddp", "torchft-diloco")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- data, model, evaluation (in the training processes) --------------------------------------
+
+
+def load_split(split: str, limit: int | None, eval_limit: int | None):
+    """``(x, y, x_eval, y_eval)``: ``val`` trains on the first 50,000 training images and
+    evaluates on the last 10,000; ``test`` trains on all 60,000 and evaluates on the test
+    set. ``limit``/``eval_limit`` keep the first so many of each (smoke runs)."""
+    from ddlf_actors.apps import datasets
+
+    (x, y), (xt, yt) = datasets.load("fashion-mnist")
+    if split == "val":
+        x, y, xt, yt = x[:50_000], y[:50_000], x[50_000:], y[50_000:]
+    if limit:
+        x, y = x[:limit], y[:limit]
+    if eval_limit:
+        xt, yt = xt[:eval_limit], yt[:eval_limit]
+    return (np.ascontiguousarray(x), np.ascontiguousarray(y, dtype=np.int64),
+            np.ascontiguousarray(xt), np.ascontiguousarray(yt, dtype=np.int64))
+
+
+def build(seed: int):
+    import torch
+
+    from ddlf_actors.apps import models
+
+    torch.manual_seed(seed)
+    return models.paper_cnn_torch()
+
+
+def order(seed: int, epoch: int, n: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def evaluate(model, x, y, threads: int | None = None) -> tuple[float, float]:
+    """``(loss, accuracy)`` through the adapter (eval mode, no grad); with ``threads``,
+    at that many intra-op threads for the while."""
+    import torch
+
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return TorchAdapter(model).evaluate(x, y)   # default loss: cross-entropy
+    finally:
+        torch.set_num_threads(before)
+
+
+class Timeline:
+    """Training time with evaluations taken out, and the evaluations' results."""
+
+    def __init__(self):
+        self.train_s = 0.0
+        self.rows: list = []
+        self._since = time.perf_counter()
+
+    def pause(self) -> None:
+        self.train_s += time.perf_counter() - self._since
+
+    def resume(self) -> None:
+        self._since = time.perf_counter()
+
+    def record(self, epoch: float, loss: float, acc: float, eval_s: float) -> None:
+        self.rows.append({"epoch": round(epoch, 4), "train_s": self.train_s,
+                          "test_loss": loss, "test_accuracy": acc, "eval_s": eval_s})
+        log(f"  epoch {epoch:6.3f}  train {self.train_s:7.1f} s  acc {acc:.4f}")
+
+
+def eval_marks(steps_per_epoch: int, evals: int) -> set:
+    """Steps (1-based, within an epoch) after which to evaluate: ``evals`` evenly spaced,
+    the epoch's end included."""
+    every = max(1, math.ceil(steps_per_epoch / evals))
+    return set(range(every, steps_per_epoch, every)) | {steps_per_epoch}
+
+
+def sgd(params, lr: float):
+    import torch
+
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+# -- torch-1p ---------------------------------------------------------------------------------
+
+
+def run_single(args, threads: int = 2) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    TorchAdapter.configure_threads(threads)
+    t0 = time.perf_counter()
+    x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
+    model = build(args.seed)
+    opt = sgd(model.parameters(), args.lr)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    steps = math.ceil(len(x) / BATCH)
+    marks = eval_marks(steps, args.evals_per_epoch)
+    ready_s = time.perf_counter() - t0
+    tl = Timeline()
+    for epoch in range(args.epochs):
+        idx = torch.from_numpy(order(args.seed, epoch, len(x)))
+        model.train()
+        for step in range(1, steps + 1):
+            b = idx[(step - 1) * BATCH:step * BATCH]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xt[b]), yt[b]).backward()
+            opt.step()
+            if step in marks:
+                tl.pause()
+                e0 = time.perf_counter()
+                loss, acc = evaluate(model, xe, ye)
+                tl.record(epoch + step / steps, loss, acc, time.perf_counter() - e0)
+                model.train()
+                tl.resume()
+    return {"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows}
+
+
+# -- torch-ddp (each rank runs this under torchrun) -------------------------------------------
+
+
+def run_ddp_rank(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    TorchAdapter.configure_threads(1)
+    t0 = time.perf_counter()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
+    model = build(args.seed)
+    ddp = DDP(model)   # broadcasts rank 0's weights (the same seed built the same anyway)
+    opt = sgd(ddp.parameters(), args.lr)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    steps = len(x) // (BATCH * world)
+    marks = eval_marks(steps, args.evals_per_epoch)
+    dist.barrier()
+    ready_s = time.perf_counter() - t0
+    tl = Timeline()
+    for epoch in range(args.epochs):
+        idx = torch.from_numpy(order(args.seed, epoch, len(x)))
+        ddp.train()
+        for step in range(1, steps + 1):
+            g = (step - 1) * BATCH * world + rank * BATCH   # rank's half of global batch
+            b = idx[g:g + BATCH]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(ddp(xt[b]), yt[b]).backward()   # the all-reduce is in here
+            opt.step()
+            if step in marks:
+                tl.pause()
+                dist.barrier()
+                if rank == 0:
+                    e0 = time.perf_counter()
+                    loss, acc = evaluate(model, xe, ye, threads=2)
+                    tl.record(epoch + step / steps, loss, acc, time.perf_counter() - e0)
+                dist.barrier()
+                ddp.train()
+                tl.resume()
+    if rank == 0:
+        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows}),
+              flush=True)
+    dist.destroy_process_group()
+
+
+def run_ddp(args) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", os.path.abspath(__file__), "--ddp-rank", *child_flags(args)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                          timeout=args.timeout)
+    return parse_child(proc, "torchrun")
+
+
+# -- torchft-diloco ---------------------------------------------------------------------------
+
+
+def store_barrier(store, name: str, world: int) -> None:
+    if store.add(name, 1) == world:
+        store.set(name + "/go", "1")
+    store.wait([name + "/go"], timedelta(seconds=600))
+
+
+def run_diloco_replica(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.local_sgd import DiLoCo
+
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    TorchAdapter.configure_threads(1)
+    t0 = time.perf_counter()
+    rank, world = args.diloco_replica, 2
+    x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
+    model = build(args.seed)
+    inner = sgd(model.parameters(), args.lr)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    own_store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    shared = dist.TCPStore("localhost", args.barrier_port, is_master=False,
+                           timeout=timedelta(seconds=600))
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=120)), min_replica_size=2,
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
+                                    inner.load_state_dict(sd["inner"])),
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
+        replica_id=str(rank), store_addr="localhost", store_port=own_store.port, rank=0,
+        world_size=1, lighthouse_addr=args.lighthouse, hostname="localhost",
+        use_async_quorum=False, timeout=timedelta(seconds=120),
+        quorum_timeout=timedelta(seconds=120), connect_timeout=timedelta(seconds=60))
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    steps = len(x) // (BATCH * world)
+    quarter = steps / args.evals_per_epoch
+    store_barrier(shared, "ready", world)
+    ready_s = time.perf_counter() - t0
+    tl = Timeline()
+    n_evals, due = 0, quarter
+    try:
+        with DiLoCo(manager, [model], inner, outer, sync_every=args.sync_every,
+                    pin_memory=False):
+            done = 0   # inner steps over all epochs
+            for epoch, step in diloco_steps(args.epochs, steps, args.sync_every):
+                if step == 1:
+                    idx = torch.from_numpy(order(args.seed, epoch, len(x)))
+                    model.train()
+                g = (step - 1) * BATCH * world + rank * BATCH
+                b = idx[g:g + BATCH]
+                inner.zero_grad(set_to_none=True)
+                F.cross_entropy(model(xt[b]), yt[b]).backward()
+                inner.step()   # every sync_every-th step also syncs (a post hook)
+                done += 1
+                # The global model exists right after a sync: evaluate it at the first
+                # sync past each quarter epoch (both replicas decide alike, from counts).
+                if done % args.sync_every or done < due:
+                    continue
+                while due <= done:
+                    due += quarter
+                n_evals += 1
+                tl.pause()
+                # Each replica's weights' CRC: right after a sync both hold the global model.
+                shared.set(f"eval{n_evals}/crc{rank}", str(weights_crc(model)))
+                store_barrier(shared, f"eval{n_evals}a", world)
+                if rank == 0:
+                    e0 = time.perf_counter()
+                    loss, acc = evaluate(model, xe, ye, threads=2)
+                    tl.record(done / steps, loss, acc, time.perf_counter() - e0)
+                    crcs = {shared.get(f"eval{n_evals}/crc{r}") for r in range(world)}
+                    tl.rows[-1]["replicas_equal"] = len(crcs) == 1
+                store_barrier(shared, f"eval{n_evals}b", world)
+                model.train()
+                tl.resume()
+    finally:
+        manager.shutdown(wait=False)
+    if rank == 0:
+        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows}),
+              flush=True)
+
+
+def weights_crc(model) -> int:
+    import zlib
+
+    crc = 0
+    for t in model.state_dict().values():
+        crc = zlib.crc32(t.detach().numpy().tobytes(), crc)
+    return crc
+
+
+def diloco_steps(epochs: int, steps: int, sync_every: int):
+    """``(epoch, step)`` for ``epochs`` epochs of ``steps``, then on into the next epoch's
+    order up to the next sync: the last evaluation is of a global model, at the first
+    sync at or after the last epoch's end (its row says at which epoch)."""
+    done = 0
+    for epoch in range(epochs + 1 + sync_every // max(1, steps)):
+        for step in range(1, steps + 1):
+            if done >= epochs * steps and done % sync_every == 0:
+                return
+            yield epoch, step
+            done += 1
+
+
+def run_diloco(args) -> dict:
+    try:
+        import torch.distributed as dist
+        from torchft._torchft import LighthouseServer
+    except ImportError as e:
+        return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
+    barrier = dist.TCPStore("localhost", 0, world_size=3, is_master=True,
+                            wait_for_workers=False)
+    procs = []
+    try:
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        for r in range(2):
+            cmd = [sys.executable, os.path.abspath(__file__), "--diloco-replica", str(r),
+                   "--lighthouse", lighthouse.address(), "--barrier-port", str(barrier.port),
+                   *child_flags(args)]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, env=env))
+        deadline = time.monotonic() + args.timeout
+        outs = []
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        return parse_child(outs[0], "replica 0", other=outs[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        lighthouse.shutdown()
+
+
+# -- DDLF's columns: train_sync on an embedded cluster of 2 one-CPU trainers -----------------
+
+
+def split_dataset(split: str, limit: int | None, eval_limit: int | None):
+    """The trainers' dataset: ``load_split``'s arrays as ``((x, y), (x_eval, y_eval))``."""
+    x, y, xe, ye = load_split(split, limit, eval_limit)
+    return (x, y), (xe, ye)
+
+
+def keras_cnn(seed: int):
+    import keras
+
+    from ddlf_actors.apps import models
+
+    keras.utils.set_random_seed(seed)
+    return models.paper_cnn()
+
+
+def ddlf_timeline(history: list, startup_s: float) -> Timeline:
+    """A DDLF run's history as this script's timeline. Training time is the rounds' wall
+    time minus the trainers' evaluation time in them, and minus the start-up: the first
+    round's wall time counts from the driver's start, trainers' start-up included
+    (``result.startup_s``)."""
+    tl = Timeline()
+    tl.train_s = -startup_s
+    for row in history:
+        tl.train_s += row["wall_s"] - row.get("eval_s", 0.0)
+        if row.get("test_accuracy") is not None:
+            tl.record(row["epoch"], row["test_loss"], row["test_accuracy"],
+                      row.get("eval_s", 0.0))
+    return tl
+
+
+def run_ddlf(args, model_fn, **options) -> dict:
+    """One DDLF run of 2 trainers: its timeline, start-up and settings."""
+    import functools
+
+    import ddlf_actors as ddlf
+    from ddlf_actors.apps import train_sync
+    from ddlf_actors.apps.schemes.rounds import default_rounds
+
+    x, *_ = load_split(args.split, args.limit, args.eval_limit)
+    rounds = options.get("rounds_per_epoch") or default_rounds(len(x) / 2, BATCH)
+    ddlf.init(num_cpus=2)
+    try:
+        result = train_sync(model_fn, functools.partial(split_dataset, args.split, args.limit,
+                                                        args.eval_limit),
+                            workers=2, master_epochs=args.epochs, batch_size=BATCH,
+                            seed=args.seed, progress=False,
+                            eval_every=max(1, rounds // args.evals_per_epoch), **options)
+    finally:
+        ddlf.shutdown()
+    tl = ddlf_timeline(result.history, result.startup_s)
+    return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
+            "settings": {k: v for k, v in result.options.to_json().items()
+                         if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
+                                  "nesterov", "lr_scaling", "warmup_rounds", "eval_every")}}
+
+
+def run_ddlf_column(args, column: str) -> dict:
+    """DDLF on PyTorch: ``ddlf-torch-default`` (every scheme setting at its default) or
+    ``ddlf-torch-alg6`` (the paper's Algorithm 6); ``optimizer=`` SGD momentum 0.9 at
+    ``args.lr``, as the single-process and DDP columns train."""
+    import functools
+
+    options: dict = {"optimizer": functools.partial(sgd, lr=args.lr)}
+    if column == "ddlf-torch-alg6":
+        options.update(rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none")
+    return run_ddlf(args, functools.partial(build, args.seed), **options)
+
+
+def run_keras_column(args, column: str) -> dict:
+    """DDLF's defaults with the Keras paper CNN on TensorFlow (``keras-tf``) or JAX
+    (``keras-jax``: ``keras_backend="jax"`` in the trainers; the driver needs neither)."""
+    import functools
+
+    backend = {"keras-tf": "tensorflow", "keras-jax": "jax"}[column]
+    return run_ddlf(args, functools.partial(keras_cnn, args.seed), keras_backend=backend)
+
+
+# -- the parent: columns in processes, interleaved --------------------------------------------
+
+
+def child_flags(args) -> list:
+    flags = ["--seed", str(args.seed), "--lr", repr(args.lr), "--epochs", str(args.epochs),
+             "--split", args.split, "--evals-per-epoch", str(args.evals_per_epoch),
+             "--sync-every", str(args.sync_every), "--timeout", str(args.timeout)]
+    if args.limit:
+        flags += ["--limit", str(args.limit)]
+    if args.eval_limit:
+        flags += ["--eval-limit", str(args.eval_limit)]
+    return flags
+
+
+def parse_child(proc, what: str, other=None) -> dict:
+    lines = [ln for ln in (proc.stdout or "").splitlines() if ln.startswith("{")]
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    errs = [p for p in (proc, other) if p is not None and p.returncode != 0] or [proc]
+    tail = "; ".join((p.stderr or "").strip().splitlines()[-1][:240] if (p.stderr or "").strip()
+                     else f"exit {p.returncode}, no output" for p in errs)
+    return {"error": f"{what}: {tail}"}
+
+
+def run_column_here(args) -> dict:
+    column = args.column
+    if column == "torch-1p":
+        return run_single(args)
+    if column == "torch-1p-1t":
+        return run_single(args, threads=1)
+    if column == "torch-ddp":
+        return run_ddp(args)
+    if column == "torchft-diloco":
+        return run_diloco(args)
+    if column.startswith("ddlf-"):
+        return run_ddlf_column(args, column)
+    return run_keras_column(args, column)
+
+
+def run_column(args, column: str, seed: int, lr: float | None, split: str) -> dict:
+    """One column, one seed, in its own process (in a private network namespace for the
+    two-process columns); the result with the load average beside it."""
+    load = os.getloadavg()[0]
+    base = {"column": column, "seed": seed, "lr": lr, "split": split, "loadavg": load}
+    flags = ["--column", column, "--seed", str(seed), "--lr", repr(lr), "--epochs",
+             str(args.epochs), "--split", split, "--evals-per-epoch",
+             str(args.evals_per_epoch), "--sync-every", str(args.sync_every),
+             "--timeout", str(args.timeout)]
+    if args.limit:
+        flags += ["--limit", str(args.limit)]
+    if args.eval_limit:
+        flags += ["--eval-limit", str(args.eval_limit)]
+    cmd = [sys.executable, os.path.abspath(__file__), *flags]
+    if column in IN_NETNS:
+        if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+            return {**base, "unavailable": "needs root, unshare and ip for a private network "
+                                           "namespace (its servers listen on every interface)"}
+        cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+    log(f"{column} seed {seed} lr {lr} ({split}), load {load:.2f}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=args.timeout + 60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {**base, "error": f"timeout after {args.timeout + 60:.0f} s"}
+    for line in err.splitlines():
+        if line.startswith("  epoch"):
+            log(line)
+    result = parse_child(subprocess.CompletedProcess(cmd, proc.returncode, out, err), column)
+    return {**base, **result}
+
+
+# -- figures and tables -----------------------------------------------------------------------
+
+
+def figures(r: dict, target: float) -> dict:
+    rows = r.get("timeline") or []
+    if not rows:
+        return {}
+    epochs = rows[-1]["epoch"]
+    hit = next((row for row in rows if row["test_accuracy"] >= target), None)
+    return {"s_per_epoch": r["train_s"] / epochs if epochs else None,
+            "epochs_to_target": hit["epoch"] if hit else None,
+            "time_to_target": hit["train_s"] if hit else None,
+            "final_acc": rows[-1]["test_accuracy"], "epochs": epochs,
+            "replicas_differ": sum(1 for row in rows if row.get("replicas_equal") is False),
+            "startup_s": r.get("startup_s")}
+
+
+def _med(values: list, fmt: str) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return "not reached" if values else "-"
+    med = statistics.median(vals)
+    missing = f" ({len(values) - len(vals)} not)" if len(vals) < len(values) else ""
+    if len(vals) == 1:
+        return format(med, fmt) + missing
+    return f"{format(med, fmt)} [{format(min(vals), fmt)}-{format(max(vals), fmt)}]{missing}"
+
+
+def report_table(results: list, target: float, title: str) -> str:
+    lines = [title, "",
+             f"| column | lr | s/epoch | epochs to {target} | time to {target} (s) | "
+             "acc after last epoch | epochs | start-up (s) | load avg per run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    by_col: dict = {}
+    for r in results:
+        by_col.setdefault((r["column"], r.get("lr")), []).append(r)
+    for (column, lr), runs in by_col.items():
+        loads = " ".join(f"{r['loadavg']:.1f}" for r in runs)
+        bad = [r for r in runs if "timeline" not in r]
+        if bad and len(bad) == len(runs):
+            why = bad[0].get("unavailable") or bad[0].get("error")
+            lines.append(f"| {column} | {lr if lr is not None else '-'} | {why} | | | | | | "
+                         f"{loads} |")
+            continue
+        figs = [figures(r, target) for r in runs if "timeline" in r]
+        lines.append(
+            f"| {column} | {lr} | {_med([f['s_per_epoch'] for f in figs], '.1f')} | "
+            f"{_med([f['epochs_to_target'] for f in figs], '.2f')} | "
+            f"{_med([f['time_to_target'] for f in figs], '.1f')} | "
+            f"{_med([f['final_acc'] for f in figs], '.4f')} | "
+            f"{_med([f['epochs'] for f in figs], '.2f')} | "
+            f"{_med([f['startup_s'] for f in figs], '.1f')} | {loads} |"
+            + (f" ({len(bad)} failed: {bad[0].get('error')})" if bad else "")
+            + (f" (replicas differed at {sum(f['replicas_differ'] for f in figs)} "
+               "evaluations)" if any(f["replicas_differ"] for f in figs) else ""))
+    return "\n".join(lines)
+
+
+def choose(results: list, target: float) -> dict:
+    """Per column, the rate that reached ``target`` on validation in the fewest epochs
+    (ties and no crossing: the best accuracy after the last epoch)."""
+    best: dict = {}
+    for r in results:
+        if "timeline" not in r:
+            continue
+        f = figures(r, target)
+        key = (f["epochs_to_target"] if f["epochs_to_target"] is not None else math.inf,
+               -f["final_acc"])
+        if r["column"] not in best or key < best[r["column"]][0]:
+            best[r["column"]] = (key, r["lr"])
+    return {c: {"lr": lr} for c, (_, lr) in best.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--columns", default=",".join(ALL_COLUMNS))
+    p.add_argument("--select", action="store_true", help="choose lr on the validation split")
+    p.add_argument("--choices", help="JSON of chosen settings: written by --select, read "
+                                     "otherwise (default: lr 0.03 for every column)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--target", type=float, default=0.85)
+    p.add_argument("--evals-per-epoch", type=int, default=4)
+    p.add_argument("--sync-every", type=int, default=32, help="torchft-diloco: inner steps")
+    p.add_argument("--limit", type=int, help="train on the first N images (smoke runs)")
+    p.add_argument("--eval-limit", type=int, help="evaluate on the first N (smoke runs)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--omp-wait-policy", choices=("default", "passive"), default="default",
+                   help="passive: OMP_WAIT_POLICY=PASSIVE in every run (torch's OpenMP "
+                        "threads sleep instead of spinning; see benchmarks/README.md)")
+    p.add_argument("--json", help="also write every run here")
+    # one run, in a child process
+    p.add_argument("--column", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--lr", type=float, default=0.03, help=argparse.SUPPRESS)
+    p.add_argument("--split", default="test", help=argparse.SUPPRESS)
+    p.add_argument("--ddp-rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--diloco-replica", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    p.add_argument("--barrier-port", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.ddp_rank:
+        run_ddp_rank(args)
+        return 0
+    if args.diloco_replica is not None:
+        run_diloco_replica(args)
+        return 0
+    if args.column:
+        try:
+            result = run_column_here(args)
+        except Exception as e:   # report it as the column's error, with the parent's table
+            result = {"error": f"{type(e).__name__}: {e}"}
+            import traceback
+
+            traceback.print_exc()
+        print(json.dumps(result), flush=True)
+        return 0
+
+    columns = [c for c in args.columns.split(",") if c]
+    unknown = [c for c in columns if c not in ALL_COLUMNS]
+    if unknown:
+        p.error(f"unknown columns {unknown}; known: {', '.join(ALL_COLUMNS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.omp_wait_policy == "passive":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"   # inherited by every run's processes
+    log(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+    log(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    results = []
+    if args.select:
+        tuned = [c for c in columns if c in TUNED]
+        for seed in seeds[:1]:   # one seed for the choice; the report takes every seed
+            for lr in GRID:
+                for column in tuned:
+                    results.append(run_column(args, column, seed, lr, "val"))
+        print(report_table(results, args.target, "Selection on the validation split "
+                                                  "(last 10,000 training images), seed "
+                                                  f"{seeds[0]}"))
+        chosen = choose(results, args.target)
+        print("\nchosen:", json.dumps(chosen))
+        if args.choices:
+            with open(args.choices, "w") as f:
+                json.dump(chosen, f, indent=1)
+    else:
+        chosen = {}
+        if args.choices:
+            with open(args.choices) as f:
+                chosen = json.load(f)
+        for seed in seeds:
+            for column in columns:
+                lr = chosen.get(column, {}).get("lr", 0.03) if column in TUNED else 0.01
+                results.append(run_column(args, column, seed, lr, "test"))
+        print(report_table(results, args.target, f"Test set, seeds {args.seeds}, "
+                                                  f"{args.epochs} epoch(s), OMP_WAIT_POLICY="
+                                                  f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}"))
+    print(f"\nload average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
