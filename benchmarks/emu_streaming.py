@@ -242,14 +242,17 @@ def scaling_table(results: list, target: float) -> str:
 
 def estimate(plan: dict, ks: list[int], settings: list[str]) -> float:
     """Seconds a grid should take, by a plain model of issue 23's workload (README,
-    ``link_workload.py``): 1.1 s of compute per round of 32 steps at 0.5 CPU; a blocking
+    ``link_workload.py``): 1.1 s of compute per 32 steps at 0.5 CPU, DDLF's default rounds
+    (``STEPS_PER_ROUND``), fragments F times as many of 1/F the steps; a blocking
     sync round also waits for K weight copies down and K deltas up through the driver's
     link one after the other, an overlapped one for the larger of its compute and one
     direction (the link is full duplex); an allreduce member sends 2(K−1)/K of the model
     over its own link. Codecs divide the bytes by 7.5 (int4). Times 1.3 (evaluations, and
     what the K = 2 smoke runs took beyond the model: 0-35 % a round), 15 s a run (its
     first round) and 2 minutes per cluster to start."""
-    model_mb, compute = 20.4, 1.1
+    from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND
+
+    model_mb, compute = 20.4, 1.1     # compute: seconds per 32 steps of batch 32
     total = 0.0
     for k in ks:
         total += 120
@@ -259,7 +262,7 @@ def estimate(plan: dict, ks: list[int], settings: list[str]) -> float:
                 scheme, opts = options_for(name, plan["codec"], plan["fragments"])
                 ratio = 7.5 if "compression" in opts else 1.0
                 steps = 60000 / k / 32                       # per trainer per epoch
-                rounds = opts.get("rounds_per_epoch") or max(1, round(steps / 32))
+                rounds = opts.get("rounds_per_epoch") or max(1, round(steps / STEPS_PER_ROUND))
                 work = compute * steps / 32 / rounds         # compute per round
                 if scheme == "allreduce":
                     link = 2 * (k - 1) / k * model_mb * 8 / mbit / ratio
