@@ -57,6 +57,9 @@ class HistoryRow(TypedDict, total=False):
     # K-scaling rule on them) and the outer optimizer's rate (outer_lr), when set.
     learning_rate: float
     outer_lr: float
+    # Sync and allreduce: every trainer's compute in the row's calls, summed (not cut to
+    # the row's window): over a run, divided by K times the wall time, the utilization.
+    compute_total_s: float
 
 
 class EventKind(str, enum.Enum):

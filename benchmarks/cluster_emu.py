@@ -8,6 +8,13 @@ network namespace, their links limited with ``tc ... tbf``.
     sudo python benchmarks/cluster_emu.py allreduce [--ks 2,4,8] [--rates 1gbit,100mbit]
                                                     [--features 4096] [--samples 800]
     sudo python benchmarks/cluster_emu.py caps     [--k 2] [--node-cpus 0.5] [--seconds 10]
+    sudo python benchmarks/cluster_emu.py streaming [--k 4] [--settings ...] [--seeds 1,2,3]
+    sudo python benchmarks/cluster_emu.py scaling  [--ks 1,2,4] [--setting overlap+frag+codec]
+
+``streaming`` and ``scaling`` (issue 23 section 4: overlapped and streamed averaging,
+utilization, time to the target, efficiency T1/(K·TK)) are ``emu_streaming.py``'s; they
+default to ``--model wide_cnn --node-cpus 0.5 --target 0.875 --epochs 3``, and
+``--estimate`` prints the grid's expected wall time without running it.
 
 Every mode takes ``--node-cpus C`` (each trainer node capped at C CPUs, see below),
 ``--model`` (``paper_cnn``, ``wide_cnn`` or ``wide_cnn:<f1>-<f2>-<dense>``, from
@@ -259,6 +266,10 @@ def model_fn(spec: str):
 
 
 def driver(address: str, plan: dict) -> None:
+    if plan["mode"] in ("streaming", "scaling"):
+        import emu_streaming
+
+        return emu_streaming.driver(address, plan)
     if plan["mode"] == "allreduce":
         return allreduce_driver(address, plan)
     if plan["mode"] == "caps":
@@ -475,14 +486,15 @@ def _interrupted(signum, frame):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=["codecs", "accuracy", "allreduce", "caps"])
-    p.add_argument("--ks", default="2,4,8", help="allreduce: trainer counts")
+    p.add_argument("mode", choices=["codecs", "accuracy", "allreduce", "caps", "streaming",
+                                    "scaling"])
+    p.add_argument("--ks", help="allreduce (2,4,8), scaling (1,2,4): trainer counts")
     p.add_argument("--features", type=int, default=4096, help="allreduce: model inputs")
     p.add_argument("--repeats", type=int, default=3, help="allreduce: runs per scheme")
     p.add_argument("--samples", type=int, default=800,
                    help="allreduce: training rows (few: the rounds then wait on the links, "
                         "not on 8 trainers sharing this machine's cores)")
-    p.add_argument("--k", type=int, default=2, help="trainer nodes")
+    p.add_argument("--k", type=int, help="trainer nodes (streaming: 4; others: 2)")
     p.add_argument("--rates", default="1gbit,100mbit", help="codecs: link rates (tc syntax)")
     p.add_argument("--rate", default="100mbit", help="accuracy: the link rate")
     p.add_argument("--codecs", help="comma-separated; a pair as down/up, e.g. fp16/topk:0.01")
@@ -500,7 +512,47 @@ def main(argv=None) -> int:
                    help="the run's CPU weight, in ordinary processes (with --node-cpus)")
     p.add_argument("--seconds", type=float, default=10.0, help="caps: seconds per phase")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--settings", help="streaming: comma-separated, of "
+                   "sync,sync+codec,overlap,overlap+codec,overlap+frag,overlap+frag+codec,"
+                   "allreduce,allreduce+codec,alg6 (default: all)")
+    p.add_argument("--setting", default="overlap+frag+codec",
+                   help="scaling: the setting (comma-separated for several)")
+    p.add_argument("--codec", default="int4:ef", help="streaming, scaling: the '+codec' codec")
+    p.add_argument("--fragments", type=int, default=4, help="streaming: the '+frag' F")
+    p.add_argument("--seeds", default="1,2,3", help="streaming, scaling: data-order seeds")
+    p.add_argument("--evals-per-epoch", type=int, default=4,
+                   help="streaming, scaling: evaluations per epoch (time to the target's "
+                        "resolution)")
+    p.add_argument("--max-rounds", type=int, default=0,
+                   help="streaming, scaling: stop each run after this many rounds (a smoke "
+                        "test; 0: the whole --epochs)")
+    p.add_argument("--estimate", action="store_true",
+                   help="streaming, scaling: print the grid's expected wall time and exit")
     a = p.parse_args(argv)
+    streamed = a.mode in ("streaming", "scaling")
+    if streamed:   # issue 23's workload unless told otherwise
+        a.model = a.model if a.model != "paper_cnn" else "wide_cnn"
+        a.node_cpus = a.node_cpus if a.node_cpus is not None else 0.5
+        a.target = a.target if a.target != TARGET else 0.875
+        a.epochs = a.epochs if a.epochs != 5 else 3
+        a.rounds_per_epoch = a.rounds_per_epoch or "auto"
+    ks = [int(k) for k in (a.ks or ("1,2,4" if a.mode == "scaling" else "2,4,8")).split(",")]
+    k = a.k or (4 if a.mode == "streaming" else 2)
+    if streamed:
+        import emu_streaming
+
+        settings = (a.setting.split(",") if a.mode == "scaling" else
+                    a.settings.split(",") if a.settings else emu_streaming.STREAMING)
+        for name in settings:
+            emu_streaming.options_for(name, a.codec, a.fragments)   # a bad name fails here
+        grid = {"rates": a.rates.split(","), "seeds": [int(x) for x in a.seeds.split(",")],
+                "epochs": a.epochs, "codec": a.codec, "fragments": a.fragments}
+        if a.estimate:
+            secs = emu_streaming.estimate(grid, ks if a.mode == "scaling" else [k], settings)
+            print(f"{a.mode}: {len(settings)} setting(s) x {len(grid['rates'])} rate(s) x "
+                  f"{len(grid['seeds'])} seed(s) x K={ks if a.mode == 'scaling' else k}, "
+                  f"{a.epochs} epochs: about {secs / 3600:.1f} h")
+            return 0
 
     from cpu_caps import cgroup_unavailable
     from netns_cluster import netns_unavailable
@@ -517,19 +569,22 @@ def main(argv=None) -> int:
     model_fn(a.model)   # a bad --model fails here, before anything is built
     codecs = [c.replace("/", ",") for c in a.codecs.split(",")] if a.codecs else (
         CODECS if a.mode == "codecs" else ["none", "fp16", "topk:0.01"])
-    plan = {"mode": a.mode, "k": a.k, "codecs": codecs,
+    plan = {"mode": a.mode, "k": k, "codecs": codecs,
             "rates": a.rates.split(",") if a.mode != "accuracy" else [a.rate],
             "features": a.features, "repeats": a.repeats, "samples": a.samples,
             "rounds": a.rounds, "epochs": 1 if a.mode == "codecs" else a.epochs,
             "rounds_per_epoch": rounds_per_epoch, "model": a.model, "target": a.target,
             "node_cpus": node_cpus, "priority": a.priority, "seconds": a.seconds}
+    if streamed:
+        plan.update(grid, settings=settings, evals_per_epoch=a.evals_per_epoch,
+                    max_rounds=a.max_rounds)
     # SIGTERM and SIGHUP as Ctrl-C: unwind through run()'s finally, which removes
     # everything.
     signal.signal(signal.SIGTERM, _interrupted)
     signal.signal(signal.SIGHUP, _interrupted)
     load = os.getloadavg()[0]
-    if a.mode == "allreduce":
-        results = [r for k in map(int, a.ks.split(",")) for r in run({**plan, "k": k})]
+    if a.mode in ("allreduce", "scaling"):
+        results = [r for k in ks for r in run({**plan, "k": k})]
     else:
         results = run(plan)
     if a.json:
@@ -541,11 +596,22 @@ def main(argv=None) -> int:
         print(f"numpy softmax {a.features}x10 (model {4 * 10 * (a.features + 1):,} B), "
               f"medians of {a.repeats} alternating runs")
     elif a.mode == "caps":
-        print(f"K={a.k} nodes, {a.seconds:g} s per phase")
+        print(f"K={k} nodes, {a.seconds:g} s per phase")
         print(caps_table(results, node_cpus))
         return 0
+    elif streamed:
+        import emu_streaming
+
+        print(f"{a.model}, nodes at {node_cpus:g} CPU, DDLF's default rounds, "
+              f"{a.evals_per_epoch} evaluations per epoch, {a.epochs} epochs"
+              + (f" (stopped after {a.max_rounds} rounds)" if a.max_rounds else "")
+              + f"; codec {a.codec}, fragments {a.fragments}; tbf links, no delay (no netem)")
+        table = (emu_streaming.scaling_table if a.mode == "scaling"
+                 else emu_streaming.streaming_table)
+        print(table(results, a.target))
+        return 0
     else:
-        print(f"K={a.k}, {a.model}, batch 32, "
+        print(f"K={k}, {a.model}, batch 32, "
               f"{rounds_per_epoch or 'auto (DDLF default)'} rounds per epoch")
     table = {"codecs": codec_table, "accuracy": lambda r: accuracy_table(r, a.target),
              "allreduce": allreduce_table}

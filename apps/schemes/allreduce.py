@@ -21,45 +21,44 @@ at once is a :class:`WeightsLostError` naming the last checkpoint, not a hang. T
 weights reach the driver only for checkpoints and at the end, from one trainer.
 
 The settings are sync's (``rounds.py``); each trainer takes the outer step on its own copy
-of the velocity. The trainer's side is :class:`AllreduceTrainer`, below.
+of the velocity. The trainer's side is :class:`AllreduceTrainer`, in ``ring_trainer.py``.
+
+**Streamed rounds** (``overlap=True``, ``fragments=F``; the trainer's side is
+``ring_stream.py``): rounds are ``stream_hold`` then ``stream_reduce`` over the round's
+fragment, and the trainers keep each fragment's global themselves. With ``overlap`` a
+round's collective runs on the trainers' threads while the next round trains (its calls
+go out together; the next round's holds report it), so a trainer waits for neither the
+ring nor the driver. A checkpoint round, a join and the last round run their collective
+before the next round starts (one consistent state to save, to copy, to end with).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import secrets
-import time
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
-import numpy as np
-
-from ddlf_actors.errors import ActorDiedError, DDLFError
-
-from .. import backends, ring
 from ..arrays import nbytes
 from ..options import number_in, option
-from ..records import TrainStats
-from .averaging import like_layers, ring_layers
-from .errors import TooFewTrainersError
 from .evaluation import Evaluations
 from .events import CallDone, RowDone, TrainerLost, TrainersJoined
-from .machine import Machine, RunContext
-from .orders import TRAIN, Lose, Order, Stop
-from .outer import apply_outer
+from .machine import RunContext
+from .orders import TRAIN, Order, Stop
+from .ring_members import CollectiveError, RingMembers, WeightsLostError
+from .ring_parts import (
+    Collective,
+    Fetch,
+    LocalEval,
+    Round,
+    ring_spec,
+)
+from .ring_trainer import AllreduceTrainer
 from .rounds import RoundOptions, Rounds
 from .slots import Slot
-from .wire import PLAIN
+from .wire import CHANGES, PLAIN, WHOLE
 
 __all__ = ["AllreduceOptions", "AllreduceMachine", "AllreduceTrainer",
            "WeightsLostError", "CollectiveError"]
-
-
-class WeightsLostError(TooFewTrainersError):
-    """Every trainer that held the model's current weights was lost at once."""
-
-
-class CollectiveError(DDLFError):
-    """The trainers could not complete an allreduce, or disagree on its result."""
 
 
 @dataclasses.dataclass
@@ -76,52 +75,17 @@ class AllreduceOptions(RoundOptions):
 
     DEFAULTS: ClassVar[dict] = {**RoundOptions.DEFAULTS, "chunk_timeout_s": 300.0}
 
-
-@dataclasses.dataclass
-class _Round:
-    epoch: int
-    r: int
-    t_start: float
-    pieces: dict
-    rate: dict
-    calls: dict[int, Slot] = dataclasses.field(default_factory=dict)
-    results: dict[int, TrainStats] = dataclasses.field(default_factory=dict)   # slot -> stats
-    handles: dict[int, Any] = dataclasses.field(default_factory=dict)    # slot -> its trainer
+    def validate(self, config) -> None:
+        super().validate(config)
+        ring_spec(config.compression)
 
 
-@dataclasses.dataclass
-class _Collective:
-    """One round's allreduce, over as many attempts as it takes."""
-
-    ring: list[Slot]
-    t_start: float
-    attempt: int = 0
-    quiet_failures: int = 0       # attempts that failed with no trainer lost
-    calls: dict[int, Slot] = dataclasses.field(default_factory=dict)
-    replies: dict[int, dict] = dataclasses.field(default_factory=dict)
-    replies_all: list = dataclasses.field(default_factory=list)   # every attempt's bytes
-    record: dict = dataclasses.field(default_factory=dict)
-    tag: tuple = ()
-    outer: dict | None = None
-    lost_any: bool = False
-    aborted: bool = False
-
-
-@dataclasses.dataclass
-class _Fetch:
-    """Fetching the weights (and velocity) from one trainer that holds them."""
-
-    slots: list[Slot] | None
-    velocity: bool
-    then: Callable[[list, list], list]
-    call: int = 0
-
-
-class AllreduceMachine(Machine):
+class AllreduceMachine(RingMembers):
     name = "allreduce"
     Options = AllreduceOptions
-    # No codec yet: the trainers exchange plain chunks (wire.py).
-    wire_modes = (PLAIN,)
+    # The driver sends no weights in a round: compression= is the ring's codec per hop
+    # (ring_spec), which the options check; the driver's wire stays idle.
+    wire_modes = (PLAIN, WHOLE, CHANGES)
     # Collectives that fail with no trainer lost (timeouts) before the run gives up.
     max_quiet_failures = 2
 
@@ -137,71 +101,24 @@ class AllreduceMachine(Machine):
         self.run_id = secrets.randbits(63)   # trainers can outlive a run: name its rounds
         self.adopting: dict[int, tuple[Slot, Slot]] = {}   # call -> (newcomer, source)
         self.after_adopt: Callable[[], list] | None = None
-        self.open: _Round | None = None
-        self.coll: _Collective | None = None
-        self.fetch: _Fetch | None = None
+        self.open: Round | None = None
+        self.coll: Collective | None = None
+        self.fetch: Fetch | None = None
         self.waiting: Callable[[], list] | None = None   # what to go on with once trainers join
+        self.codec, self.feedback = ring_spec(self.config.compression)
+        self.hops: dict[int, dict] = {}         # slot -> its hop feedback (checkpoints)
+        self.pending_hops: dict[int, dict] = {}  # from a checkpoint, for the resumed trainers
+        # Streamed rounds (ring_stream.py): fragments, and each slot's state for checkpoints.
+        self.streamed = self.options.streaming
+        self.F = self.options.fragments or 1
+        self.states: dict[int, tuple] = {}
+        self.pending_states: dict[int, tuple] = {}
+        self.flushed = self.F == 1
         self.finishing = False
         self.stopping = False
 
     def total_rows(self) -> int:
         return self.rounds.total
-
-    # -- membership: every member holds the current weights ---------------------------------------
-    def admit(self, slots) -> list[Order]:
-        orders = super().admit(slots)
-        self.fresh.update(s.index for s in slots)
-        return orders
-
-    def _members_ready(self, then: Callable[[], list]) -> list[Order] | None:
-        """None when enough live trainers all hold the weights; else the orders that get
-        there (newcomers copy them, or wait for trainers), then ``then()`` runs.
-        :class:`WeightsLostError` at once when no live trainer holds them."""
-        if not any(j not in self.fresh for j in self.live):
-            raise WeightsLostError(self._weights_lost_message())
-        need = self.too_few()
-        if need:
-            self.waiting = then
-            return need
-        fresh = [s for s in self.members() if s.index in self.fresh]
-        if not fresh:
-            return None
-        holders = [s for s in self.members() if s.index not in self.fresh]
-        orders: list[Order] = []
-        for i, slot in enumerate(fresh):
-            source = holders[i % len(holders)]
-            call = self.call(slot, ("adopt_weights", (source.handle,), {}))
-            self.adopting[call.id] = (slot, source)
-            orders.append(call)
-        self.after_adopt = then
-        return orders
-
-    def _adopted(self, event: CallDone) -> list[Order]:
-        slot, source = self.adopting.pop(event.call)
-        value = event.value
-        orders: list[Order] = []
-        if value["status"] == "source_lost":
-            # The runtime told the newcomer its source died: that is a loss.
-            orders.append(Lose(source, ActorDiedError(value.get("detail") or "the actor died")))
-        else:
-            if self.digest is not None and value["digest"] != self.digest:
-                raise CollectiveError(
-                    f"trainer {slot.index} copied weights from trainer {source.index} "
-                    f"whose CRC {value['digest']:#x} is not the run's {self.digest:#x}: "
-                    "a bug in DDLF's allreduce, please report it")
-            self.fresh.discard(slot.index)
-        return orders + self._adoption_over()
-
-    def _adoption_over(self) -> list[Order]:
-        if self.adopting or self.after_adopt is None:
-            return []
-        then, self.after_adopt = self.after_adopt, None
-        return then()
-
-    def _weights_lost_message(self) -> str:
-        return (f"training stopped at round {self.round_no}: every trainer holding the current "
-                "weights was lost at once, and allreduce keeps the model only on its trainers "
-                "(the driver fetches it for checkpoints and at the end).")
 
     # -- the run -------------------------------------------------------------------------------
     def begin(self, weights: list) -> list[Order]:
@@ -209,13 +126,29 @@ class AllreduceMachine(Machine):
         resumed run continues from (None otherwise: adopted trainers may hold an old one)."""
         live = self.members()
         ref = self.wire.put(weights)
-        velocity = self.rounds.outer.velocity
+        outer = self.rounds.outer
+        velocity = ([p.velocity or [] for p in outer.parts] if self.streamed
+                    else outer.velocity)
         v_ref = self.wire.put(velocity) if velocity else None
+        # Fragment f's global holds the sends up to the last round that synced it.
+        bases = [max([r for r in range(1, self.round_no + 1) if (r - 1) % self.F == f],
+                     default=0) for f in range(self.F)]
         orders: list[Order] = []
         for slot in live:
-            orders.append(self.call(slot, ("set_weights", (ref,), {}), wait=False))
-            orders.append(self.call(slot, ("set_outer_velocity", (v_ref,), {}), wait=False))
-        self.bytes_sent += len(live) * (nbytes(weights) + (nbytes(velocity) if velocity else 0))
+            if self.streamed:
+                state = self.pending_states.pop(slot.index, None)
+                orders.append(self.call(slot, ("stream_start", (self.run_id, self.F, ref, bases,
+                                                                v_ref or [[]] * self.F,
+                                                                state), {}), wait=False))
+            else:
+                orders.append(self.call(slot, ("set_weights", (ref,), {}), wait=False))
+                orders.append(self.call(slot, ("set_outer_velocity", (v_ref,), {}),
+                                        wait=False))
+            if self.feedback:   # a resumed run's hop feedback, or none (trainers reused)
+                hops = self.pending_hops.pop(slot.index, None)
+                orders.append(self.call(slot, ("set_hop_feedback", (hops,), {}), wait=False))
+        self.bytes_sent += len(live) * (nbytes(weights) + nbytes(
+            [a for v in velocity for a in v] if self.streamed else velocity or []))
         self.fresh.difference_update(s.index for s in live)
         return orders + self._next_round()
 
@@ -227,99 +160,158 @@ class AllreduceMachine(Machine):
         waiting = self._members_ready(self._next_round)
         if waiting is not None:
             return waiting
+        self.open, orders = self._issue(self.round_no + 1)
+        return orders
+
+    def _issue(self, number: int, join=None) -> tuple[Round, list[Order]]:
+        """Round ``number``'s train calls on the live trainers (with ``join``, each also
+        reports the collective running since its previous call)."""
         cfg = self.config
         live = self.members()
-        epoch, r = self.rounds.where(self.round_no)
+        epoch, r = self.rounds.where(number - 1)
         pieces = self.plan.round_pieces(epoch, r, [s.index for s in live])
         orders: list[Order] = []
         row = self.rounds.take_pending()
         if row is not None:
             # The previous round's weights are what the trainers hold: evaluate them there,
             # queued before the train calls (no weights travel).
-            orders += self.evals.add(row, None, live)
-        want_state = self.checkpoint_due(self.round_no + 1)
-        rate = self.rounds.inner_rate(self.round_no, len(live))
-        rd = self.open = _Round(epoch, r, self.now, pieces, rate)
+            where = LocalEval(self.run_id, self.F) if self.streamed else None
+            orders += self.evals.add(row, where, live)
+        want_state = self.checkpoint_due(number)
+        rate = self.rounds.inner_rate(number - 1, len(live))
+        rd = Round(number, epoch, r, self.now, pieces, rate)
         for slot in live:
-            call = self.call(slot, ("hold_delta", ((self.run_id, self.round_no + 1),
-                                                   pieces[slot.index], cfg.worker_epochs,
-                                                   cfg.batch_size),
-                                    {"return_state": want_state, **rate}), TRAIN)
+            key = (self.run_id, number)
+            piece = pieces[slot.index]
+            spec = (("stream_hold", (key, (number - 1) % self.F, piece, cfg.worker_epochs,
+                                     cfg.batch_size, self.F),
+                     {"join": join, "return_state": want_state, **rate}) if self.streamed else
+                    ("hold_delta", (key, piece, cfg.worker_epochs, cfg.batch_size),
+                     {"return_state": want_state, **rate}))
+            call = self.call(slot, spec, TRAIN)
             rd.calls[call.id] = slot
             rd.handles[slot.index] = slot.handle
             orders.append(call)
         self.bytes_sent += sum(p.nbytes for p in pieces.values())
-        return orders
+        return rd, orders
 
-    def _alive(self, slot: Slot) -> bool:
-        """``slot`` still holds the trainer that trained this round (a replacement is
+    def _alive(self, slot: Slot, rd: Round | None) -> bool:
+        """``slot`` still holds the trainer that trained round ``rd`` (a replacement is
         another trainer, without the held delta)."""
-        return (slot.index in self.live and self.open is not None
-                and slot.handle is self.open.handles.get(slot.index))
+        return (slot.index in self.live and rd is not None
+                and slot.handle is rd.handles.get(slot.index))
 
     def _maybe_reduce(self) -> list[Order]:
         """Once the round's train calls and the previous row's evaluation are in (a shard
-        reassigned after a loss must run before the collective changes the weights)."""
+        reassigned after a loss must run before the collective changes the weights). With
+        ``overlap`` the collective goes to the trainers' threads and the next round out
+        with it, unless this round must end first (module doc)."""
         rd = self.open
         if rd is None or self.coll is not None or rd.calls or self.evals.busy:
             return []
         if self.stopping:
             return self._fetch_weights(None, False, lambda w, v: [Stop(w)])
+        if self.rounds.pending_row is not None:
+            # A row no round handed out took (overlap: before a round whose collective
+            # runs on its own): evaluated first, on the weights it reports.
+            where = LocalEval(self.run_id, self.F) if self.streamed else None
+            holders = [s for s in self.members() if s.index not in self.fresh]
+            return self.evals.add(self.rounds.take_pending(), where, holders)
         for j, stats in rd.results.items():
             self.keep_state(j, stats)
         ring_slots = [self.live[j] for j in sorted(rd.results) if j in self.live
-                      and self._alive(self.live[j])]
-        self.coll = _Collective(ring_slots, self.now)
-        return self._attempt()
+                      and self._alive(self.live[j], rd)]
+        c = self.coll = Collective(ring_slots, self.now, rd)
+        c.background = (bool(self.options.overlap) and rd.number < self.rounds.total
+                        and not self.checkpoint_due(rd.number) and not self.too_few()
+                        and not any(j in self.fresh for j in self.live))
+        orders = self._attempt()
+        if c.background:
+            self.open, more = self._issue(rd.number + 1, join=(self.run_id, rd.number))
+            orders += more
+        return orders
 
     def _attempt(self) -> list[Order]:
-        """One attempt at the round's collective over ``coll.ring``."""
-        c, rd = self.coll, self.open
+        """One attempt at the round's collective over ``coll.ring`` (or the flush)."""
+        c = self.coll
         if not c.ring:
             raise WeightsLostError(self._weights_lost_message())
         c.attempt += 1
-        c.tag = (self.run_id, self.round_no + 1, c.attempt)
+        number = c.rd.number if c.rd is not None else self.rounds.total + 1
+        c.tag = (self.run_id, number, c.attempt)
         n = len(c.ring)
         # The outer step for this ring's size (the K rule counts the deltas averaged).
-        c.outer = self.rounds.outer.remote_settings(n)
-        extra = {} if c.outer is None else {"outer": c.outer}
-        total = float(sum(rd.results[s.index]["samples"] for s in c.ring))
+        outer = self.rounds.outer
+        f = (number - 1) % self.F
+        if c.rd is None:
+            c.outer = [outer.remote_settings(n, g) for g in range(self.F)]
+        else:
+            c.outer = outer.remote_settings(n, f) if self.streamed else outer.remote_settings(n)
+        extra: dict = {} if c.outer is None else {"outer": c.outer}
+        if self.codec is not None:
+            extra.update(codec=self.codec, feedback=self.feedback,
+                         want_hops=self.feedback and c.rd is not None
+                         and self.checkpoint_due(number))
+        if self.streamed:
+            extra.update(want_state=c.rd is not None and self.checkpoint_due(number),
+                         background=c.background)
+        total = (float(sum(c.rd.results[s.index]["samples"] for s in c.ring))
+                 if c.rd is not None else None)
         c.calls, c.replies = {}, {}
+        c.awaiting = set()
         c.lost_any = c.aborted = False
         orders: list[Order] = []
         for rank, slot in enumerate(c.ring):
-            right = rd.handles[c.ring[(rank + 1) % n].index]
-            share = rd.results[slot.index]["samples"] / total
-            call = self.call(slot, ("allreduce_held", (c.tag, rank, n, right, share,
-                                                       self.options.chunk_timeout_s), extra))
+            right = (c.rd.handles if c.rd is not None else {s.index: s.handle
+                                                             for s in c.ring})
+            right = right[c.ring[(rank + 1) % n].index]
+            share = c.rd.results[slot.index]["samples"] / total if total else 1.0 / n
+            head = (c.tag, rank, n, right, share, self.options.chunk_timeout_s)
+            spec = (("stream_reduce", (*head, f if c.rd is not None else -1, self.F), extra)
+                    if self.streamed else ("allreduce_held", head, extra))
+            call = self.call(slot, spec)
             c.calls[call.id] = slot
             orders.append(call)
-        c.record = {"round": self.round_no + 1, "attempt": c.attempt,
-                    "ring": [s.index for s in c.ring], "status": {}}
+        c.record = {"round": number, "attempt": c.attempt, "ring": [s.index for s in c.ring],
+                    "status": {}}
         self.collectives.append(c.record)
         return orders
 
-    def _member_out(self, slot: Slot, why: str) -> list[Order]:
-        """A member failed its part: nobody waits for a chunk that will never come."""
-        c = self.coll
-        if c.aborted:
-            return []
-        c.aborted = True
-        return [self.call(other, ("abort_collective", (c.tag, why), {}), wait=False)
-                for other in c.calls.values()]
-
     def _attempt_over(self) -> list[Order]:
         c = self.coll
-        survivors = [s for s in c.ring if self._alive(s)]
+        survivors = [s for s in c.ring if s.index in self.live
+                     and (c.rd is None or self._alive(s, c.rd))]
+        number = c.tag[1]
+        bad = sorted(j for j, rep in c.replies.items() if rep["status"] == "nonfinite")
+        if bad:
+            raise CollectiveError(
+                f"round {number}'s delta of trainer(s) {bad} holds NaN or inf, "
+                f"which the ring's codec {self.codec!r} cannot encode "
+                f"({c.replies[bad[0]].get('detail', '')}): the model diverged. Lower the "
+                "learning rate (the model's, or outer_lr), or clip its gradients")
         if survivors and all(c.replies[s.index]["status"] == "done" for s in survivors):
+            for s in survivors:
+                if "hops" in c.replies[s.index]:
+                    self.hops[s.index] = c.replies[s.index].pop("hops")
+                if "stream_state" in c.replies[s.index]:
+                    self.states[s.index] = c.replies[s.index].pop("stream_state")
             digests = {c.replies[s.index]["digest"] for s in survivors}
             if len(digests) != 1:
                 raise CollectiveError(
-                    f"after round {self.round_no + 1}'s allreduce the trainers hold different "
+                    f"after round {number}'s allreduce the trainers hold different "
                     f"weights (CRCs {sorted(digests)}): a bug in DDLF's allreduce, please "
                     "report it")
             self.digest = digests.pop()
-            self.rounds.outer.took_step(c.outer)
+            outer = self.rounds.outer
+            if c.rd is None:    # the flush: every fragment stepped once more
+                for g, settings in enumerate(c.outer):
+                    outer.took_step(settings, g)
+                self.coll, self.flushed = None, True
+                return self._finish()
+            if self.streamed:
+                outer.took_step(c.outer, (number - 1) % self.F)
+            else:
+                outer.took_step(c.outer)
             return self._reduced(survivors)
         if not c.lost_any:
             c.quiet_failures += 1
@@ -327,33 +319,42 @@ class AllreduceMachine(Machine):
                 detail = "; ".join(f"trainer {j}: {rep['status']} {rep.get('detail', '')}"
                                    for j, rep in sorted(c.replies.items()))
                 raise CollectiveError(
-                    f"round {self.round_no + 1}'s allreduce failed {c.quiet_failures} times "
+                    f"round {number}'s allreduce failed {c.quiet_failures} times "
                     f"with no trainer lost ({detail}). A trainer that stops sending without "
                     "dying (a hung process, a link that drops data) holds up the ring; check "
                     "the trainers' logs and the network between the nodes")
         c.ring = survivors
+        c.background = False     # a redo runs on its own, every member idle
         return self._attempt()
 
     def _reduced(self, members: list[Slot]) -> list[Order]:
         """The round's collective completed over ``members``: count it, then (after
         fetching the weights for a checkpoint) make its row."""
-        cfg, rd, c = self.config, self.open, self.coll
+        cfg, c = self.config, self.coll
+        rd = c.rd
         collective_s = self.now - c.t_start
         self.rounds.count_steps(max(len(p) for p in rd.pieces.values()), cfg.batch_size,
                                 cfg.worker_epochs)
         self.round_no += 1
 
-        def row_then(w: list | None, velocity: list | None) -> list[Order]:
+        def row_then(w: list | None, velocity) -> list[Order]:
             row = self.new_row(self.round_no, self.rounds.epoch_at(rd.epoch, rd.r),
                                [rd.results[s.index] for s in members], self.now - rd.t_start)
             row["collective_s"] = collective_s
             row["ring_bytes"] = sum(rep["sent_bytes"] for rep in c.replies_all)
-            self.open = self.coll = None
+            row["compute_total_s"] = sum(rd.results[s.index]["compute_s"] for s in members)
+            self.coll = None
             orders = self.rounds.end(row, self.round_no, rd.rate)
             if w is not None:
-                orders.append(self.checkpoint(w, {"outer": velocity} if velocity else None))
+                orders.append(self.checkpoint(w, self._arrays(velocity)))
+            if self.open is not rd:   # overlap: the next round is out already
+                return orders + self._maybe_reduce()
+            self.open = None
             return orders + self._next_round()
 
+        if self.stopping and self.open is not rd:
+            # Stopped while this round's collective ran on: the weights of the last row.
+            return self._fetch_weights(None, False, lambda w, v: [Stop(w)])
         if self.checkpoint_due(self.round_no):
             # A checkpoint needs the weights (and the velocity) here: fetched from one
             # trainer, counted in this round's row.
@@ -361,14 +362,23 @@ class AllreduceMachine(Machine):
         return row_then(None, None)
 
     def _finish(self) -> list[Order]:
-        """After the last round: the last weights' evaluation, then fetch them and stop."""
+        """After the last round: with fragments a flush first (every fragment's progress
+        not sent yet averaged once more), then the last weights' evaluation, then fetch
+        them and stop."""
+        if not self.flushed:
+            waiting = self._members_ready(self._finish)
+            if waiting is not None:
+                return waiting
+            self.coll = Collective(self.members(), self.now)
+            return self._attempt()
         if self.rounds.pending_row is None:
             return self._fetch_weights(None, False, lambda w, v: [Stop(w)])
         waiting = self._members_ready(self._finish)
         if waiting is not None:
             return waiting
         self.finishing = True
-        orders = self.evals.add(self.rounds.take_pending(), None, self.members())
+        where = LocalEval(self.run_id, self.F) if self.streamed else None
+        orders = self.evals.add(self.rounds.take_pending(), where, self.members())
         return orders + self._finished()
 
     def _finished(self) -> list[Order]:
@@ -376,30 +386,6 @@ class AllreduceMachine(Machine):
             return []
         rows = self.evals.emit_ready()
         return [*rows, *self._fetch_weights(None, False, lambda w, v: [Stop(w)])]
-
-    # -- fetching the weights ------------------------------------------------------------------
-    def _fetch_weights(self, slots: list[Slot] | None, velocity: bool,
-                       then: Callable[[list, list], list]) -> list[Order]:
-        """The current weights (and with ``velocity`` the outer velocity, or []) from one
-        trainer that holds them; ``then(weights, velocity)`` gives the orders after."""
-        self.fetch = _Fetch(slots, velocity, then)
-        return self._fetch_from()
-
-    def _fetch_from(self) -> list[Order]:
-        f = self.fetch
-        candidates = f.slots if f.slots is not None else self.members()
-        holders = [s for s in candidates if s.index not in self.fresh and s.index in self.live]
-        if not holders:
-            raise WeightsLostError(self._weights_lost_message())
-        call = self.call(holders[0], ("held_weights", (f.velocity,), {}))
-        f.call = call.id
-        return [call]
-
-    def _fetched(self, event: CallDone) -> list[Order]:
-        f, self.fetch = self.fetch, None
-        w, v = event.value
-        self.bytes_received += nbytes(w) + nbytes(v)
-        return f.then([np.array(a, copy=True) for a in w], [np.array(a, copy=True) for a in v])
 
     # -- events --------------------------------------------------------------------------------
     def on_done(self, event: CallDone) -> list[Order]:
@@ -414,24 +400,31 @@ class AllreduceMachine(Machine):
                 return self._finished()
             return self.evals.emit_ready()   # the round goes on at RowDone
         c = self.coll
+        orders: list[Order] = []
         if c is not None and call in c.calls:
             slot = c.calls.pop(call)
-            value = event.value
-            c.replies[slot.index] = value
-            c.record["status"][slot.index] = value["status"]
-            c.replies_all.append(value)
-            orders: list[Order] = []
-            if value["status"] != "done":
-                orders = self._member_out(slot, f"trainer {slot.index}: {value['status']} "
-                                                f"({value.get('detail', '')})")
-            return orders + (self._attempt_over() if not c.calls else [])
+            if event.value["status"] == "started":   # reported by its next hold
+                c.awaiting.add(slot.index)
+            else:
+                orders = self._reply(slot, event.value)
+            return orders + (self._attempt_over() if c.over else [])
         rd = self.open
         slot = rd.calls.pop(call)
+        stats = event.value
+        report = stats.pop("collective", None)
         if not self.stopping:
-            rd.results[slot.index] = event.value
-        return self._maybe_reduce()
+            rd.results[slot.index] = stats
+        if c is not None and report is not None and slot.index in c.awaiting:
+            c.awaiting.discard(slot.index)
+            orders += self._reply(slot, report)
+            if c.over:
+                return orders + self._attempt_over()
+        return orders + self._maybe_reduce()
 
     def on_lost(self, event: TrainerLost) -> list[Order]:
+        j = event.slot.index
+        self.hops.pop(j, None)     # its replacement starts without feedback
+        self.states.pop(j, None)
         orders: list[Order] = []
         lost = set(event.calls)
         for call in lost & set(self.adopting):
@@ -439,20 +432,24 @@ class AllreduceMachine(Machine):
         if self.fetch is not None and self.fetch.call in lost:
             orders += self._fetch_from()   # from another trainer that holds them
         rd, c = self.open, self.coll
-        for call in lost & set(c.calls if c is not None else ()):
-            slot = c.calls.pop(call)
-            c.lost_any = True
-            c.record["status"][slot.index] = "lost"
-            orders += self._member_out(slot, f"trainer {slot.index} was lost")
-            if not c.calls:
-                orders += self._attempt_over()
-        for call in lost & set(rd.calls if rd is not None and c is None else ()):
+        for call in lost & set(rd.calls if rd is not None else ()):
             del rd.calls[call]    # its share of the round is lost
+        if c is not None:
+            gone = [c.calls.pop(call) for call in lost & set(c.calls)]
+            if j in c.awaiting:   # its collective ran on its threads: never reported now
+                c.awaiting.discard(j)
+                gone.append(event.slot)
+            for slot in gone:
+                c.lost_any = True
+                c.record["status"][slot.index] = "lost"
+                orders += self._member_out(slot, f"trainer {slot.index} was lost")
+            if gone and c.over:
+                orders += self._attempt_over()
         orders += self.evals.lost(event.calls, self.members())
         orders += self._adoption_over()   # a newcomer lost while copying: go on without it
         if self.finishing:
             return orders + self._finished()
-        if c is None:
+        if self.coll is None:
             orders += self._maybe_reduce()
         return orders
 
@@ -469,130 +466,3 @@ class AllreduceMachine(Machine):
             if self.open is None and not self.finishing and self.fetch is None:
                 return self._fetch_weights(None, False, lambda w, v: [Stop(w)])
         return self._maybe_reduce()
-
-    # -- checkpoints ---------------------------------------------------------------------------
-    def position(self) -> dict:
-        return self.rounds.position()
-
-    def restore(self, ckpt) -> None:
-        self.rounds.restore(ckpt.meta["position"], ckpt.arrays, self.round_no)
-
-
-class AllreduceTrainer:
-    """The trainer side of allreduce: ``TrainerActor`` inherits these methods. A round is
-    :meth:`hold_delta` on every trainer, then :meth:`allreduce_held` on every trainer."""
-
-    _ddlf_index: int        # what TrainerActor provides
-    _last_call_end: float | None
-    train: Callable[..., Any]
-    get_weights: Callable[[], list]
-    set_weights: Callable[[list], None]
-    buffer_mask: Callable[[], list]
-
-    # This round's delta, kept here, the ring's mailbox, the outer velocity (a copy on every
-    # trainer: each applies the same step to the same mean, so the copies stay equal).
-    _held: tuple | None = None
-    _velocity: list | None = None
-
-    def _ring_mailbox(self) -> ring.Mailbox:
-        box = getattr(self, "_ddlf_mailbox", None)
-        if box is None:
-            box = self._ddlf_mailbox = ring.Mailbox()
-        return box
-
-    def hold_delta(self, key, indices, epochs: int, batch_size: int,
-                   return_state: bool = False, learning_rate: float | None = None):
-        """Train on rows ``indices`` from the current weights and keep the delta here for
-        :meth:`allreduce_held` under ``key`` (``(run, round)``); return only the stats. The
-        model keeps the round's starting weights: an evaluation queued behind this call
-        sees them, and a collective that is redone starts again from them."""
-        old = self.get_weights()
-        delta, stats = self.train(None, indices, epochs, batch_size, return_state,
-                                  learning_rate)
-        self.set_weights(old)
-        # The velocity the round starts from too: a redone collective starts again there.
-        self._held = (tuple(key), old, delta, self._velocity)
-        return stats
-
-    def allreduce_held(self, tag, rank: int, size: int, right, fraction: float,
-                       timeout_s: float, outer: dict | None = None) -> dict:
-        """Average the held delta with the ring's (member ``rank`` of ``size``, sending to
-        the handle ``right``; ``tag`` is ``(run, round, attempt)``), each scaled by its
-        ``fraction`` of the samples, and apply the mean to the round's starting weights:
-        plainly, or with ``outer = {"rate", "momentum", "nesterov"}`` on this trainer's
-        copy of the velocity. Returns ``{"status": "done", "digest": CRC, ...}``, or with
-        the weights unchanged ``"aborted"`` (called off), ``"peer_lost"`` (the right
-        neighbour died) or ``"timeout"`` (nothing from the left for ``timeout_s``).
-        ``RuntimeError`` if no delta of that run and round is held (a driver bug)."""
-        start = time.perf_counter()
-        tag = tuple(int(t) for t in tag)
-        if self._held is None or self._held[0] != tag[:2]:
-            held = None if self._held is None else self._held[0]
-            raise RuntimeError(f"allreduce {tag} on trainer {self._ddlf_index}, which holds "
-                               f"the delta of (run, round) {held}")
-        _, old, delta, velocity = self._held
-        box = self._ring_mailbox()
-        box.begin(tag)
-        vectors, spec = ring.scaled_vectors(ring_layers(delta), fraction)   # counters: f64
-        reply = {"index": self._ddlf_index, "sent_bytes": ring.ring_send_bytes(vectors, rank, size)}
-        try:   # the ring's calls go through this trainer's own runtime
-            summed = ring.run_member(vectors, rank, size, tag, box,
-                                     lambda *chunk: self.ring_send(right, tag, *chunk),
-                                     backends.here(), timeout_s)
-        except ring.CollectiveAborted as e:
-            return {**reply, "status": "aborted", "detail": str(e)}
-        except ring.PeerLost as e:
-            return {**reply, "status": "peer_lost", "detail": str(e)}
-        except ring.CollectiveTimeout as e:
-            return {**reply, "status": "timeout", "detail": str(e)}
-        mean = like_layers(ring.unflatten(summed, spec), delta)
-        # Buffers (BatchNorm's statistics) take the mean at rate 1, no momentum (outer.py).
-        weights, velocity = apply_outer(old, mean, velocity, outer, self.buffer_mask())
-        self.set_weights(weights)
-        if outer is not None:
-            self._velocity = velocity
-        spent = time.perf_counter() - start
-        if self._last_call_end is not None:
-            self._last_call_end += spent   # the collective is work, not idle time
-        return {**reply, "status": "done", "digest": self.held_digest(),
-                "collective_s": spent}
-
-    def ring_send(self, right, tag, phase: str, step: int, chunk):
-        """Send one chunk to the right neighbour; its call's ref (tests override it)."""
-        return right.deliver_chunk.remote(tag, phase, step, chunk)
-
-    async def deliver_chunk(self, tag, phase: str, step: int, chunk) -> None:
-        """A chunk from the left. ``async``: it runs on the event loop, while the
-        execution thread is inside :meth:`allreduce_held`."""
-        self._ring_mailbox().deliver(tag, phase, step, chunk)
-
-    async def abort_collective(self, tag, reason: str) -> None:
-        """The driver calls collective ``tag`` off (a member was lost)."""
-        self._ring_mailbox().abort(tag, reason)
-
-    def adopt_weights(self, source) -> dict:
-        """Copy the weights (and velocity) straight from the live trainer ``source``: how
-        a replacement joins. ``{"status": "done", "digest", "bytes"}``, or
-        ``{"status": "source_lost"}`` when ``source`` died first."""
-        try:
-            weights, velocity = backends.here().get(source.held_weights.remote(True))
-        except ActorDiedError as e:
-            return {"status": "source_lost", "detail": str(e).strip().splitlines()[0]}
-        self.set_weights(weights)
-        self._velocity = velocity or None   # None: no momentum step yet (zeros)
-        return {"status": "done", "digest": self.held_digest(), "bytes": nbytes(weights)}
-
-    def held_weights(self, velocity: bool = False) -> tuple[list, list]:
-        """The weights held here and, with ``velocity``, the outer velocity ([] without):
-        what the driver fetches for a checkpoint and at the end."""
-        return self.get_weights(), list(self._velocity or []) if velocity else []
-
-    def held_digest(self) -> int:
-        """A CRC of the weights and the outer velocity this trainer holds: the driver checks
-        that every member of an allreduce run holds the same."""
-        return ring.weights_digest(list(self.get_weights()) + list(self._velocity or []))
-
-    def set_outer_velocity(self, velocity) -> None:
-        """Start from ``velocity`` (a resumed allreduce run's, or None)."""
-        self._velocity = None if velocity is None else [np.array(v, copy=True)
-                                                        for v in velocity]

@@ -34,12 +34,13 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from ..arrays import nbytes
+from ..codecs import Codec
 from ..options import ConfigError, SchemeOptions, boolean, int_at_least, option, schedule
+from ..wire import TrainerWire, Weights
 from .averaging import ValueBuffers
 from .orders import TRAIN, Call, Order
 from .slots import Slot
-from .wire import PLAIN
+from .wire import PLAIN, WHOLE, Broadcast
 from .workqueue import QueueMachine, Update
 
 __all__ = ["DownpourOptions", "DownpourMachine", "DownpourTrainer"]
@@ -77,9 +78,10 @@ class DownpourOptions(SchemeOptions):
 class DownpourMachine(QueueMachine):
     name = "downpour"
     Options = DownpourOptions
-    # Its trainers exchange plain weights and deltas with their own calls: compression= is
-    # refused by name rather than ignored (wire.py).
-    wire_modes = (PLAIN,)
+    # A fetch sends the weights whole, encoded as compression= says, once per version
+    # (trainers fetch different versions: a replica of changes does not apply); a push
+    # comes up through the trainer's encoder (its error-feedback residual).
+    wire_modes = (PLAIN, WHOLE)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -92,8 +94,8 @@ class DownpourMachine(QueueMachine):
         self.fetched_at: dict[int, int] = {}          # slot -> weights version it fetched
         self.unpushed: dict[int, list] = {}            # slot -> pieces trained, not pushed
         self.fresh: set[int] = set()                   # slots whose next call starts clean
-        self._w_ref: Any = None
-        self._w_ref_version = -1
+        self._bc: Broadcast | None = None              # the current version's broadcast
+        self._bc_version = -1
         # Buffers move toward the value a trainer reached, by 1/K (averaging.py).
         self.values = ValueBuffers(ctx.trainer_info)
 
@@ -118,20 +120,21 @@ class DownpourMachine(QueueMachine):
         since = self.since_fetch.get(j)
         weights = None
         if since is None or since >= self.fetch_every:
-            if self._w_ref_version != self.round_no:   # one plain put per version
-                self._w_ref, self._w_ref_version = self.wire.put(self.w), self.round_no
-            weights = self._w_ref
+            if self._bc is None or self._bc_version != self.round_no:   # one per version
+                self._bc, self._bc_version = self.wire.broadcast(self.w), self.round_no
+            weights = self._bc.ref_for(slot)
             since = 0
             self.fetched_at[j] = self.round_no
-            self.values.started(j, self.w)
-            self.bytes_sent += nbytes(self.w)
+            self.values.started(j, self._bc.model)   # the weights the trainer gets
+            self.bytes_sent += self._bc.take_bytes()
         self.since_fetch[j] = since + 1
         fresh = j in self.fresh
         self.fresh.discard(j)
         self.bytes_sent += indices.nbytes
+        coded = {} if self.wire.plain else {"up": self.wire.up, "residual": want_state}
         return self.call(slot, ("run_steps", (weights, indices, cfg.worker_epochs,
                                               cfg.batch_size, push),
-                                {"fresh": fresh, "return_state": want_state,
+                                {"fresh": fresh, "return_state": want_state, **coded,
                                  **self.rate_kwargs()}), TRAIN)
 
     def start_version(self, slot: Slot) -> int:
@@ -145,7 +148,8 @@ class DownpourMachine(QueueMachine):
             self.unpushed.setdefault(j, []).append(update.piece)
             return False
         self.unpushed.pop(j, None)
-        self.bytes_received += nbytes(pushed)
+        pushed, size = self.wire.received(pushed)
+        self.bytes_received += size
         scale = 1.0
         if self.options.staleness_scaling:
             scale /= self.round_no - update.start_version + 1
@@ -182,24 +186,31 @@ class DownpourMachine(QueueMachine):
 class DownpourTrainer:
     """The trainer side of Downpour: ``TrainerActor`` inherits :meth:`run_steps`."""
 
-    # What the class it is mixed into (TrainerActor) provides.
+    # What the class it is mixed into (TrainerActor, with wire.WireMethods) provides.
     _run: Callable[..., Any]
     _stats: Callable[..., dict]
+    _wire_end: Callable[[], TrainerWire]
     get_weights: Callable[[], list]
     set_weights: Callable[[list], None]
     _accumulated: dict | None = None   # the update not pushed yet
 
     def run_steps(self, weights, indices, epochs: int, batch_size: int, push: bool,
                   fresh: bool = False, return_state: bool = False,
-                  learning_rate: float | None = None):
-        """Train from ``weights`` (a fetch; None: carry on from this trainer's own
-        weights) on rows ``indices``, adding the change to an accumulated update. With
-        ``push``, return ``(update, stats)`` and start a new accumulation: ``update`` is
-        old − new summed over every call since the last push, ``stats["samples"]`` and
-        ``stats["loss"]`` cover those calls. Without, return ``(None, stats)`` with
-        ``samples`` 0. ``fresh`` drops an accumulation left from another run.
-        ``stats["trained"]`` is this call's own samples."""
+                  learning_rate: float | None = None, up: Codec | None = None,
+                  residual: bool = False):
+        """Train from ``weights`` (a fetch: the arrays, or a ``wire.Weights`` message;
+        None: carry on from this trainer's own weights) on rows ``indices``, adding the
+        change to an accumulated update. With ``push``, return ``(update, stats)`` and
+        start a new accumulation: ``update`` is old − new summed over every call since the
+        last push (encoded with ``up`` through this trainer's encoder when given, which
+        keeps its error-feedback residual; ``residual`` adds that to the stats as
+        ``wire_residual``), ``stats["samples"]`` and ``stats["loss"]`` cover those calls.
+        Without, return ``(None, stats)`` with ``samples`` 0. ``fresh`` drops an
+        accumulation left from another run. ``stats["trained"]`` is this call's own
+        samples."""
         start = time.perf_counter()
+        if isinstance(weights, Weights):
+            weights = self._wire_end().receive(weights)
         if fresh:
             self._accumulated = None
         acc = self._accumulated or {"update": None, "samples": 0, "loss": 0.0}
@@ -223,7 +234,11 @@ class DownpourTrainer:
         update = acc["update"]
         if update is None:   # nothing trained since the last push
             update = [np.zeros_like(w) for w in self.get_weights()]
+        if up is not None:
+            update, _secs = self._wire_end().encode(update, up)
         stats = self._stats(start, acc["samples"],
                             acc["loss"] / acc["samples"] if acc["samples"] else 0.0, return_state)
         stats["trained"] = trained
+        if residual and up is not None:
+            stats["wire_residual"] = self._wire_end().residual(up)
         return update, stats

@@ -30,12 +30,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..arrays import nbytes
 from ..options import SchemeOptions, int_at_least, number_in, option, schedule
 from .averaging import elastic_exchange
 from .orders import TRAIN, Call
 from .slots import Slot
-from .wire import PLAIN
+from .wire import PLAIN, WHOLE
 from .workqueue import QueueMachine, Update
 
 __all__ = ["EasgdOptions", "EasgdMachine", "elastic_exchange"]
@@ -63,9 +62,10 @@ class EasgdOptions(SchemeOptions):
 class EasgdMachine(QueueMachine):
     name = "easgd"
     Options = EasgdOptions
-    # Its trainers exchange plain weights and deltas with their own calls: compression= is
-    # refused by name rather than ignored (wire.py).
-    wire_modes = (PLAIN,)
+    # Each trainer holds weights of its own, x_j: they go down whole, encoded as
+    # compression= says (a replica of changes shared by every trainer does not apply), and
+    # deltas come up through each trainer's encoder (its error-feedback residual).
+    wire_modes = (PLAIN, WHOLE)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -79,15 +79,18 @@ class EasgdMachine(QueueMachine):
         cfg = self.config
         x = self.local.get(slot.index)
         if x is None:   # a trainer new to the run starts from the center
-            x = self.local[slot.index] = self.w
-        self.bytes_sent += nbytes(x) + indices.nbytes
-        return self.call(slot, ("train", (self.wire.put(x), indices, cfg.worker_epochs,
-                                          cfg.batch_size),
-                                {"return_state": want_state, **self.rate_kwargs()}), TRAIN)
+            x = self.w
+        bc = self.wire.broadcast(x)
+        # x_j is what the trainer trains from: the weights as its codec delivers them.
+        self.local[slot.index] = bc.model
+        spec = bc.train(slot, indices, cfg.worker_epochs, cfg.batch_size,
+                        return_state=want_state, residual=want_state, **self.rate_kwargs())
+        self.bytes_sent += bc.take_bytes() + indices.nbytes
+        return self.call(slot, spec, TRAIN)
 
     def absorb(self, update: Update, value) -> bool:
-        delta, _stats = value
-        self.bytes_received += nbytes(delta)
+        delta, size = self.wire.received(value[0])
+        self.bytes_received += size
         j = update.slot.index
         trained = [x - d.astype(x.dtype, copy=False) for x, d in zip(self.local[j], delta)]
         self.w, self.local[j] = elastic_exchange(self.w, trained, self.options.alpha)

@@ -28,8 +28,9 @@ MakeCall = Callable[..., Call]
 
 class ShardedEvaluation:
     """The evaluation of one history row's weights over the trainers: ``weights_ref`` is a
-    ref of them, a :class:`~.wire.Broadcast` (which sends each trainer what it needs), or
-    None for the weights the trainers hold (allreduce)."""
+    ref of them, a :class:`~.wire.Broadcast` or anything with its ``evaluate(slot, shard)``
+    and ``take_bytes()`` (``streaming.StreamEval``), which sends each trainer what it
+    needs, or None for the weights the trainers hold (allreduce)."""
 
     def __init__(self, row: HistoryRow, weights_ref, num_test: int, make_call: MakeCall):
         self.row = row
@@ -49,7 +50,7 @@ class ShardedEvaluation:
 
     def _queue(self, shard: int, slot) -> Call:
         ref = self.weights_ref
-        if isinstance(ref, Broadcast):
+        if isinstance(ref, Broadcast) or hasattr(ref, "evaluate"):
             spec = ref.evaluate(slot, (shard, self.shards))
         else:
             spec = ("evaluate", (ref, (shard, self.shards)), {})
@@ -156,7 +157,7 @@ class Evaluations:
         """Bytes the broadcasts of the rows out sent since last asked (shards submitted
         or moved after their row was made)."""
         return sum(ev.weights_ref.take_bytes() for _row, ev in self.queue
-                   if ev is not None and isinstance(ev.weights_ref, Broadcast))
+                   if ev is not None and hasattr(ev.weights_ref, "take_bytes"))
 
     @property
     def busy(self) -> bool:

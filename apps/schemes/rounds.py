@@ -27,6 +27,7 @@ from ..records import HistoryRow
 from .orders import EmitRow, Order
 from .outer import OuterOptimizer
 from .rates import InnerRate, steps_in
+from .streaming import FragmentOuter
 
 __all__ = ["RoundOptions", "Rounds", "default_rounds", "STEPS_PER_ROUND"]
 
@@ -69,6 +70,15 @@ class RoundOptions(SchemeOptions):
     lr_schedule: Any = option(
         None, check=schedule, cli=None,
         help="the trainers' rate per round: a Keras schedule or f(step) -> rate")
+    overlap: bool | None = option(
+        None, check=boolean,
+        help="trainers start each round from their own weights as soon as they have sent "
+             "their delta; a round's outer step reaches them one round later, as a "
+             "correction (default off)")
+    fragments: int | None = option(
+        None, check=int_at_least(1),
+        help="sync 1/F of the parameters per round, in turn: F times the rounds, each "
+             "carrying 1/F of the model (default 1)")
 
     # Chosen on a validation split (benchmarks/explore_defaults.py; docs/training.md, "the
     # defaults"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
@@ -76,9 +86,10 @@ class RoundOptions(SchemeOptions):
     # rule (so no warm-up), one evaluation per epoch (eval_every). With paper_cnn's Adam
     # they reached 0.85 validation accuracy in the fewest epochs tried; the outer momentum
     # also speeds up a user's Adam at 1e-3 and plain SGD (and slows SGD with momentum: see
-    # the docs). The rounds are filled in once the data's size is known.
+    # the docs). The rounds are filled in once the data's size is known. Rounds are not
+    # streamed (overlap, fragments: streaming.py) unless asked.
     DEFAULTS: ClassVar[dict] = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
-                                "lr_scaling": "none"}
+                                "lr_scaling": "none", "overlap": False, "fragments": 1}
 
     def defaults(self, config) -> dict:
         """The defaults, adjusted to what the run set itself: with ``outer_momentum=0``
@@ -116,6 +127,14 @@ class RoundOptions(SchemeOptions):
         rounds = self.rounds_per_epoch
         if rounds is None:
             rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
+        # With fragments a round syncs 1/F of the model: F times the rounds, each a 1/F of
+        # the steps (eval_every and warmup_rounds count these rounds).
+        rounds *= self.fragments or 1
+        if per_trainer < rounds and (self.fragments or 1) > 1:
+            raise ConfigError(f"fragments={self.fragments}",
+                              f"makes {rounds} rounds per epoch, more than the {per_trainer:g} "
+                              "samples per trainer per epoch (a round of no samples): use "
+                              "fewer fragments or rounds_per_epoch")
         if self.eval_every is None:
             fill["eval_every"] = rounds
         if self.warmup_rounds is None:
@@ -123,7 +142,12 @@ class RoundOptions(SchemeOptions):
         return dataclasses.replace(self, **fill) if fill else self
 
     def plan_rounds(self) -> int:
-        return self.rounds_per_epoch or 1
+        return (self.rounds_per_epoch or 1) * (self.fragments or 1)
+
+    @property
+    def streaming(self) -> bool:
+        """Rounds are streamed (``fragments.py``): overlapped, or one fragment at a time."""
+        return bool(self.overlap) or (self.fragments or 1) > 1
 
 
 class Rounds:
@@ -133,10 +157,18 @@ class Rounds:
 
     def __init__(self, options: RoundOptions, master_epochs: int, base_rate: float | None):
         self.options = options
-        self.total = master_epochs * options.rounds_per_epoch
-        self.outer = OuterOptimizer(options.outer_lr, options.outer_momentum, options.nesterov,
-                                    scale_with_k=options.lr_scaling == "outer",
-                                    warmup_rounds=options.warmup_rounds)
+        self.per_epoch = options.plan_rounds()
+        self.total = master_epochs * self.per_epoch
+        self.outer: Any
+        if options.streaming:   # one optimizer per fragment (streaming.py)
+            self.outer = FragmentOuter(options.fragments, options.outer_lr,
+                                       options.outer_momentum, options.nesterov,
+                                       options.lr_scaling == "outer", options.warmup_rounds)
+        else:
+            self.outer = OuterOptimizer(options.outer_lr, options.outer_momentum,
+                                        options.nesterov,
+                                        scale_with_k=options.lr_scaling == "outer",
+                                        warmup_rounds=options.warmup_rounds)
         self.inner = InnerRate(options.lr_schedule, scale_with_k=options.lr_scaling == "inner",
                                warmup_rounds=options.warmup_rounds, base=base_rate)
         self.inner_steps = 0      # a trainer's optimizer steps so far (lr_schedule's step)
@@ -144,12 +176,12 @@ class Rounds:
 
     def where(self, round_no: int) -> tuple[int, int]:
         """``(epoch, r)`` of the round after ``round_no`` rounds: 1-based epoch, 0-based r."""
-        epoch, r = divmod(round_no, self.options.rounds_per_epoch)
+        epoch, r = divmod(round_no, self.per_epoch)
         return epoch + 1, r
 
     def epoch_at(self, epoch: int, r: int) -> float:
         """The fractional epoch a row reports once round ``r`` of ``epoch`` is done."""
-        return epoch - 1 + (r + 1) / self.options.rounds_per_epoch
+        return epoch - 1 + (r + 1) / self.per_epoch
 
     def inner_rate(self, round_no: int, k: int) -> dict:
         """``{"learning_rate": rate}`` for the trainers' next round, or ``{}``."""
@@ -181,7 +213,18 @@ class Rounds:
         return {"pending_row": row, "outer_steps": self.outer.steps,
                 "inner_steps": self.inner_steps}
 
+    def arrays(self) -> dict:
+        """The outer optimizer's state for a checkpoint (its velocity, per fragment when
+        streamed)."""
+        if isinstance(self.outer, FragmentOuter):
+            return self.outer.arrays()
+        state = self.outer.state()
+        return {"outer": state} if state else {}
+
     def restore(self, position: dict, arrays: dict, round_no: int) -> None:
         self.pending_row = position.get("pending_row")
-        self.outer.load_state(arrays.get("outer", []), position.get("outer_steps", round_no))
+        if isinstance(self.outer, FragmentOuter):
+            self.outer.load(arrays, position.get("outer_steps"))
+        else:
+            self.outer.load_state(arrays.get("outer", []), position.get("outer_steps", round_no))
         self.inner_steps = int(position.get("inner_steps", 0))

@@ -119,15 +119,22 @@ class LateDeltas:
         self.arrived.append(_Arrival(call, delta, stats, now))
 
     # -- folding -----------------------------------------------------------------------------
-    def fold(self, round_no: int, t_start: float) -> list[tuple[int, list, dict, dict, int]]:
+    def fold(self, round_no: int, t_start: float,
+             fragments: int = 1) -> list[tuple[int, list, dict, dict, int]]:
         """The late deltas to apply when round ``round_no`` closes, by slot:
-        ``[(slot, delta, stats, stats within the row's window, staleness)]``; clears them."""
-        out = []
+        ``[(slot, delta, stats, stats within the row's window, staleness)]``; clears them.
+        With ``fragments=F`` (rounds that each sync one of F fragments in turn) only the
+        deltas of this round's fragment fold in (the others wait for their own fragment's
+        round); staleness is in rounds, F per step of a fragment."""
+        out, kept = [], []
         for a in sorted(self.arrived, key=lambda a: (a.call.slot.index, a.call.round)):
-            staleness = round_no - a.call.round
+            behind = round_no - a.call.round
+            if behind % fragments:
+                kept.append(a)
+                continue
             out.append((a.call.slot.index, a.delta, a.stats,
-                        within_window(a.stats, t_start, a.t), staleness))
-        self.arrived = []
+                        within_window(a.stats, t_start, a.t), behind))
+        self.arrived = kept
         return out
 
     @staticmethod

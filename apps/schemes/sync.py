@@ -25,6 +25,14 @@ current weights. A round in which every trainer was lost is run again once train
 back. Everything the round depends on (the epoch's permutation, the trainers present,
 the order of the sum) is a function of the seed, the round number and the slots, so a
 run resumed from a checkpoint ends with the same weights as one that was never stopped.
+
+**Streamed rounds** (``overlap=True``, ``fragments=F``; ``fragments.py`` and
+``streaming.py``). With ``overlap`` the machine keeps two rounds out: when round t closes,
+round t + 2 is handed out (queued on each trainer behind round t + 1), carrying the outer
+step of round t, which each trainer applies as a correction before it trains round t + 2;
+so a trainer goes from round to round without waiting for the average. With
+``fragments=F`` round t syncs fragment ``(t − 1) mod F`` only. The same orders otherwise:
+losses, joins, late deltas (of the same fragment), evaluations and checkpoints.
 """
 
 from __future__ import annotations
@@ -42,7 +50,8 @@ from .orders import TRAIN, NeedTrainers, Order, SetTimer, Stop
 from .rounds import RoundOptions, Rounds
 from .slots import Slot
 from .stragglers import LateDeltas, within_window
-from .wire import CHANGES, PLAIN, WHOLE, Broadcast
+from .streaming import Streaming
+from .wire import CHANGES, PLAIN, WHOLE
 
 __all__ = ["SyncOptions", "SyncMachine"]
 
@@ -73,13 +82,14 @@ class SyncOptions(RoundOptions):
 
 @dataclasses.dataclass
 class _Round:
-    """The round that is open: its pieces, its weights and its calls."""
+    """A round handed out: its pieces, its weights and its calls."""
 
+    number: int                 # 1-based
     epoch: int
     r: int
     t_start: float
     pieces: dict
-    bc: Broadcast
+    bc: Any                     # a wire.Broadcast, or a streaming.StreamEval
     rate: dict
     calls: dict[int, Slot] = dataclasses.field(default_factory=dict)   # train calls out
     results: dict[int, Any] = dataclasses.field(default_factory=dict)  # slot -> (delta, stats)
@@ -104,7 +114,15 @@ class SyncMachine(Machine):
         self.evals = Evaluations(self.num_test, self.call)
         self.buffers = buffer_mask(ctx.trainer_info)   # values: no outer step (averaging.py)
         self.w: list = []
-        self.open: _Round | None = None
+        self.open: _Round | None = None    # the round whose deltas are being collected
+        self.ahead: _Round | None = None   # overlap: the next round, already handed out
+        self.overlap = bool(o.overlap)
+        self.stream: Streaming | None = None   # streamed rounds (made with the weights)
+        self.resets: set[int] = set()      # slots whose trainers start the run's stream anew
+        self.resumed = False
+        self.flush_calls: dict[int, Slot] | None = None   # the end of a run of fragments
+        self.flush_replies: list = []
+        self.flushed = False
         self.waiting = False    # for trainers, or for a late call (every live trainer is late)
         self.finishing = False  # the last weights' evaluation is out
         self.stopping = False   # a callback stopped the run
@@ -112,49 +130,94 @@ class SyncMachine(Machine):
     def total_rows(self) -> int:
         return self.rounds.total
 
+    def _streamed(self, weights: list) -> None:
+        if self.options.streaming and self.stream is None:
+            self.stream = Streaming(self.config.compression, self.name, self.wire_modes,
+                                    self.wire.put, weights, self.options.fragments)
+
+    def _model(self) -> list:
+        """The weights the trainers hold for ``w`` (what rows and the result report)."""
+        return self.stream.model(self.w) if self.stream else self.wire.model(self.w)
+
     # -- rounds --------------------------------------------------------------------------------
     def begin(self, weights: list) -> list[Order]:
         if self.balancer is not None and self.plan.partitioned:
             raise ConfigError("balance", "needs every trainer to hold the whole dataset: with "
                               "datasets.partitioned(...) trainer j can train only partition j")
+        self._streamed(weights)
         self.w = weights
         return self._next_round()
 
     def _next_round(self) -> list[Order]:
-        if self.round_no >= self.rounds.total:
+        """Hand out what is due: the next round (and with ``overlap`` the one after it)."""
+        total = self.rounds.total
+        if self.open is None and self.round_no >= total:
             return self._finish()
+        orders: list[Order] = []
+        if self.open is None:
+            # After a resume the round in flight is handed out again as it was (its
+            # trainers had the globals then, not the newest): see streaming.py.
+            again = self.resumed and self.overlap
+            got, self.open = self._issue(self.round_no + 1, publish=not again, evaluate=not again)
+            orders += got
+            if self.open is None:
+                return orders
+        self.resumed = False
+        if self.overlap and self.ahead is None and self.round_no + 2 <= total:
+            got, self.ahead = self._issue(self.round_no + 2)
+            orders += got
+        return orders
+
+    def _issue(self, number: int, publish: bool = True,
+               evaluate: bool = True) -> tuple[list[Order], _Round | None]:
+        """Hand out round ``number`` to the idle live trainers: its orders and the round, or
+        (orders, None) when it must wait for trainers (``waiting``)."""
         need = self.too_few()
         live = self.late.idle(self.members())   # a trainer still on a late call gets no work
         if need or not live:   # every live trainer late: the round starts with the first back
             self.waiting = True
-            return need
+            return need, None
         self.waiting = False
         cfg = self.config
-        epoch, r = self.rounds.where(self.round_no)
+        epoch, r = self.rounds.where(number - 1)
         shares = self.balancer.shares([s.index for s in live]) if self.balancer else None
         pieces = self.plan.round_pieces(epoch, r, [s.index for s in live], shares)
-        bc = self.wire.broadcast(self.w)
+        stream = self.stream
+        bc: Any
+        if stream is not None:
+            if publish:
+                stream.publish(self.w)
+            bc = stream.evaluation()
+        else:
+            bc = self.wire.broadcast(self.w)
         orders: list[Order] = []
-        row = self.rounds.take_pending()
+        row = self.rounds.take_pending() if evaluate else None
         if row is not None:
             # Evaluate the previous round's weights on the trainers, queued before their
             # train call so it costs no extra shipping; see evaluation.py.
             orders += self.evals.add(row, bc, live)
-        want_state = self.checkpoint_due(self.round_no + 1)
-        rate = self.rounds.inner_rate(self.round_no, len(live))
-        rd = _Round(epoch, r, self.now, pieces, bc, rate)
+        want_state = self.checkpoint_due(number)
+        rate = self.rounds.inner_rate(number - 1, len(live))
+        rd = _Round(number, epoch, r, self.now, pieces, bc, rate)
         for slot in live:
-            call = self.call(slot, bc.train(slot, pieces[slot.index], cfg.worker_epochs,
-                                            cfg.batch_size, return_state=want_state,
-                                            residual=want_state, **rate), TRAIN)
+            if stream is not None:
+                spec = stream.train(slot, number, pieces[slot.index], cfg.worker_epochs,
+                                    cfg.batch_size, reset=slot.index in self.resets,
+                                    return_state=want_state, **rate)
+                self.resets.discard(slot.index)
+            else:
+                spec = bc.train(slot, pieces[slot.index], cfg.worker_epochs, cfg.batch_size,
+                                return_state=want_state, residual=want_state, **rate)
+            call = self.call(slot, spec, TRAIN)
             rd.calls[call.id] = slot
             orders.append(call)
         self.bytes_sent += bc.take_bytes() + sum(p.nbytes for p in pieces.values())
-        final = self.round_no + 1 == self.rounds.total
+        # The last round waits for every call, late ones too; with fragments, the last
+        # round of each fragment (a late delta folds only into its own fragment's round).
+        final = number > self.rounds.total - (self.options.fragments or 1)
         rd.allowed = self.late.allowed(len(rd.calls), final)
         rd.drain = final
-        self.open = rd
-        return orders
+        return orders, rd
 
     def _maybe_close(self) -> list[Order]:
         """Close the open round once what it must wait for is in: more calls than it may
@@ -163,6 +226,10 @@ class SyncMachine(Machine):
         rd = self.open
         if rd is None:
             return []
+        if self.rounds.pending_row is not None and not self.stopping:
+            # A row whose evaluation no round handed out took (with overlap, the round
+            # before the last): it is evaluated now, before the weights change.
+            return self._evaluate_pending()
         must = (len(rd.calls) > rd.allowed or (rd.calls and not rd.results)
                 or (rd.drain and self.late.inflight) or self.evals.busy)
         if must:
@@ -178,19 +245,24 @@ class SyncMachine(Machine):
         cfg = self.config
         rd, self.open = self.open, None
         for call_id, slot in rd.calls.items():   # still running: folded into a later round
-            self.late.defer(call_id, slot, self.round_no + 1, len(rd.pieces[slot.index]))
+            self.late.defer(call_id, slot, rd.number, len(rd.pieces[slot.index]))
         self.bytes_sent += rd.bc.take_bytes()   # shards a lost trainer's successor took over
         if self.stopping:
             # The round's deltas are not applied: result.weights are the weights of the
             # last reported row.
-            return [Stop(self.wire.model(self.w))]
+            return [Stop(self._model())]
         if not rd.results:
-            # Every trainer of the round was lost: it runs again with those that come back.
+            # Every trainer of the round was lost: it runs again with those that come back
+            # (a round handed out after it too: its trainers start the stream anew).
+            if self.ahead is not None:
+                self.resets.update(self.live)
+                self.ahead = None
             return self._next_round()
         slots = sorted(rd.results)    # a fixed order of summation: resumes are bit-equal
+        received = self.stream.received if self.stream else self.wire.received
         deltas = []
         for j in slots:
-            delta, size = self.wire.received(rd.results[j][0])
+            delta, size = received(rd.results[j][0])
             deltas.append(delta)
             self.bytes_received += size
         stats = [rd.results[j][1] for j in slots]
@@ -198,27 +270,37 @@ class SyncMachine(Machine):
         # Work is attributed by interval: only what falls inside this round counts (a
         # trainer's first call can report evaluations of an earlier run, see stragglers.py).
         row_stats: list = [within_window(s, rd.t_start, self.now) for s in stats]
-        late = self.late.fold(self.round_no + 1, rd.t_start)
+        late = self.late.fold(rd.number, rd.t_start, self.options.fragments or 1)
         for j, d, s, s_row, staleness in late:
             slots.append(j)
-            d, size = self.wire.received(d)   # encoded as the round it was sent in said
+            d, size = received(d)   # encoded as the round it was sent in said
             deltas.append(d)
             self.bytes_received += size
             stats.append(s)
             row_stats.append(s_row)
-            weights.append(self.late.weight(s["samples"], staleness))
+            # Staleness in outer steps of the delta's fragment: a round each without them.
+            weights.append(self.late.weight(s["samples"],
+                                            staleness // (self.options.fragments or 1)))
         for j, s in zip(slots, stats):
             self.keep_state(j, s)
+            if self.stream is not None:
+                self.stream.keep(j, s)
             if self.balancer is not None:
                 self.balancer.observe(j, s["samples"], s["compute_s"])
-        self.w = self.rounds.outer.step(self.w, weighted_mean(deltas, weights), len(deltas),
-                                        self.buffers)
+        mean = weighted_mean(deltas, weights)
+        if self.stream is not None:
+            self.w = self.stream.step(self.w, rd.number, self.rounds.outer, mean, len(deltas),
+                                      self.buffers)
+        else:
+            self.w = self.rounds.outer.step(self.w, mean, len(deltas), self.buffers)
         self.rounds.count_steps(max(len(p) for p in rd.pieces.values()), cfg.batch_size,
                                 cfg.worker_epochs)
         self.round_no += 1
         row = self.new_row(self.round_no, self.rounds.epoch_at(rd.epoch, rd.r), row_stats,
                            self.now - rd.t_start)
         row["late"] = len(late)
+        # Every trainer's compute in the round, whole: what utilization adds up.
+        row["compute_total_s"] = sum(s["compute_s"] for s in stats)
         row["trainer_samples"] = [len(rd.pieces[j]) if j in rd.pieces else 0
                                   for j in range(cfg.workers)]
         if self.options.backup_workers:
@@ -229,38 +311,102 @@ class SyncMachine(Machine):
                              for j, s, st, wt in zip(slots, stats, stale, weights)]
         orders = self.rounds.end(row, self.round_no, rd.rate)
         if self.checkpoint_due(self.round_no):
-            state = self.rounds.outer.state()
-            orders.append(self.checkpoint(self.w, {"outer": state} if state else None))
-        return orders + self._next_round()
+            arrays = self.rounds.arrays()
+            if self.stream is not None:
+                arrays.update(self.stream.arrays())
+            orders.append(self.checkpoint(self.w, arrays))
+        if self.ahead is not None:   # overlap: the round handed out next is collected now
+            self.open, self.ahead = self.ahead, None
+            self.open.t_start = self.now   # its row's window starts here
+        orders += self._next_round()
+        return orders + self._maybe_close()
+
+    def _evaluate_pending(self) -> list[Order]:
+        live = self.late.idle(self.members()) or self.members()
+        bc: Any
+        if self.stream is not None:
+            self.stream.publish(self.w)
+            bc = self.stream.evaluation()
+        else:
+            bc = self.wire.broadcast(self.w)
+        orders = self.evals.add(self.rounds.take_pending(), bc, live)
+        self.bytes_sent += bc.take_bytes()
+        return orders
 
     def _finish(self) -> list[Order]:
         """After the last round: the last weights' evaluation, then stop. The result is
-        the weights the trainers hold: ``w`` itself unless a lossy codec sends them."""
+        the weights the trainers hold: ``w`` itself unless a lossy codec sends them. With
+        fragments, a flush first: every fragment's progress not sent yet (up to F − 1
+        rounds of it) is averaged and stepped once more, so the result holds it all."""
+        if self.stream is not None and self.stream.count > 1 and not self.flushed:
+            return self._flush()
         if self.rounds.pending_row is None:
-            return [Stop(self.wire.model(self.w))]
+            return [Stop(self._model())]
         need = self.too_few()
         if need:
             self.waiting = True
             return need
         self.waiting = False
         self.finishing = True
-        bc = self.wire.broadcast(self.w)
+        bc: Any
+        if self.stream is not None:
+            self.stream.publish(self.w)
+            bc = self.stream.evaluation()
+        else:
+            bc = self.wire.broadcast(self.w)
         orders = self.evals.add(self.rounds.take_pending(), bc, self.members())
         self.bytes_sent += bc.take_bytes()
         return orders + self._finished()
 
+    def _flush(self) -> list[Order]:
+        if self.flush_calls is not None:
+            return []                      # out already
+        need = self.too_few()
+        if need:
+            self.waiting = True
+            return need
+        self.waiting = False
+        self.flush_calls = {}
+        orders: list[Order] = []
+        for slot in self.members():
+            call = self.call(slot, self.stream.flush(slot, self.rounds.total + 1), TRAIN)
+            self.flush_calls[call.id] = slot
+            orders.append(call)
+        self.bytes_sent += self.stream.take_bytes()
+        return orders
+
+    def _flush_over(self) -> list[Order]:
+        if self.flush_calls:
+            return []
+        if self.flush_replies:
+            self.w, size = self.stream.flushed(self.w, self.rounds.outer, self.flush_replies,
+                                               self.buffers)
+            self.bytes_received += size
+        self.flushed = True
+        return self._finish()
+
     def _finished(self) -> list[Order]:
         if self.evals.busy:
             return []
-        return [*self.evals.emit_ready(), Stop(self.wire.model(self.w))]
+        return [*self.evals.emit_ready(), Stop(self._model())]
 
     # -- events --------------------------------------------------------------------------------
+    def _owner(self, call_id: int) -> _Round | None:
+        for rd in (self.open, self.ahead):
+            if rd is not None and call_id in rd.calls:
+                return rd
+        return None
+
     def on_done(self, event: CallDone) -> list[Order]:
         if self.late.owns(event.call):
             self.late.arrive(self.late.take(event.call), event.value, self.now)
-            if self.waiting and self.open is None:
+            if self.waiting:
                 return self._next_round()
             return self._maybe_close()
+        if self.flush_calls and event.call in self.flush_calls:
+            del self.flush_calls[event.call]
+            self.flush_replies.append(event.value[0])
+            return self._flush_over()
         if self.evals.owns(event.call):
             self.evals.record(event.call, event.value)
             if self.finishing:
@@ -268,7 +414,9 @@ class SyncMachine(Machine):
             # The round closes once the callbacks have taken the row (RowDone): if it
             # stopped the run, the round's deltas are not applied.
             return self.evals.emit_ready()
-        rd = self.open
+        rd = self._owner(event.call)
+        if rd is None:   # a call of a round given up (every trainer of the one before lost)
+            return []
         slot = rd.calls.pop(event.call)
         if not self.stopping:
             rd.results[slot.index] = event.value
@@ -277,16 +425,22 @@ class SyncMachine(Machine):
     def on_lost(self, event: TrainerLost) -> list[Order]:
         if self.balancer is not None:
             self.balancer.forget(event.slot.index)   # its replacement may be elsewhere
-        rd = self.open
+        if self.stream is not None:
+            self.stream.lose(event.slot.index)
         for call_id in event.calls:
-            if rd is not None and call_id in rd.calls:
+            rd = self._owner(call_id)
+            if rd is not None:
                 del rd.calls[call_id]        # its share of the round is lost
             elif self.late.owns(call_id):
                 self.late.take(call_id)      # so is a late delta
+            elif self.flush_calls and call_id in self.flush_calls:
+                del self.flush_calls[call_id]   # and its unsent progress
+                if not self.flush_calls:
+                    return self._flush_over()
         orders: list[Order] = self.evals.lost(event.calls, self.members())
         if self.evals.busy and not self.live:
             orders.append(NeedTrainers(self.config.min_workers))   # a shard has nowhere to go
-        if self.waiting and rd is None:
+        if self.waiting:
             return orders + self._next_round()
         if self.finishing:
             return orders + self._finished()
@@ -294,7 +448,7 @@ class SyncMachine(Machine):
 
     def on_joined(self, event: TrainersJoined) -> list[Order]:
         orders: list[Order] = self.evals.joined(self.members())
-        if self.waiting and self.open is None:
+        if self.waiting:
             orders += self._next_round()
         return orders
 
@@ -305,16 +459,29 @@ class SyncMachine(Machine):
         if event.stop:
             self.stopping = True
             if self.open is None and not self.finishing:
-                return [Stop(self.wire.model(self.w))]
+                return [Stop(self._model())]
         return self._maybe_close()
+
+    def admit(self, slots) -> list[Order]:
+        orders = super().admit(slots)
+        for slot in slots:   # after a resume: each trainer continues its slot's stream
+            spec = self.stream.admit(slot) if self.stream is not None else None
+            if spec is not None:
+                orders.append(self.call(slot, spec, wait=False))
+        return orders
 
     # -- checkpoints ---------------------------------------------------------------------------
     def position(self) -> dict:
         return {**self.rounds.position(), "late": self.late.to_json(),
-                "rates": self.balancer.to_json() if self.balancer else None}
+                "rates": self.balancer.to_json() if self.balancer else None,
+                "stream": self.stream.position() if self.stream else None}
 
     def restore(self, ckpt) -> None:
         pos = ckpt.meta["position"]
         self.rounds.restore(pos, ckpt.arrays, self.round_no)
         if self.balancer is not None:
             self.balancer = RateBalancer.from_json(pos.get("rates"))
+        if self.options.streaming:
+            self._streamed(ckpt.weights)
+            self.stream.restore(pos["stream"], ckpt.arrays)
+            self.resumed = True

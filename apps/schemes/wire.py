@@ -170,8 +170,8 @@ class Wire:
                     "keep (its trainers hold different versions of the weights). Use a codec "
                     "that sends whole weights down and compress the deltas: compression="
                     f"('fp16', {self.up.spec!r}), or ('none', {self.up.spec!r}); or train_sync")
-        return (f"is not supported by the {scheme!r} scheme yet (only sync and async "
-                "encode their traffic); leave it out")
+        return (f"is not supported by the {scheme!r} scheme: its machine sends plain arrays "
+                "only (its wire_modes); leave it out")
 
     @property
     def plain(self) -> bool:

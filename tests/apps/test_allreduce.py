@@ -115,9 +115,10 @@ def test_driver_bytes_per_round_do_not_grow_with_k(train_cluster):
             wire[k], history = _driver_bytes_per_round(train_allreduce, trainers[:k])
             # What the driver ships in a round is the indices, for any K ...
             assert [r["bytes_sent"] + r["bytes_received"] for r in history[1:]] == [indices] * 3
-            # ... plus about a kilobyte of control per trainer (its calls and their
-            # replies: stats, status, a handle): no weights, which are 10 KB a copy.
-            assert indices < wire[k] < indices + k * 2000, wire
+            # ... plus a kilobyte or two of control per trainer (its calls and their
+            # replies: stats, status, the right neighbour's handle, whose pickle lists the
+            # trainer class's methods): no weights, which are 10 KB a copy.
+            assert indices < wire[k] < indices + k * 2500, wire
         assert max(wire.values()) <= 1.10 * min(wire.values()), wire
         # The same meter sees sync's star grow by two model copies per trainer.
         star = {k: _driver_bytes_per_round(train_sync, trainers[:k])[0] for k in (2, 4)}

@@ -148,6 +148,40 @@ def test_compression_on_ray_matches_the_other_backends(ray_cluster, spec):
         train_sync, FakeBackend(), hard_blobs_dataset).history[-1]["bytes_received"]
 
 
+@pytest.mark.parametrize("scheme,options", [
+    ("allreduce", dict(compression="int4")),
+    ("allreduce", dict(overlap=True, fragments=2, compression="int8:ef")),
+    ("sync", dict(overlap=True, fragments=2, compression="int4:ef")),
+])
+def test_compressed_and_streamed_runs_on_ray_equal_in_process(ray_cluster, scheme, options):
+    """The ring's codec per hop, and streamed rounds (with allreduce, the collective on
+    each trainer's own thread, calling its neighbour through Ray while it trains): bit
+    for bit the in-process run."""
+    fn = train_allreduce_fn if scheme == "allreduce" else train_sync
+    on_ray = _run(fn, "ray", hard_blobs_dataset, **options)
+    in_process = _run(fn, FakeBackend(), hard_blobs_dataset, **options)
+    for a, b in zip(on_ray.weights, in_process.weights):
+        np.testing.assert_array_equal(a, b)
+    assert on_ray.history[-1]["test_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("scheme", ["async", "easgd", "downpour"])
+def test_asynchronous_schemes_compress_on_ray(ray_cluster, scheme):
+    """Weights down as fp16, deltas up as int4 with each trainer's error feedback. The
+    order of updates follows the trainers' timing: no bit-for-bit comparison here."""
+    def run(backend, **options):
+        return train(MODEL, blobs_dataset, scheme, backend=backend, workers=2, master_epochs=3,
+                     trainer_cls=NumpyTrainer, progress=False, seed=7, **options)
+
+    coded = run("ray", compression=("fp16", "int4:ef"))
+    plain = run(FakeBackend())
+    assert [r["epoch"] for r in coded.history] == [1, 2, 3]
+    assert sum(r["samples"] for r in coded.history) == 3 * 400
+    assert coded.history[-1]["test_accuracy"] > 0.5
+    up = sum(r["bytes_received"] for r in coded.history[1:])
+    assert up < sum(r["bytes_received"] for r in plain.history[1:]) / 5
+
+
 def test_async_finishes_on_both_backends(ray_cluster):
     for backend in ("ddlf", "ray"):
         result = _run(train_async, backend, master_epochs=3)

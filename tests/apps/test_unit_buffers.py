@@ -196,3 +196,24 @@ def test_keras_batchnorm_statistics_stay_values_in_every_scheme(scheme):
     (var,), (mean,) = stats["var"], stats["mean"]
     assert (var > 0.005).all() and (var < 1).all(), var
     assert np.abs(mean).max() > 0.002
+
+
+@pytest.mark.parametrize("scheme", ["sync", "allreduce"])
+@pytest.mark.parametrize("extra", [dict(overlap=True), dict(fragments=2),
+                                   dict(overlap=True, fragments=2, compression="int8:ef")])
+def test_torch_batchnorm_statistics_stay_values_in_streamed_rounds(scheme, extra):
+    """Streamed rounds (docs/training.md) step buffers' pieces of a fragment at rate 1
+    with no momentum too, and keep counters integers."""
+    pytest.importorskip("torch")
+    if scheme == "allreduce" and "compression" in extra:
+        extra = {**extra, "compression": "int8"}
+    result = train(TinyTorch(batchnorm=True), small_blobs, scheme,
+                   trainer_cls=TorchTrainer, backend=FakeBackend(), optimizer=Sgd(0.1),
+                   batch_size=32, rounds_per_epoch=3, **RUN, **extra)
+    model = result.model
+    mask = [name in dict(model.named_buffers()) for name in model.state_dict()]
+    stats = running_stats(result.weights, mask)
+    (var,), (count,) = stats["var"], stats["count"]
+    assert (var > 0.005).all() and (var < 1).all(), var
+    assert count.dtype == np.int64 and count > 0
+    assert result.history[-1]["test_accuracy"] > 0.5

@@ -162,6 +162,9 @@ def test_too_few_trainers_left_fails_after_the_rejoin_timeout():
 
 # -- joins -------------------------------------------------------------------------------------
 class _AddCpuAfter(Callback):
+    """A CPU appears after ``rows`` rows; the run goes on once the trainer it lets start
+    has answered (in-process rounds take microseconds: the run could end first)."""
+
     def __init__(self, backend, rows):
         self.backend, self.rows, self.seen = backend, rows, 0
 

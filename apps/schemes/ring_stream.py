@@ -1,0 +1,308 @@
+"""Allreduce's streamed rounds, the trainer's end (``overlap=True``, ``fragments=F``).
+
+The trainers keep the run's globals themselves, one per fragment (``fragments.LocalStream``,
+as sync's trainers keep what the driver sends), with a copy of each fragment's outer
+velocity. A round is :meth:`RingStreamTrainer.stream_hold` (apply the globals not applied
+yet, train, keep the outer gradient of the round's fragment) on every trainer, then
+:meth:`RingStreamTrainer.stream_reduce` (the ring over that gradient; each member takes
+the outer step on its copy of the fragment's global and velocity).
+
+With ``overlap`` the collective of round t runs on a thread of its own while the next
+round's ``stream_hold`` trains: the hold joins it at its end and reports how it went, and
+its result is *staged*, then committed (made the global the trainer holds) by the next
+call that needs it: a collective of a later round, an evaluation, the hold after. A
+collective that is redone (a member was lost) starts again from what was committed, so
+a redone round is the same whichever attempt failed. The weights that a stopped run
+returns (:meth:`stream_global`) are the committed ones, those of the last round reported.
+
+``TrainerActor`` inherits this through ``AllreduceTrainer``. Numpy only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ddlf_actors.errors import ActorDiedError
+
+from .. import backends, ring
+from ..arrays import nbytes
+from .averaging import like_layers, ring_layers
+from .fragments import LocalStream
+from .outer import apply_outer
+
+__all__ = ["RingStreamTrainer"]
+
+
+class RingStreamTrainer:
+    """Streamed allreduce rounds on a trainer (module doc)."""
+
+    # What TrainerActor and AllreduceTrainer provide.
+    _ddlf_index: int
+    _last_call_end: float | None
+    _run: Callable[..., Any]
+    _stats: Callable[..., dict]
+    _local_stream: Callable[..., LocalStream]
+    _ring_mailbox: Callable[[], ring.Mailbox]
+    ring_send: Callable[..., Any]
+    get_weights: Callable[[], list]
+    set_weights: Callable[[list], None]
+    buffer_mask: Callable[[], list]
+    _stream: LocalStream | None
+    _hop_feedback: ring.HopFeedback | None
+
+    _svel: list | None = None     # per fragment: its outer velocity (None: zeros)
+    _staged: dict | None = None   # a completed collective's result, not committed yet
+    _bg: dict | None = None       # the collective running on its own thread
+
+    def _ring_stream(self, run) -> LocalStream:
+        st = self._stream
+        if st is None or st.run != run or self._svel is None:
+            raise RuntimeError(f"trainer {self._ddlf_index} holds no streamed allreduce run "
+                               f"{run}: stream_start was not called (a DDLF bug)")
+        return st
+
+    def stream_start(self, run, fragments: int, weights, bases, velocities,
+                     state=None) -> int:
+        """Start run ``run`` from the globals ``weights`` (fragment f's holding the sends
+        up to round ``bases[f]``) and the velocities (one list per fragment, [] for
+        none); with ``state`` (``LocalStream.export``'s, from a checkpoint) this trainer's
+        own weights and anchors come from it. Returns the digest of what it holds."""
+        st = self._local_stream(run, fragments, reset=True)
+        weights = [np.array(w, copy=True) for w in weights]
+        x = weights if state is None else st.restore(state[0], state[1], weights)
+        for f in range(fragments):
+            values = st.layout.take(weights, f)
+            st.globals[f] = (int(bases[f]), values)
+            if state is None:
+                st.anchors[f] = [np.array(v, copy=True) for v in values]
+                st.applied[f] = int(bases[f])
+        self.set_weights(x)
+        self._svel = [[np.array(a, copy=True) for a in v] if v else None for v in velocities]
+        self._staged = self._bg = None
+        return self._stream_digest()
+
+    def stream_hold(self, key, send: int, indices, epochs: int, batch_size: int,
+                    fragments: int, join=None, return_state: bool = False,
+                    learning_rate: float | None = None) -> dict:
+        """Round ``key = (run, round)``: apply the globals not applied yet, train on
+        ``indices`` and keep fragment ``send``'s outer gradient for the collective; the
+        stats. ``join = (run, round)``: then wait for that round's collective (running
+        since the previous call) and report it as ``stats["collective"]``."""
+        start = time.perf_counter()
+        run, round_no = key
+        st = self._ring_stream(run)
+        self._commit_staged()
+        self.set_weights(st.correct(self.get_weights()))
+        _old, new, loss, samples = self._run(None, indices, epochs, batch_size, learning_rate)
+        st.send(new, int(send), int(round_no))
+        stats = self._stats(start, samples, loss, return_state)
+        if join is not None:
+            stats["collective"] = self._join(tuple(int(t) for t in join))
+        return stats
+
+    def stream_reduce(self, tag, rank: int, size: int, right, fraction: float,
+                      timeout_s: float, fragment: int, fragments: int, outer=None,
+                      codec=None, feedback: bool = False,
+                      want_hops: bool = False, want_state: bool = False,
+                      background: bool = False, zero: bool = False) -> dict:
+        """The collective of round ``tag[1]`` (``tag = (run, round, attempt)``) over
+        fragment ``fragment``'s outer gradient held here (zeros with ``zero``: a member
+        that did not train it), or with ``fragment = -1`` over every fragment's progress
+        not sent yet (the end of a run of fragments; ``outer`` then one per fragment).
+        As ``allreduce_held`` otherwise (``outer``, ``codec``, ``feedback``, the statuses). With
+        ``background`` it runs on a thread and returns ``{"status": "started"}`` at once
+        (the next ``stream_hold`` reports it); else it returns its reply, with the digest
+        of what this trainer holds once it committed the result, and with ``want_state``
+        the ``stream_state`` a checkpoint keeps."""
+        start = time.perf_counter()
+        tag = tuple(int(t) for t in tag)
+        run, round_no = tag[0], tag[1]
+        st = self._ring_stream(run)
+        if self._bg is not None:          # a collective of an earlier round: done with it
+            self._join(self._bg["tag"][:2])
+        if self._staged is not None:
+            if self._staged["round"] == round_no:
+                self._staged = None       # a redo: start again from what was committed
+            else:
+                self._commit_staged()
+        frags = list(range(fragments)) if fragment < 0 else [int(fragment)]
+        outers = list(outer) if fragment < 0 else [outer]
+        grads = self._held_grads(st, frags, round_no, fragment < 0, zero)
+        flat = [a for g in grads for a in g]
+        vectors, spec = ring.scaled_vectors(ring_layers(flat), fraction)   # counters: f64
+        mask = self.buffer_mask()
+        masks = [[bool(mask) and mask[i] for i, _lo, _hi in st.layout.pieces[f]] for f in frags]
+        box = self._ring_mailbox()
+        box.begin(tag)
+        fb = None
+        if feedback:
+            fb = ring.HopFeedback()
+            if self._hop_feedback is not None:
+                fb.load(self._hop_feedback.state())
+        job = {"tag": tag, "size": size, "timeout": timeout_s, "result": {}}
+        bases = {f: st.globals[f][1] for f in frags}
+        vels = {f: self._svel[f] for f in frags}
+        runtime = backends.here()
+
+        def work():
+            job["result"] = self._collective(
+                tag, rank, size, right, timeout_s, vectors, spec, flat, frags, outers,
+                masks, bases, vels, codec, fb, want_hops, runtime, box)
+
+        if background:
+            job["thread"] = threading.Thread(target=work, daemon=True,
+                                             name=f"ddlf-ring-{self._ddlf_index}")
+            self._bg = job
+            job["thread"].start()
+            return {"index": self._ddlf_index, "status": "started"}
+        work()
+        reply, staged = job["result"]["reply"], job["result"].get("staged")
+        if reply["status"] == "error":
+            raise RuntimeError(reply["detail"])
+        if staged is not None:
+            self._staged = staged
+            self._commit_staged()
+            reply["digest"] = self._stream_digest()
+            if want_state:
+                reply["stream_state"] = st.export(self.get_weights())
+        if self._last_call_end is not None:   # the collective is work, not idle time
+            self._last_call_end += time.perf_counter() - start
+        return reply
+
+    def _held_grads(self, st: LocalStream, frags: list, round_no: int, flush: bool,
+                    zero: bool) -> list:
+        if flush:   # send every fragment's progress now (once: a redo takes the same)
+            if any(st.pending_of(f, round_no) is None for f in frags):
+                weights = st.correct(self.get_weights())
+                self.set_weights(weights)
+                for f in frags:
+                    if st.pending_of(f, round_no) is None:
+                        st.send(weights, f, round_no)
+        out = []
+        for f in frags:
+            g = st.pending_of(f, round_no)
+            if g is None:
+                if not zero:
+                    raise RuntimeError(f"trainer {self._ddlf_index} holds no outer gradient "
+                                       f"of fragment {f} for round {round_no} (a DDLF bug)")
+                g = [np.zeros_like(v) for v in st.globals[f][1]]
+            out.append(g)
+        return out
+
+    def _collective(self, tag, rank, size, right, timeout_s, vectors, spec, flat, frags,
+                    outers, masks, bases, vels, codec, fb, want_hops, runtime, box) -> dict:
+        """The ring and the outer steps, on whichever thread: ``{"reply", "staged"}``."""
+        t0 = time.perf_counter()
+        sent = [0]
+
+        def send(phase, step, chunk):
+            sent[0] += ring.chunk_nbytes(chunk)
+            return self.ring_send(right, tag, phase, step, chunk)
+
+        reply: dict = {"index": self._ddlf_index}
+        try:
+            summed = ring.run_member(vectors, rank, size, tag, box, send, runtime, timeout_s,
+                                     codec=codec, feedback=fb)
+        except ring.CollectiveAborted as e:
+            return {"reply": {**reply, "sent_bytes": sent[0], "status": "aborted",
+                              "detail": str(e)}}
+        except ring.PeerLost as e:
+            return {"reply": {**reply, "sent_bytes": sent[0], "status": "peer_lost",
+                              "detail": str(e)}}
+        except ring.CollectiveTimeout as e:
+            return {"reply": {**reply, "sent_bytes": sent[0], "status": "timeout",
+                              "detail": str(e)}}
+        except ValueError as e:
+            status = "nonfinite" if codec is not None else "error"
+            return {"reply": {**reply, "sent_bytes": sent[0], "status": status,
+                              "detail": str(e)}}
+        except Exception as e:   # on a thread nothing else would see it
+            return {"reply": {**reply, "sent_bytes": sent[0], "status": "error",
+                              "detail": f"{type(e).__name__}: {e}"}}
+        mean = like_layers(ring.unflatten(summed, spec), flat)
+        staged: dict = {"round": tag[1], "fragments": {}, "hops": fb}
+        i = 0
+        for f, o, mask in zip(frags, outers, masks):
+            n = len(mask)
+            # Buffers' pieces take the mean at rate 1, no momentum (outer.py).
+            values, vel = apply_outer(bases[f], mean[i:i + n], vels[f], o, mask)
+            i += n
+            staged["fragments"][f] = (values, vel)
+        reply.update(status="done", sent_bytes=sent[0], collective_s=time.perf_counter() - t0)
+        if want_hops and fb is not None:
+            reply["hops"] = fb.state()
+        return {"reply": reply, "staged": staged}
+
+    def _join(self, key) -> dict:
+        """Wait for the collective of ``key = (run, round)`` running on its thread (the ring
+        bounds each of its waits); stage its result; its reply, with the digest."""
+        job = self._bg
+        if job is None or job["tag"][:2] != key:
+            return {"index": self._ddlf_index, "status": "missing",
+                    "detail": f"no collective of (run, round) {key} runs here"}
+        job["thread"].join(job["timeout"] * 2 * job["size"] + 60)
+        if job["thread"].is_alive():
+            return {"index": self._ddlf_index, "status": "timeout", "sent_bytes": 0,
+                    "detail": "the collective's thread did not end"}
+        self._bg = None
+        reply = job["result"]["reply"]
+        if job["result"].get("staged") is not None:
+            self._staged = job["result"]["staged"]
+            reply["digest"] = self._stream_digest()
+        return reply
+
+    def _commit_staged(self) -> None:
+        """Make a completed collective's result the globals (and velocities) held here."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return
+        st = self._stream
+        for f, (values, vel) in staged["fragments"].items():
+            st.globals[f] = (staged["round"], values)
+            self._svel[f] = vel
+        if staged["hops"] is not None:
+            self._hop_feedback = staged["hops"]
+
+    def _stream_digest(self) -> int:
+        """A CRC of the globals and velocities held here, the staged result counted in:
+        every member of a run holds the same."""
+        st = self._stream
+        staged = self._staged["fragments"] if self._staged is not None else {}
+        arrays: list = []
+        for f, (_base, values) in enumerate(st.globals):
+            arrays += staged[f][0] if f in staged else values
+        for f, vel in enumerate(self._svel or []):
+            vel = staged[f][1] if f in staged else vel
+            arrays += list(vel or [])
+        return ring.weights_digest(arrays)
+
+    def stream_global(self, velocity: bool = False) -> tuple[list, list]:
+        """The committed globals as weights and, with ``velocity``, the velocities (a
+        list per fragment, [] for none): what the driver fetches."""
+        st = self._stream
+        weights = self.get_weights()
+        for f, (_base, values) in enumerate(st.globals):
+            weights = st.layout.put(weights, f, values)
+        return weights, [list(v or []) for v in self._svel] if velocity else []
+
+    def stream_snapshot(self) -> dict:
+        """What a trainer joining the run copies from this one (``stream_adopt``)."""
+        self._commit_staged()
+        weights, velocities = self.stream_global(True)
+        return {"weights": weights, "velocities": velocities,
+                "bases": [g[0] for g in self._stream.globals]}
+
+    def stream_adopt(self, source, run, fragments: int) -> dict:
+        """Join streamed run ``run`` with the globals and velocities of the live trainer
+        ``source``: ``{"status": "done", "digest", "bytes"}`` or ``"source_lost"``."""
+        try:
+            snap = backends.here().get(source.stream_snapshot.remote())
+        except ActorDiedError as e:
+            return {"status": "source_lost", "detail": str(e).strip().splitlines()[0]}
+        digest = self.stream_start(run, fragments, snap["weights"], snap["bases"],
+                                   snap["velocities"])
+        return {"status": "done", "digest": digest, "bytes": nbytes(snap["weights"])}
