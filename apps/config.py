@@ -190,9 +190,14 @@ class TrainConfig:
         self.workers, self.min_workers, self.elastic = hi, lo, True
 
     @property
+    def min_trainers(self) -> int:
+        """``min_workers`` as a number (``__post_init__`` fills it in: 1 unless given)."""
+        return self.min_workers if self.min_workers is not None else 1
+
+    @property
     def start_workers(self) -> int:
         """How many trainers must be placed before training starts."""
-        return self.min_workers if self.elastic else self.workers
+        return self.min_trainers if self.elastic else self.workers
 
     @classmethod
     def names(cls) -> list[str]:

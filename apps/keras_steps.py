@@ -16,6 +16,7 @@ TensorFlow is imported on the first call only (trainers only: see ``tf_startup.p
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ __all__ = ["fit_steps"]
 # {(x spec, y spec): the compiled loop}). Compiling a model again (a new optimizer or loss)
 # makes Keras drop its train_function, and so these loops. Weak keys: a dropped model
 # takes its loops along (they hold its variables, never the model itself).
-_LOOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOOPS: weakref.WeakKeyDictionary[Any, tuple[Any, dict]] = weakref.WeakKeyDictionary()
 
 
 def fit_steps(model, x, y, epochs: int, batch_size: int) -> float:

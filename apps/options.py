@@ -19,10 +19,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 __all__ = ["ConfigError", "option", "SchemeOptions", "int_at_least", "number_in", "rate",
-           "boolean", "one_of", "schedule", "seconds", "describe_schedule"]
+           "boolean", "one_of", "schedule", "seconds", "describe_schedule", "filled"]
 
 
 class ConfigError(ValueError):
@@ -40,6 +40,17 @@ class ConfigError(ValueError):
 
 
 Check = Callable[[str, Any], None]
+T = TypeVar("T")
+
+
+def filled(value: T | None, name: str) -> T:
+    """A setting once the scheme's defaults are filled in (``SchemeOptions.resolve``,
+    ``for_data``): never None there. ``RuntimeError`` if it is, which is a bug in the
+    scheme (it read a setting it does not default)."""
+    if value is None:
+        raise RuntimeError(f"the setting {name} was read before the scheme's defaults were "
+                           "filled in (a bug in DDLF, please report it)")
+    return value
 
 
 def option(default: Any = None, *, help: str, check: Check | None = None,

@@ -106,12 +106,12 @@ class TrainerWire:
         """
         if not isinstance(msg, Weights):
             raise TypeError(f"expected a wire.Weights message, got {type(msg).__name__}")
-        if msg.run == self.run and msg.version == self.version:
+        if msg.run == self.run and msg.version == self.version and self.weights is not None:
             return self.weights
         if msg.kind == SET:
             weights = [np.array(a, copy=True) for a in codecs.decode(msg.payload)]
         elif msg.kind == CHANGE:
-            if msg.run != self.run or msg.base != self.version:
+            if msg.run != self.run or msg.base != self.version or self.weights is None:
                 held = "nothing" if self.run != msg.run else f"version {self.version}"
                 raise RuntimeError(
                     f"the driver sent a weight change from version {msg.base} to {msg.version} "
@@ -144,7 +144,7 @@ class TrainerWire:
         return None if residual is None else [None if r is None else np.array(r)
                                               for r in residual]
 
-    def load_residual(self, run: str, codec: Codec, residual: list, like: list) -> None:
+    def load_residual(self, run: str, codec: Codec, residual: list | None, like: list) -> None:
         """Start run ``run``'s delta stream with ``residual`` (from a checkpoint), for
         tensors laid out as ``like``."""
         # The weights held here (if any) are of another run: a change must not apply to them.
@@ -190,7 +190,7 @@ class WireMethods:
         payload, encode_s = end.encode(delta, msg.up)
         stats["codec_s"] = decode_s + encode_s
         stats["idle_s"] = max(0.0, stats["idle_s"] - decode_s)   # decoding is work
-        if getattr(self, "_last_call_end", None) is not None:
+        if self._last_call_end is not None:
             self._last_call_end += encode_s                     # so is encoding
         if residual:
             stats["wire_residual"] = end.residual(msg.up)

@@ -95,7 +95,7 @@ _ClusterWorkerActor = api.remote(num_cpus=0, max_concurrency=1)(ClusterWorker)
 class WorkerProxy:
     """The master's side of one worker: the paper's ``ProxyWorker`` (IWorker methods)."""
 
-    def __init__(self, handle: ActorHandle, index: int, node_id: str):
+    def __init__(self, handle: ActorHandle, index: int, node_id: str | None):
         self.handle = handle
         self.index = index
         self.node_id = node_id

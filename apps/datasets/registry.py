@@ -207,6 +207,7 @@ def normalise_images(images: np.ndarray) -> np.ndarray:
 
 def _places(name: str, data_dir: str | None):
     """(directory, label) pairs for lookup steps 1-3, in order."""
+    base: str | None
     if data_dir is not None:
         base, label = os.path.abspath(os.path.expanduser(data_dir)), "data_dir argument"
     else:

@@ -62,7 +62,7 @@ class IdxSource:
 
     def read(self, directory: str):
         """``((x, y), (x_test, y_test))`` as uint8 (N, 28, 28, 1) images and int64 labels."""
-        paths = [find_idx(directory, stem, kind) for stem, kind in _MNIST_FILES]
+        paths = self.files(directory)   # DatasetNotFoundError naming a missing one
         x, y, x_test, y_test = (read_idx(p) for p in paths)
         for images, labels, ip, lp in ((x, y, paths[0], paths[1]),
                                        (x_test, y_test, paths[2], paths[3])):

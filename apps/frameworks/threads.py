@@ -102,6 +102,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         else:
             return None
         loader = spec.loader
+        if loader is None:   # a namespace package: nothing of it runs, nothing to hook
+            return spec
         run = getattr(loader, "exec_module", None)
         if run is None:
             return spec

@@ -211,12 +211,13 @@ class AllreduceMachine(RingMembers):
             return []
         if self.stopping:
             return self._fetch_weights(None, False, lambda w, v: [Stop(w)])
-        if self.rounds.pending_row is not None:
+        row = self.rounds.take_pending()
+        if row is not None:
             # A row no round handed out took (overlap: before a round whose collective
             # runs on its own): evaluated first, on the weights it reports.
             where = LocalEval(self.run_id, self.F) if self.streamed else None
             holders = [s for s in self.members() if s.index not in self.fresh]
-            return self.evals.add(self.rounds.take_pending(), where, holders)
+            return self.evals.add(row, where, holders)
         for j, stats in rd.results.items():
             self.keep_state(j, stats)
         ring_slots = [self.live[j] for j in sorted(rd.results) if j in self.live
@@ -233,7 +234,7 @@ class AllreduceMachine(RingMembers):
 
     def _attempt(self) -> list[Order]:
         """One attempt at the round's collective over ``coll.ring`` (or the flush)."""
-        c = self.coll
+        c = self._collective()
         if not c.ring:
             raise WeightsLostError(self._weights_lost_message())
         c.attempt += 1
@@ -265,7 +266,8 @@ class AllreduceMachine(RingMembers):
             right = (c.rd.handles if c.rd is not None else {s.index: s.handle
                                                              for s in c.ring})
             right = right[c.ring[(rank + 1) % n].index]
-            share = c.rd.results[slot.index]["samples"] / total if total else 1.0 / n
+            share = (c.rd.results[slot.index]["samples"] / total
+                     if c.rd is not None and total else 1.0 / n)
             head = (c.tag, rank, n, right, share, self.options.chunk_timeout_s)
             spec = (("stream_reduce", (*head, f if c.rd is not None else -1, self.F), extra)
                     if self.streamed else ("allreduce_held", head, extra))
@@ -278,7 +280,7 @@ class AllreduceMachine(RingMembers):
         return orders
 
     def _attempt_over(self) -> list[Order]:
-        c = self.coll
+        c = self._collective()
         survivors = [s for s in c.ring if s.index in self.live
                      and (c.rd is None or self._alive(s, c.rd))]
         number = c.tag[1]
@@ -330,8 +332,9 @@ class AllreduceMachine(RingMembers):
     def _reduced(self, members: list[Slot]) -> list[Order]:
         """The round's collective completed over ``members``: count it, then (after
         fetching the weights for a checkpoint) make its row."""
-        cfg, c = self.config, self.coll
+        cfg, c = self.config, self._collective()
         rd = c.rd
+        assert rd is not None, "the flush (a collective with no round) ends in _finish"
         collective_s = self.now - c.t_start
         self.rounds.count_steps(max(len(p) for p in rd.pieces.values()), cfg.batch_size,
                                 cfg.worker_epochs)
@@ -378,7 +381,8 @@ class AllreduceMachine(RingMembers):
             return waiting
         self.finishing = True
         where = LocalEval(self.run_id, self.F) if self.streamed else None
-        orders = self.evals.add(self.rounds.take_pending(), where, self.members())
+        row = self.rounds.take_pending()
+        orders = self.evals.add(row, where, self.members()) if row is not None else []
         return orders + self._finished()
 
     def _finished(self) -> list[Order]:
@@ -409,6 +413,9 @@ class AllreduceMachine(RingMembers):
                 orders = self._reply(slot, event.value)
             return orders + (self._attempt_over() if c.over else [])
         rd = self.open
+        if rd is None or call not in rd.calls:
+            raise RuntimeError(f"allreduce got the result of call {call}, which it is not "
+                               "waiting for (a bug in DDLF, please report it)")
         slot = rd.calls.pop(call)
         stats = event.value
         report = stats.pop("collective", None)
@@ -432,8 +439,9 @@ class AllreduceMachine(RingMembers):
         if self.fetch is not None and self.fetch.call in lost:
             orders += self._fetch_from()   # from another trainer that holds them
         rd, c = self.open, self.coll
-        for call in lost & set(rd.calls if rd is not None else ()):
-            del rd.calls[call]    # its share of the round is lost
+        if rd is not None:
+            for call in lost & set(rd.calls):
+                del rd.calls[call]    # its share of the round is lost
         if c is not None:
             gone = [c.calls.pop(call) for call in lost & set(c.calls)]
             if j in c.awaiting:   # its collective ran on its threads: never reported now

@@ -35,7 +35,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ..codecs import Codec
-from ..options import ConfigError, SchemeOptions, boolean, int_at_least, option, schedule
+from ..options import ConfigError, SchemeOptions, boolean, filled, int_at_least, option, schedule
 from ..wire import TrainerWire, Weights
 from .averaging import ValueBuffers
 from .orders import TRAIN, Call, Order
@@ -68,7 +68,7 @@ class DownpourOptions(SchemeOptions):
         return {"n_fetch": 16, "n_push": 16, "staleness_scaling": False}
 
     def validate(self, config) -> None:
-        small, large = sorted((self.n_fetch, self.n_push))
+        small, large = sorted((filled(self.n_fetch, "n_fetch"), filled(self.n_push, "n_push")))
         if large % small:
             raise ConfigError(f"n_fetch={self.n_fetch} and n_push={self.n_push}:",
                               f"the larger must be a multiple of the smaller (one call runs "

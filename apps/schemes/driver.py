@@ -179,7 +179,7 @@ class Driver:
                                     adopted=self._adopted, backend=self.backend,
                                     trainer_cls=self.trainer_cls)
             self.pool.start()
-            check_framework(self.config, self.pool.live()[0].info)
+            check_framework(self.config, self.pool.live()[0].about)
             _say_gpu_note(self.config, [s.info for s in self.pool.live()])
             machine = self.machine = self._make_machine(self.pool.live())
             if ckpt is not None:
@@ -217,7 +217,7 @@ class Driver:
                 result = TrainResult(
                     scheme=self.name, history=self.history.rows, weights=weights,
                     config=self.config, options=machine.options, model_fn=self.model_fn,
-                    framework=self.pool.live()[0].info.get("framework")
+                    framework=self.pool.live()[0].about.get("framework")
                     if self.pool.live() else None,
                     trainer_cls=self.trainer_cls, updates=machine.updates,
                     stopped_early=self.early.reason, startup_s=startup, events=self.events,
@@ -241,8 +241,24 @@ class Driver:
             if started_session:
                 self.backend.shutdown()
 
+    # -- what exists while run() runs --------------------------------------------------------
+    def _the_pool(self) -> TrainerPool:
+        if self.pool is None:
+            raise RuntimeError("the driver's pool exists only while run() runs")
+        return self.pool
+
+    def _the_machine(self) -> Machine:
+        if self.machine is None:
+            raise RuntimeError("the driver's machine exists only while run() runs")
+        return self.machine
+
+    def _the_run(self) -> Run:
+        if self.run_state is None:
+            raise RuntimeError("the run's state exists only while run() trains")
+        return self.run_state
+
     def _make_machine(self, live: list[Slot]) -> Machine:
-        infos = [s.info for s in live]
+        infos = [s.about for s in live]
         options = self.options.for_data(self.config, infos)
         plan = self._make_plan(infos, options.plan_rounds())
         wire = Wire(self.config.compression, self.name, self.machine_cls.wire_modes,
@@ -253,13 +269,13 @@ class Driver:
 
     def _make_plan(self, infos: list, rounds: int) -> Plan:
         if infos[0].get("partitioned"):
-            sizes = {s.index: s.info["num_train"] for s in self.pool.live()}
+            sizes = {s.index: s.about["num_train"] for s in self._the_pool().live()}
             return Plan(self.seed, rounds, sum(sizes.values()), part_sizes=sizes)
         return Plan(self.seed, rounds, infos[0]["num_train"])
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, orders: list[Order]) -> list:
-        machine = self.machine
+        machine = self._the_machine()
         while True:
             self._execute(orders)
             if self.stop_order is not None:
@@ -273,7 +289,7 @@ class Driver:
             elif isinstance(order, EmitRow):
                 for cb in self.callbacks:
                     cb.on_row(order.row, self.run_state)
-                self.inbox.append(RowDone(order.row["round"], bool(self.run_state.stop),
+                self.inbox.append(RowDone(order.row["round"], bool(self._the_run().stop),
                                           self.clock()))
             elif isinstance(order, Checkpoint):
                 self._save_checkpoint(order)
@@ -307,7 +323,7 @@ class Driver:
         if self.inbox:
             return self.inbox.popleft()
         self._flush_checkpoint_events()
-        joined = self.pool.poll()
+        joined = self._the_pool().poll()
         if joined:
             return TrainersJoined(tuple(joined), self.clock())
         if not self.pending:
@@ -331,10 +347,10 @@ class Driver:
             time.sleep(max(0.0, self.timer - self.clock()))
             self.timer = None
             return Tick(self.clock())
-        while self.pool.starting():
-            waiting = self.pool.starting()
+        while self._the_pool().starting():
+            waiting = self._the_pool().starting()
             self.backend.wait([s.ready_ref for s in waiting], num_returns=1, timeout=1.0)
-            joined = self.pool.poll()
+            joined = self._the_pool().poll()
             if joined:
                 return TrainersJoined(tuple(joined), self.clock())
         raise RuntimeError(f"the {self.name} scheme waits with no call in flight, no timer "
@@ -344,7 +360,7 @@ class Driver:
         """``handle``'s trainer died: the pool replaces it, and every call in flight on it
         fails with it."""
         if slot.handle is handle and slot.state is SlotState.LIVE:
-            self.pool.lose(slot, error)
+            self._the_pool().lose(slot, error)
         for ref, (call_id, _slot, h) in list(self.pending.items()):
             if h is handle:
                 del self.pending[ref]
@@ -353,15 +369,15 @@ class Driver:
 
     def _wait_for_trainers(self, count: int, why: str | None) -> None:
         cfg = self.config
-        live = len(self.pool.live())
+        live = len(self._the_pool().live())
         self.emit(EventKind.WAITING, None,
                   f"{live} of min_workers={cfg.min_workers} trainers live; waiting up "
                   f"to {cfg.rejoin_timeout_s:g} s for replacements" if why is None else
                   f"{live} trainers live; waiting up to {cfg.rejoin_timeout_s:g} s for a "
                   "replacement")
-        joined = self.pool.wait_for(count, cfg.rejoin_timeout_s)
-        if len(self.pool.live()) < count:
-            raise TooFewTrainersError(why or self._too_few_message(len(self.pool.live())))
+        joined = self._the_pool().wait_for(count, cfg.rejoin_timeout_s)
+        if len(self._the_pool().live()) < count:
+            raise TooFewTrainersError(why or self._too_few_message(len(self._the_pool().live())))
         self.inbox.append(TrainersJoined(tuple(joined), self.clock()))
 
     # -- events --------------------------------------------------------------------------------
@@ -383,7 +399,7 @@ class Driver:
         cfg = self.config
         lost = [e for e in self.events if e["kind"] == EventKind.TRAINER_LOST.value]
         where = ", ".join(f"trainer {e['trainer']} on node {e['node']}" for e in lost[-4:])
-        return (f"training stopped at round {self.machine.round_no}: {live} trainer(s) left, "
+        return (f"training stopped at round {self._the_machine().round_no}: {live} trainer(s) left, "
                 f"fewer than min_workers={cfg.min_workers}, and no replacement started within "
                 f"rejoin_timeout_s={cfg.rejoin_timeout_s:g} s ({len(lost)} lost: {where}). "
                 "No node had a free CPU for one: add nodes with `ddlf-node start --address "
@@ -403,7 +419,7 @@ class Driver:
         """Queue a checkpoint of the run as it is now (written on a background thread).
         The weights lists are never changed in place (each update makes new arrays), so
         the writer can read them while training goes on."""
-        machine = self.machine
+        machine = self._the_machine()
         meta = {
             "scheme": self.name, "history": [dict(r) for r in self.history.rows],
             "events": [dict(e) for e in self.events], "elapsed_s": self.clock() - self.t0,
@@ -411,6 +427,9 @@ class Driver:
             "config": self.config.to_json(), "options": machine.options.to_json(),
             "fingerprint": self.fingerprint, "position": order.position, "wire": order.wire,
         }
+        if self.writer is None:
+            raise RuntimeError("a Checkpoint order in a run without checkpoint_dir: a bug in "
+                               "the scheme's machine (checkpoint_due is False there)")
         self.writer.submit(checkpoint.Checkpoint(
             round=order.round, weights=order.weights, meta=meta,
             optimizer_states=order.optimizer_states, arrays=order.arrays))
@@ -437,8 +456,8 @@ class Driver:
     def _fingerprint(self) -> dict:
         """What this run's model and dataset are (from a trainer, not from the weights a
         resume would load): a checkpoint of another model or dataset is refused."""
-        info = self.pool.live()[0].info
-        partitioned = self.machine.plan.partitioned
+        info = self._the_pool().live()[0].about
+        partitioned = self._the_machine().plan.partitioned
         return {
             "model": {"fn": describe_callable(self.model_fn), "weights": info["weights"]},
             "dataset": {"what": describe_callable(self.dataset),
@@ -462,7 +481,7 @@ class Driver:
                 f"cannot resume from {ckpt.path}: it was written by a {meta.get('scheme')} run, "
                 f"this is a {self.name} run; resume it with train(..., scheme="
                 f"{meta.get('scheme')!r})")
-        machine = self.machine
+        machine = self._the_machine()
         machine.round_no = ckpt.round
         self.seed = int(meta["rng"]["seed"])
         machine.plan.seed = self.seed
@@ -477,7 +496,7 @@ class Driver:
 
     def _resume_detail(self, ckpt: checkpoint.Checkpoint) -> str:
         saved = {**ckpt.meta.get("config", {}), **ckpt.meta.get("options", {})}
-        now = {**self.config.to_json(), **self.machine.options.to_json()}
+        now = {**self.config.to_json(), **self._the_machine().options.to_json()}
         changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now)
                    if k in saved and saved.get(k) != now.get(k)
                    and k not in ("callbacks", "progress", "checkpoint_dir")]

@@ -138,6 +138,24 @@ class LocalStream:
             self.applied[f] = base
         return weights
 
+    def anchor(self, f: int) -> list:
+        """Fragment ``f``'s anchor; ``RuntimeError`` before the trainer has one (it gets one
+        with the fragment's first global: a DDLF bug to ask before)."""
+        a = self.anchors[f]
+        if a is None:
+            raise RuntimeError(f"fragment {f} has no anchor on this trainer yet (a bug in "
+                               "DDLF, please report it)")
+        return a
+
+    def global_of(self, f: int) -> tuple[int, list]:
+        """``(base, values)`` of fragment ``f``'s global held here; ``RuntimeError`` when
+        none is (a DDLF bug)."""
+        g = self.globals[f]
+        if g is None:
+            raise RuntimeError(f"this trainer holds no global of fragment {f} (a bug in "
+                               "DDLF, please report it)")
+        return g
+
     def unset(self) -> list[int]:
         """Fragments this trainer has no anchor for (it holds no global of them yet)."""
         return [f for f, a in enumerate(self.anchors) if a is None]
@@ -146,7 +164,7 @@ class LocalStream:
     def send(self, weights: list, f: int, key: int) -> list:
         """Fragment ``f``'s outer gradient for round ``key`` (anchor − now), kept pending."""
         cur = self.layout.take(weights, f)
-        g = [a - c for a, c in zip(self.anchors[f], cur)]
+        g = [a - c for a, c in zip(self.anchor(f), cur)]
         self.pending[f].append((int(key), g))
         self.anchors[f] = cur
         return g
@@ -170,7 +188,7 @@ class LocalStream:
                       "x": [], "pending": [], "residual": []}
         arrays: list = []
         for f in range(self.layout.count):
-            anchor = self.anchors[f]
+            anchor = self.anchor(f)
             arrays += anchor
             cur = self.layout.take(weights, f)
             same = all(np.array_equal(a, c) for a, c in zip(anchor, cur))
@@ -198,8 +216,8 @@ class LocalStream:
 
         for f in range(self.layout.count):
             n = len(self.layout.pieces[f])
-            self.anchors[f] = take(n)
-            weights = self.layout.put(weights, f, take(n) if meta["x"][f] else self.anchors[f])
+            anchor = self.anchors[f] = take(n)
+            weights = self.layout.put(weights, f, take(n) if meta["x"][f] else anchor)
             self.pending[f] = [(int(k), take(n)) for k in meta["pending"][f]]
             kept = meta["residual"][f]
             spec = meta.get("codec", {}).get(str(f))
@@ -293,12 +311,9 @@ class StreamingTrainer:
         self._commit_staged()
         for (f, base), msg in zip(heads, globals_):
             st.receive(int(f), int(base), msg)
-        if any(g is None for g in st.globals):
-            raise RuntimeError(f"trainer {self._ddlf_index} holds no global of some fragment "
-                               "to evaluate: a DDLF bug, please report it")
         weights = self.get_weights()
-        for f, (_base, values) in enumerate(st.globals):
-            weights = st.layout.put(weights, f, values)
+        for f in range(st.layout.count):   # RuntimeError for a fragment with no global
+            weights = st.layout.put(weights, f, st.global_of(f)[1])
         return self.evaluate(weights, shard)
 
     def _commit_staged(self) -> None:

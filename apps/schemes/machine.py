@@ -150,8 +150,8 @@ class Machine:
 
     def too_few(self) -> list[Order]:
         """``[NeedTrainers]`` when fewer than ``min_workers`` are live, else ``[]``."""
-        if len(self.live) < self.config.min_workers:
-            return [NeedTrainers(self.config.min_workers)]
+        if len(self.live) < self.config.min_trainers:
+            return [NeedTrainers(self.config.min_trainers)]
         return []
 
     def admit(self, slots) -> list[Order]:
@@ -165,8 +165,9 @@ class Machine:
             if state is not None:
                 orders.append(self.call(slot, ("set_optimizer_state", (state,), {}),
                                         wait=False))
-            if self.plan.partitioned and slot.info is not None:
-                self.plan.part_sizes[slot.index] = slot.info["num_train"]
+            sizes = self.plan.part_sizes   # a partitioned dataset's
+            if sizes is not None and slot.info is not None:
+                sizes[slot.index] = slot.info["num_train"]
             spec = self.wire.admit(slot)
             if spec is not None:
                 orders.append(self.call(slot, spec, wait=False))

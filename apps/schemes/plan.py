@@ -77,7 +77,8 @@ class Plan:
         key = (epoch, part)
         perm = self._cache.get(key)
         if perm is None:
-            n = self.num_train if part is None else self.part_sizes[part]
+            n = self.num_train if part is None or self.part_sizes is None else \
+                self.part_sizes[part]
             perm = epoch_rng(self.seed, epoch, part).permutation(n).astype(np.int32)
             # Two epochs' worth at most: the current one and the next (async runs ahead).
             for old in [k for k in self._cache if k[0] < epoch - 1]:

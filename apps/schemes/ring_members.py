@@ -52,6 +52,20 @@ class RingMembers(Machine):
     pending_hops: dict[int, dict]
     pending_states: dict[int, tuple]
 
+    def _collective(self) -> Collective:
+        """The collective in progress; ``RuntimeError`` when none is (a DDLF bug)."""
+        if self.coll is None:
+            raise RuntimeError("allreduce: no collective is in progress (a bug in DDLF, "
+                               "please report it)")
+        return self.coll
+
+    def _fetching(self) -> Fetch:
+        """The fetch of the weights in progress; ``RuntimeError`` when none is."""
+        if self.fetch is None:
+            raise RuntimeError("allreduce: no fetch of the weights is in progress (a bug in "
+                               "DDLF, please report it)")
+        return self.fetch
+
     # -- membership: every member holds the current weights ---------------------------------------
     def admit(self, slots) -> list[Order]:
         orders = super().admit(slots)
@@ -119,7 +133,7 @@ class RingMembers(Machine):
         return self._fetch_from()
 
     def _fetch_from(self) -> list[Order]:
-        f = self.fetch
+        f = self._fetching()
         candidates = f.slots if f.slots is not None else self.members()
         holders = [s for s in candidates if s.index not in self.fresh and s.index in self.live]
         if not holders:
@@ -130,7 +144,7 @@ class RingMembers(Machine):
         return [call]
 
     def _fetched(self, event: CallDone) -> list[Order]:
-        f, self.fetch = self.fetch, None
+        f, self.fetch = self._fetching(), None
         w, v = event.value
         w = [np.array(a, copy=True) for a in w]
         if self.streamed:
@@ -144,7 +158,7 @@ class RingMembers(Machine):
     # -- a member's report of a collective ------------------------------------------------------
     def _member_out(self, slot: Slot, why: str) -> list[Order]:
         """A member failed its part: nobody waits for a chunk that will never come."""
-        c = self.coll
+        c = self._collective()
         if c.aborted:
             return []
         c.aborted = True
@@ -153,7 +167,7 @@ class RingMembers(Machine):
 
     def _reply(self, slot: Slot, value: dict) -> list[Order]:
         """A member's report of the collective (its reply, or its next hold's)."""
-        c = self.coll
+        c = self._collective()
         c.replies[slot.index] = value
         c.record["status"][slot.index] = value["status"]
         c.replies_all.append(value)

@@ -58,6 +58,20 @@ class RingStreamTrainer:
     _staged: dict | None = None   # a completed collective's result, not committed yet
     _bg: dict | None = None       # the collective running on its own thread
 
+    def _held_stream(self) -> LocalStream:
+        """The streamed run held here; ``RuntimeError`` when none is (a DDLF bug)."""
+        if self._stream is None or self._svel is None:
+            raise RuntimeError(f"trainer {self._ddlf_index} holds no streamed allreduce run: "
+                               "stream_start was not called (a DDLF bug)")
+        return self._stream
+
+    def _velocities(self) -> list:
+        """Each fragment's outer velocity held here (None: zeros)."""
+        if self._svel is None:
+            raise RuntimeError(f"trainer {self._ddlf_index} holds no streamed allreduce run: "
+                               "stream_start was not called (a DDLF bug)")
+        return self._svel
+
     def _ring_stream(self, run) -> LocalStream:
         st = self._stream
         if st is None or st.run != run or self._svel is None:
@@ -144,8 +158,8 @@ class RingStreamTrainer:
             if self._hop_feedback is not None:
                 fb.load(self._hop_feedback.state())
         job = {"tag": tag, "size": size, "timeout": timeout_s, "result": {}}
-        bases = {f: st.globals[f][1] for f in frags}
-        vels = {f: self._svel[f] for f in frags}
+        bases = {f: st.global_of(f)[1] for f in frags}
+        vels = {f: self._velocities()[f] for f in frags}
         runtime = backends.here()
 
         def work():
@@ -260,21 +274,21 @@ class RingStreamTrainer:
         staged, self._staged = self._staged, None
         if staged is None:
             return
-        st = self._stream
+        st, velocities = self._held_stream(), self._velocities()
         for f, (values, vel) in staged["fragments"].items():
             st.globals[f] = (staged["round"], values)
-            self._svel[f] = vel
+            velocities[f] = vel
         if staged["hops"] is not None:
             self._hop_feedback = staged["hops"]
 
     def _stream_digest(self) -> int:
         """A CRC of the globals and velocities held here, the staged result counted in:
         every member of a run holds the same."""
-        st = self._stream
+        st = self._held_stream()
         staged = self._staged["fragments"] if self._staged is not None else {}
         arrays: list = []
-        for f, (_base, values) in enumerate(st.globals):
-            arrays += staged[f][0] if f in staged else values
+        for f in range(st.layout.count):
+            arrays += staged[f][0] if f in staged else st.global_of(f)[1]
         for f, vel in enumerate(self._svel or []):
             vel = staged[f][1] if f in staged else vel
             arrays += list(vel or [])
@@ -283,18 +297,19 @@ class RingStreamTrainer:
     def stream_global(self, velocity: bool = False) -> tuple[list, list]:
         """The committed globals as weights and, with ``velocity``, the velocities (a
         list per fragment, [] for none): what the driver fetches."""
-        st = self._stream
+        st = self._held_stream()
         weights = self.get_weights()
-        for f, (_base, values) in enumerate(st.globals):
-            weights = st.layout.put(weights, f, values)
-        return weights, [list(v or []) for v in self._svel] if velocity else []
+        for f in range(st.layout.count):
+            weights = st.layout.put(weights, f, st.global_of(f)[1])
+        return weights, [list(v or []) for v in self._velocities()] if velocity else []
 
     def stream_snapshot(self) -> dict:
         """What a trainer joining the run copies from this one (``stream_adopt``)."""
         self._commit_staged()
         weights, velocities = self.stream_global(True)
         return {"weights": weights, "velocities": velocities,
-                "bases": [g[0] for g in self._stream.globals]}
+                "bases": [self._held_stream().global_of(f)[0]
+                          for f in range(self._held_stream().layout.count)]}
 
     def stream_adopt(self, source, run, fragments: int) -> dict:
         """Join streamed run ``run`` with the globals and velocities of the live trainer

@@ -16,6 +16,7 @@ from ..options import (
     ConfigError,
     SchemeOptions,
     boolean,
+    filled,
     int_at_least,
     number_in,
     one_of,
@@ -160,17 +161,19 @@ class Rounds:
         self.per_epoch = options.plan_rounds()
         self.total = master_epochs * self.per_epoch
         self.outer: Any
+        momentum = filled(options.outer_momentum, "outer_momentum")
+        nesterov = filled(options.nesterov, "nesterov")
+        warmup = filled(options.warmup_rounds, "warmup_rounds")
         if options.streaming:   # one optimizer per fragment (streaming.py)
-            self.outer = FragmentOuter(options.fragments, options.outer_lr,
-                                       options.outer_momentum, options.nesterov,
-                                       options.lr_scaling == "outer", options.warmup_rounds)
+            self.outer = FragmentOuter(filled(options.fragments, "fragments"), options.outer_lr,
+                                       momentum, nesterov, options.lr_scaling == "outer", warmup)
         else:
-            self.outer = OuterOptimizer(options.outer_lr, options.outer_momentum,
-                                        options.nesterov,
+            self.outer = OuterOptimizer(options.outer_lr, momentum, nesterov,
                                         scale_with_k=options.lr_scaling == "outer",
-                                        warmup_rounds=options.warmup_rounds)
+                                        warmup_rounds=warmup)
         self.inner = InnerRate(options.lr_schedule, scale_with_k=options.lr_scaling == "inner",
-                               warmup_rounds=options.warmup_rounds, base=base_rate)
+                               warmup_rounds=warmup, base=base_rate)
+        self.eval_every = filled(options.eval_every, "eval_every")
         self.inner_steps = 0      # a trainer's optimizer steps so far (lr_schedule's step)
         self.pending_row: HistoryRow | None = None   # evaluated during the next round
 
@@ -198,7 +201,7 @@ class Rounds:
             row["learning_rate"] = rate["learning_rate"]
         if not self.outer.plain:
             row["outer_lr"] = self.outer.last_rate
-        if round_no % self.options.eval_every == 0 or round_no == self.total:
+        if round_no % self.eval_every == 0 or round_no == self.total:
             self.pending_row = row
             return []
         return [EmitRow(row)]

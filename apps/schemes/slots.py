@@ -42,3 +42,12 @@ class Slot:
     @property
     def node(self) -> str | None:
         return (self.info or {}).get("node")
+
+    @property
+    def about(self) -> dict:
+        """The trainer's ``describe()``, which every live slot has (``RuntimeError`` for a
+        slot whose trainer has not finished starting: a bug in the caller)."""
+        if self.info is None:
+            raise RuntimeError(f"slot {self.index} ({self.state.value}) has no trainer "
+                               "description yet: only a live slot has one")
+        return self.info

@@ -244,6 +244,9 @@ class SyncMachine(Machine):
     def _close(self) -> list[Order]:
         cfg = self.config
         rd, self.open = self.open, None
+        if rd is None:
+            raise RuntimeError("sync: no round is open to close (a bug in DDLF, please "
+                               "report it)")
         for call_id, slot in rd.calls.items():   # still running: folded into a later round
             self.late.defer(call_id, slot, rd.number, len(rd.pieces[slot.index]))
         self.bytes_sent += rd.bc.take_bytes()   # shards a lost trainer's successor took over
@@ -329,7 +332,8 @@ class SyncMachine(Machine):
             bc = self.stream.evaluation()
         else:
             bc = self.wire.broadcast(self.w)
-        orders = self.evals.add(self.rounds.take_pending(), bc, live)
+        row = self.rounds.take_pending()
+        orders = self.evals.add(row, bc, live) if row is not None else []
         self.bytes_sent += bc.take_bytes()
         return orders
 
@@ -354,7 +358,8 @@ class SyncMachine(Machine):
             bc = self.stream.evaluation()
         else:
             bc = self.wire.broadcast(self.w)
-        orders = self.evals.add(self.rounds.take_pending(), bc, self.members())
+        row = self.rounds.take_pending()
+        orders = self.evals.add(row, bc, self.members()) if row is not None else []
         self.bytes_sent += bc.take_bytes()
         return orders + self._finished()
 
@@ -368,19 +373,26 @@ class SyncMachine(Machine):
         self.waiting = False
         self.flush_calls = {}
         orders: list[Order] = []
+        stream = self._the_stream()
         for slot in self.members():
-            call = self.call(slot, self.stream.flush(slot, self.rounds.total + 1), TRAIN)
+            call = self.call(slot, stream.flush(slot, self.rounds.total + 1), TRAIN)
             self.flush_calls[call.id] = slot
             orders.append(call)
-        self.bytes_sent += self.stream.take_bytes()
+        self.bytes_sent += stream.take_bytes()
         return orders
+
+    def _the_stream(self) -> Streaming:
+        if self.stream is None:
+            raise RuntimeError("sync: a streamed step in a run without overlap or fragments "
+                               "(a bug in DDLF, please report it)")
+        return self.stream
 
     def _flush_over(self) -> list[Order]:
         if self.flush_calls:
             return []
         if self.flush_replies:
-            self.w, size = self.stream.flushed(self.w, self.rounds.outer, self.flush_replies,
-                                               self.buffers)
+            self.w, size = self._the_stream().flushed(self.w, self.rounds.outer,
+                                                      self.flush_replies, self.buffers)
             self.bytes_received += size
         self.flushed = True
         return self._finish()
@@ -439,7 +451,7 @@ class SyncMachine(Machine):
                     return self._flush_over()
         orders: list[Order] = self.evals.lost(event.calls, self.members())
         if self.evals.busy and not self.live:
-            orders.append(NeedTrainers(self.config.min_workers))   # a shard has nowhere to go
+            orders.append(NeedTrainers(self.config.min_trainers))  # a shard has nowhere to go
         if self.waiting:
             return orders + self._next_round()
         if self.finishing:
@@ -483,5 +495,5 @@ class SyncMachine(Machine):
             self.balancer = RateBalancer.from_json(pos.get("rates"))
         if self.options.streaming:
             self._streamed(ckpt.weights)
-            self.stream.restore(pos["stream"], ckpt.arrays)
+            self._the_stream().restore(pos["stream"], ckpt.arrays)
             self.resumed = True

@@ -104,8 +104,8 @@ class QueueMachine(Machine):
 
     def begin(self, weights: list) -> list[Order]:
         self.w = weights
-        self.epoch_samples = (self.plan.num_train if not self.plan.partitioned
-                              else sum(self.plan.part_sizes.values()))
+        sizes = self.plan.part_sizes   # a partitioned dataset's
+        self.epoch_samples = self.plan.num_train if sizes is None else sum(sizes.values())
         orders: list[Order] = []
         resumed, self._resumed = self._resumed, None
         if resumed is not None:
@@ -123,7 +123,8 @@ class QueueMachine(Machine):
         if self.stopping:
             # Running calls end first (their results are dropped); evaluations still out
             # are not waited for.
-            return [] if self.inflight else [Stop(self.weights_at.get(self.last_row, self.w))]
+            last = self.weights_at.get(self.last_row) if self.last_row is not None else None
+            return [] if self.inflight else [Stop(last if last is not None else self.w)]
         orders = self._feed()
         if self.evals.busy and self.live:   # rows that found no trainer when they were made
             orders += self.evals.joined(self.members())
@@ -141,7 +142,8 @@ class QueueMachine(Machine):
         return orders + [Stop(self.wire.model(self.w))]
 
     def _work_left(self) -> bool:
-        keys = [_SHARED] if not self.plan.partitioned else [str(j) for j in self.plan.part_sizes]
+        sizes = self.plan.part_sizes
+        keys = [_SHARED] if sizes is None else [str(j) for j in sizes]
         return any(self.queues.get(k) or self.planned.get(k, 0) < self.config.master_epochs
                    for k in keys) and self.epoch_done < self.config.master_epochs
 
@@ -197,7 +199,8 @@ class QueueMachine(Machine):
         counts = self.counts
         lead = counts.setdefault(slot.index, 0) - min(counts.setdefault(s.index, 0) for s in live)
         q = self.queue(slot.index)
-        want_state = self.ctx.checkpointing and counts[slot.index] % cfg.checkpoint_every == 0
+        want_state = (self.ctx.checkpointing and cfg.checkpoint_every is not None
+                      and counts[slot.index] % cfg.checkpoint_every == 0)
         piece = None
         if not q:
             # No work left for it (the bound does not apply: nothing new is trained).
