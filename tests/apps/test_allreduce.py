@@ -119,7 +119,10 @@ def test_driver_bytes_per_round_do_not_grow_with_k(train_cluster):
             # replies: stats, status, the right neighbour's handle, whose pickle lists the
             # trainer class's methods): no weights, which are 10 KB a copy.
             assert indices < wire[k] < indices + k * 2500, wire
-        assert max(wire.values()) <= 1.10 * min(wire.values()), wire
+        # Each trainer the ring gains adds its control, well under a quarter of one
+        # model copy: a driver that relayed weights would add two copies per trainer.
+        # (A ratio of the totals would depend on how many indices a round ships.)
+        assert (wire[4] - wire[2]) / 2 < weights / 4, wire
         # The same meter sees sync's star grow by two model copies per trainer.
         star = {k: _driver_bytes_per_round(train_sync, trainers[:k])[0] for k in (2, 4)}
         assert star[4] - star[2] > 2 * 2 * weights, star
