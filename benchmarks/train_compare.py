@@ -793,7 +793,7 @@ def run_ddlf(job: Job, args) -> dict:
         configure_tf(1)
         default = describe_optimizer(build_model(job.seed, job.candidate).optimizer)
     label = protocol.candidate_label(job.candidate, default)
-    settings = describe_settings(r.config) + ("" if backend == "ddlf" else ", on Ray") \
+    settings = describe_settings(r.options) + ("" if backend == "ddlf" else ", on Ray") \
         + f"; {label}"
     for p in points:
         log(f"[{job.column}] epoch {p['epoch']:.2f}: {p['train_s']:.1f} s of training, "

@@ -310,7 +310,8 @@ def test_ddlf_rows_become_points_with_startup_and_evaluation_taken_out():
     assert protocol.evals_per_epoch(points) == 1.0
 
 
-def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluster):
+def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluster,
+                                                                    monkeypatch):
     from helpers_modules.numpy_trainer import NumpyTrainer, hard_blobs_dataset, softmax_model_fn
 
     from ddlf_actors.apps import train_sync
@@ -326,6 +327,14 @@ def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluste
     assert eval_s > 0
     hit = first_crossing(points, 0.3)
     assert hit is not None and hit.epoch in [p["epoch"] for p in points]
+    # The DDLF column labels its settings from the run's resolved scheme options (a
+    # column's whole selection once failed on a setting read from TrainConfig instead).
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # the script adds to it
+    monkeypatch.syspath_prepend(_BENCH)
+    import train_compare
+
+    text = train_compare.describe_settings(r.options)
+    assert text.startswith("8 rounds/epoch"), text
 
 
 def test_the_tables_mark_once_per_epoch_columns_failed_runs_and_the_choice():
