@@ -45,15 +45,15 @@ torch-ddp       ``torchrun --standalone --nproc_per_node 2``: two processes of 1
 torchft-diloco  torchft's ``DiLoCo`` (``pip install torchft``): two replicas of 1 thread,
                 a lighthouse, inner SGD momentum 0.9 (lr from the grid), outer SGD lr 0.7,
                 Nesterov momentum 0.9 (the DiLoCo paper's), a sync every ``--sync-every``
-                (32) inner steps: DDLF's default of about 32 local steps per round.
+                (16) inner steps: DDLF's default of about 16 local steps per round.
                 Evaluated right after a sync (the global model), at the first sync past
                 each quarter of an epoch.
 ddlf-torch-default
                 ``train_sync(models.paper_cnn_torch, ...)`` on an embedded DDLF cluster: 2
                 trainers of 1 thread, batch 32 each, ``optimizer=`` SGD momentum 0.9 (lr
                 from the grid, tuned like the others), every scheme setting at DDLF's
-                default (rounds of ~32 local steps, Nesterov outer momentum 0.9 at 0.5·K
-                warmed up over half an epoch). Evaluated by the trainers every
+                default (``apps/schemes/rounds.py``: rounds of ~16 local steps, outer
+                Nesterov 0.9 at 0.7). Evaluated by the trainers every
                 ``rounds_per_epoch // --evals-per-epoch`` rounds and after each epoch's last
                 round; the clock is the rows' round times minus their evaluation time.
 ddlf-torch-alg6 the same with the paper's Algorithm 6 (``rounds_per_epoch=1,
@@ -61,8 +61,8 @@ ddlf-torch-alg6 the same with the paper's Algorithm 6 (``rounds_per_epoch=1,
                 global model exists only at each epoch's end, so it has one evaluation per
                 epoch, not ``--evals-per-epoch``.
 keras-tf, keras-jax
-                DDLF's defaults with ``models.paper_cnn`` (Keras, SGD 0.01 as it compiles,
-                not tuned) on TensorFlow and, with ``keras_backend="jax"``, on JAX in the
+                DDLF's defaults with ``models.paper_cnn`` (Keras, the optimizer it compiles,
+                Adam 1e-3; not tuned) on TensorFlow and, with ``keras_backend="jax"``, on JAX in the
                 trainers; for the record, evaluated as ``ddlf-torch-default``.
 
 The two-process columns run in a private network namespace (``unshare -n``, loopback
@@ -657,7 +657,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--evals-per-epoch", type=int, default=4)
-    p.add_argument("--sync-every", type=int, default=32, help="torchft-diloco: inner steps")
+    p.add_argument("--sync-every", type=int, default=16,
+                   help="torchft-diloco: inner steps (16: DDLF's STEPS_PER_ROUND)")
     p.add_argument("--limit", type=int, help="train on the first N images (smoke runs)")
     p.add_argument("--eval-limit", type=int, help="evaluate on the first N (smoke runs)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
