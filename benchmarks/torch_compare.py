@@ -440,11 +440,11 @@ def keras_cnn(seed: int):
 
 def ddlf_timeline(history: list, startup_s: float) -> Timeline:
     """A DDLF run's history as this script's timeline. Training time is the rounds' wall
-    time minus the trainers' evaluation time in them, and minus the start-up: the first
-    round's wall time counts from the driver's start, trainers' start-up included
-    (``result.startup_s``)."""
+    time minus the trainers' evaluation time in them. The first round's wall time starts
+    when training does (8562c90), so the trainers' start-up (``startup_s``, reported
+    apart) is not in it and is not taken out again: doing so made times negative."""
+    del startup_s   # kept in the signature: callers report it beside the timeline
     tl = Timeline()
-    tl.train_s = -startup_s
     for row in history:
         tl.train_s += row["wall_s"] - row.get("eval_s", 0.0)
         if row.get("test_accuracy") is not None:

@@ -1,0 +1,28 @@
+"""torch_compare.py's bookkeeping, without torch."""
+
+from __future__ import annotations
+
+import os
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def test_a_ddlf_timeline_is_round_time_without_evaluation_and_start_up_is_not_taken_twice(
+        monkeypatch):
+    # The script sets OMP_NUM_THREADS on import (before numpy and torch load): keep ours.
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    monkeypatch.syspath_prepend(_BENCH)
+    import torch_compare
+
+    history = [
+        {"epoch": 0.5, "wall_s": 2.0, "eval_s": 0.0, "test_accuracy": 0.80, "test_loss": 0.5},
+        {"epoch": 0.75, "wall_s": 1.0, "eval_s": 0.0, "test_accuracy": None, "test_loss": None},
+        {"epoch": 1.0, "wall_s": 2.5, "eval_s": 0.5, "test_accuracy": 0.86, "test_loss": 0.4},
+    ]
+    # Rows' wall times start when training does; the start-up (5 s) is reported apart.
+    tl = torch_compare.ddlf_timeline(history, startup_s=5.0)
+    assert [(r["epoch"], r["train_s"]) for r in tl.rows] == [(0.5, 2.0), (1.0, 5.0)]
+    assert tl.train_s == 5.0
+    figures = torch_compare.figures({"timeline": tl.rows, "train_s": tl.train_s}, 0.85)
+    assert figures["epochs_to_target"] == 1.0 and figures["time_to_target"] == 5.0
+    assert figures["s_per_epoch"] == 5.0
