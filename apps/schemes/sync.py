@@ -325,7 +325,11 @@ class SyncMachine(Machine):
         return orders + self._maybe_close()
 
     def _evaluate_pending(self) -> list[Order]:
-        live = self.late.idle(self.members()) or self.members()
+        return self._evaluate_row(self.late.idle(self.members()) or self.members())
+
+    def _evaluate_row(self, trainers: list) -> list[Order]:
+        """The pending row's evaluation of ``w`` on ``trainers``, sent once (through the
+        stream when fragments publish it)."""
         bc: Any
         if self.stream is not None:
             self.stream.publish(self.w)
@@ -333,7 +337,7 @@ class SyncMachine(Machine):
         else:
             bc = self.wire.broadcast(self.w)
         row = self.rounds.take_pending()
-        orders = self.evals.add(row, bc, live) if row is not None else []
+        orders = self.evals.add(row, bc, trainers) if row is not None else []
         self.bytes_sent += bc.take_bytes()
         return orders
 
@@ -352,16 +356,7 @@ class SyncMachine(Machine):
             return need
         self.waiting = False
         self.finishing = True
-        bc: Any
-        if self.stream is not None:
-            self.stream.publish(self.w)
-            bc = self.stream.evaluation()
-        else:
-            bc = self.wire.broadcast(self.w)
-        row = self.rounds.take_pending()
-        orders = self.evals.add(row, bc, self.members()) if row is not None else []
-        self.bytes_sent += bc.take_bytes()
-        return orders + self._finished()
+        return self._evaluate_row(self.members()) + self._finished()
 
     def _flush(self) -> list[Order]:
         if self.flush_calls is not None:

@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from helpers_modules.fake_faults import dies as _dies
 from helpers_modules.numpy_trainer import (
     MomentumTrainer,
     NumpyTrainer,
@@ -30,17 +31,6 @@ def _train(scheme, backend=None, trainer_cls=NumpyTrainer, model_fn=None, **opti
                  **{**RUN, **options})
 
 
-def _dies(slot: int, method: str, call: int):
-    fired = []
-
-    def fail_when(actor, name, n):
-        if fired or actor.instance is None or actor.instance._ddlf_index != slot:
-            return False
-        if name == method and n == call:
-            fired.append(actor)
-            return True
-        return False
-    return fail_when
 
 
 # -- allreduce ---------------------------------------------------------------------------------

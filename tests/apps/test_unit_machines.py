@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers_modules.fake_faults import dies as _dies
 from helpers_modules.numpy_trainer import (
     NumpyTrainer,
     hard_blobs_dataset,
@@ -46,19 +47,6 @@ def _kinds(result, kind):
     return [e for e in result.events if e["kind"] == kind]
 
 
-def _dies(slot: int, method: str, call: int):
-    """A ``fail_when``: slot ``slot``'s trainer dies right before its ``call``-th
-    ``method`` call, once (its replacement lives)."""
-    fired = []
-
-    def fail_when(actor, name, n):
-        if fired or actor.instance is None or actor.instance._ddlf_index != slot:
-            return False
-        if name == method and n == call:
-            fired.append(actor)
-            return True
-        return False
-    return fail_when
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

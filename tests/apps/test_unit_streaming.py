@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers_modules.fake_faults import dies as _dies
 from helpers_modules.numpy_trainer import (
     MomentumTrainer,
     NumpyTrainer,
@@ -37,17 +38,6 @@ def _kinds(result, kind):
     return [e for e in result.events if e["kind"] == kind]
 
 
-def _dies(slot: int, method: str, call: int):
-    fired = []
-
-    def fail_when(actor, name, n):
-        if fired or actor.instance is None or actor.instance._ddlf_index != slot:
-            return False
-        if name == method and n == call:
-            fired.append(actor)
-            return True
-        return False
-    return fail_when
 
 
 # -- the arithmetic ----------------------------------------------------------------------------
