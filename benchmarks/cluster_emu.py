@@ -157,6 +157,11 @@ def run(plan: dict) -> list:
             elif kind == "RESULT":
                 results.append(json.loads(body))
                 r = results[-1]
+                if plan.get("partial"):
+                    # A grid of hours keeps each run as it ends: one cut short (a
+                    # deadline, Ctrl-C) still has its finished runs, one JSON per line.
+                    with open(plan["partial"], "a") as f:
+                        f.write(json.dumps(r) + "\n")
                 if plan["mode"] == "caps":
                     r["snaps"] = snaps
                     r["groups"] = [None if g is None else g.pids() for g in nodes]
@@ -397,6 +402,14 @@ def allreduce_driver(address: str, plan: dict) -> None:
         ddlf.shutdown()
 
 
+def load_results(path: str) -> list:
+    """The runs of a ``--json`` file, or of the ``.partial.jsonl`` a run writes as it goes."""
+    with open(path) as f:
+        if path.endswith(".jsonl"):
+            return [json.loads(line) for line in f if line.strip()]
+        return json.load(f)["results"]
+
+
 def _spec(text: str):
     parts = text.split(",")
     return parts[0] if len(parts) == 1 else tuple(parts)
@@ -511,7 +524,11 @@ def main(argv=None) -> int:
     p.add_argument("--priority", type=float, default=8.0,
                    help="the run's CPU weight, in ordinary processes (with --node-cpus)")
     p.add_argument("--seconds", type=float, default=10.0, help="caps: seconds per phase")
-    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--json", help="also write the results here (and each run as it ends to "
+                                  "JSON.partial.jsonl)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="streaming, scaling: print the table of a --json file or of its "
+                        ".partial.jsonl (a grid cut short) instead of running")
     p.add_argument("--settings", help="streaming: comma-separated, of "
                    "sync,sync+codec,overlap,overlap+codec,overlap+frag,overlap+frag+codec,"
                    "allreduce,allreduce+codec,alg6 (default: all)")
@@ -547,6 +564,13 @@ def main(argv=None) -> int:
             emu_streaming.options_for(name, a.codec, a.fragments)   # a bad name fails here
         grid = {"rates": a.rates.split(","), "seeds": [int(x) for x in a.seeds.split(",")],
                 "epochs": a.epochs, "codec": a.codec, "fragments": a.fragments}
+        if a.from_file:
+            results = load_results(a.from_file)
+            table = (emu_streaming.scaling_table if a.mode == "scaling"
+                     else emu_streaming.streaming_table)
+            print(f"{len(results)} run(s) from {a.from_file}")
+            print(table(results, a.target))
+            return 0
         if a.estimate:
             secs = emu_streaming.estimate(grid, ks if a.mode == "scaling" else [k], settings)
             print(f"{a.mode}: {len(settings)} setting(s) x {len(grid['rates'])} rate(s) x "
@@ -578,6 +602,8 @@ def main(argv=None) -> int:
     if streamed:
         plan.update(grid, settings=settings, evals_per_epoch=a.evals_per_epoch,
                     max_rounds=a.max_rounds)
+    if a.json:
+        plan["partial"] = a.json + ".partial.jsonl"
     # SIGTERM and SIGHUP as Ctrl-C: unwind through run()'s finally, which removes
     # everything.
     signal.signal(signal.SIGTERM, _interrupted)
