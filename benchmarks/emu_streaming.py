@@ -9,7 +9,7 @@ holds what the driver runs there and the tables the parent prints.
 
 Both default to the workload of issue 23 section 1: ``models.wide_cnn`` (5.1 M
 parameters) on Fashion-MNIST, trainer nodes capped at 0.5 CPU, target 0.875, DDLF's
-default rounds (~32 local steps), 4 evaluations per epoch on the whole test set.
+default rounds (~16 local steps), 4 evaluations per epoch on the whole test set.
 
 Per run: **utilization** = every trainer's training compute (the rows'
 ``compute_total_s``) over K times the run's wall time (evaluations, ~1/K of the test set
@@ -43,6 +43,9 @@ SETTINGS = {
                                     "compression": "codec"}),
     "allreduce": ("allreduce", {}),
     "allreduce+codec": ("allreduce", {"compression": "codec"}),
+    # The ring with overlap: no driver on the path, and the collective in the trainers'
+    # threads while the next round's steps run.
+    "allreduce+overlap+codec": ("allreduce", {"overlap": True, "compression": "codec"}),
     # The paper's Algorithm 6: one plain average per epoch.
     "alg6": ("sync", {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}),
 }

@@ -54,3 +54,18 @@ def test_scaling_table_from_a_json_file(tmp_path):
     k4 = next(line for line in out.splitlines() if "| 4 |" in line and "overlap" in line)
     # T1 = 40 s, T4 = 16 s: 40 / (4 * 16) = 62 %.
     assert f"{40 / (4 * 16):.0%}" in k4
+
+
+def test_an_explicit_value_equal_to_another_modes_default_is_kept():
+    """``--epochs 5`` is the accuracy mode's default; streaming's is 3. Given on the
+    command line it must stay 5 (it once became 3 silently)."""
+    assert "5 epochs" in _table(["streaming", "--epochs", "5", "--estimate"])
+    assert "3 epochs" in _table(["streaming", "--estimate"])
+
+
+def test_the_target_given_is_the_target_used(tmp_path):
+    """``--target 0.85`` (the accuracy mode's default) is kept for streaming too."""
+    path = tmp_path / "runs.jsonl"
+    path.write_text(json.dumps(_run("sync", 4, 0, [0.80, 0.86, 0.88], 10.0)) + "\n")
+    out = _table(["streaming", "--from", str(path), "--target", "0.85"])
+    assert "time to 0.85 s" in out and "| 20.0 |" in out
