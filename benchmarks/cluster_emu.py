@@ -403,9 +403,13 @@ def allreduce_driver(address: str, plan: dict) -> None:
 
 
 def load_results(path: str) -> list:
-    """The runs of a ``--json`` file, or of the ``.partial.jsonl`` a run writes as it goes."""
-    with open(path) as f:
-        if path.endswith(".jsonl"):
+    """The runs of a ``--json`` file, or of the ``.partial.jsonl`` a run writes as it goes;
+    either may be gzipped (``.gz``: how ``benchmarks/results/`` keeps them)."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        if path.removesuffix(".gz").endswith(".jsonl"):
             return [json.loads(line) for line in f if line.strip()]
         return json.load(f)["results"]
 
@@ -536,8 +540,9 @@ def main(argv=None) -> int:
     p.add_argument("--settings", help="streaming: comma-separated, of "
                    "sync,sync+codec,overlap,overlap+codec,overlap+frag,overlap+frag+codec,"
                    "allreduce,allreduce+codec,allreduce+overlap+codec,alg6 (default: all)")
-    p.add_argument("--setting", default="overlap+frag+codec",
-                   help="scaling: the setting (comma-separated for several)")
+    p.add_argument("--setting", default="allreduce+overlap+codec",
+                   help="scaling: the setting (comma-separated for several; default: the "
+                        "fastest to the target on the streaming grid of 2026-11-27)")
     p.add_argument("--codec", default="int4:ef", help="streaming, scaling: the '+codec' codec")
     p.add_argument("--fragments", type=int, default=4, help="streaming: the '+frag' F")
     p.add_argument("--seeds", default="1,2,3", help="streaming, scaling: data-order seeds")

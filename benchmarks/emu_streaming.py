@@ -5,7 +5,7 @@ holds what the driver runs there and the tables the parent prints.
 
     sudo python benchmarks/cluster_emu.py streaming [--k 4] [--rates 1gbit,100mbit]
         [--settings sync,overlap+codec,...] [--seeds 1,2,3] [--epochs 3]
-    sudo python benchmarks/cluster_emu.py scaling [--ks 1,2,4] [--setting overlap+frag+codec]
+    sudo python benchmarks/cluster_emu.py scaling [--ks 1,2,4] [--setting allreduce+overlap+codec]
 
 Both default to the workload of issue 23 section 1: ``models.wide_cnn`` (5.1 M
 parameters) on Fashion-MNIST, trainer nodes capped at 0.5 CPU, target 0.875, DDLF's

@@ -69,3 +69,15 @@ def test_the_target_given_is_the_target_used(tmp_path):
     path.write_text(json.dumps(_run("sync", 4, 0, [0.80, 0.86, 0.88], 10.0)) + "\n")
     out = _table(["streaming", "--from", str(path), "--target", "0.85"])
     assert "time to 0.85 s" in out and "| 20.0 |" in out
+
+
+def test_gzipped_results_read_as_they_are_kept(tmp_path):
+    """benchmarks/results/ keeps the grids gzipped; --from reads them as they are."""
+    import gzip
+
+    runs = [_run("sync", 4, 0, [0.80, 0.86, 0.88], 10.0)]
+    path = tmp_path / "streaming.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"plan": {}, "results": runs}, f)
+    out = _table(["streaming", "--from", str(path)])
+    assert "1 run(s)" in out and "| 30.0 |" in out
