@@ -18,7 +18,7 @@ default to ``--model wide_cnn --node-cpus 0.5 --target 0.875 --epochs 3``, and
 
 Every mode takes ``--node-cpus C`` (each trainer node capped at C CPUs, see below),
 ``--model`` (``paper_cnn``, ``wide_cnn`` or ``wide_cnn:<f1>-<f2>-<dense>``, from
-``apps/models.py``) and ``--rounds-per-epoch auto`` (DDLF's default, ~32 local steps).
+``apps/models.py``) and ``--rounds-per-epoch auto`` (DDLF's default, ~16 local steps).
 
 The hosts come from ``tests/netns_cluster.py`` (``NetnsHosts``: one namespace per host,
 each joined to one bridge by a veth pair): host 0 runs the head, hosts 1..K a 1-CPU node
