@@ -580,10 +580,10 @@ def main(argv=None) -> int:
             emu_streaming.options_for(name, a.codec, a.fragments)   # a bad name fails here
         grid = {"rates": a.rates.split(","), "seeds": [int(x) for x in a.seeds.split(",")],
                 "epochs": a.epochs, "codec": a.codec, "fragments": a.fragments}
+        table = (emu_streaming.scaling_table if a.mode == "scaling"
+                 else emu_streaming.streaming_table)
         if a.from_file:
             results = load_results(a.from_file)
-            table = (emu_streaming.scaling_table if a.mode == "scaling"
-                     else emu_streaming.streaming_table)
             print(f"{len(results)} run(s) from {a.from_file}")
             print(table(results, a.target))
             return 0
@@ -641,15 +641,11 @@ def main(argv=None) -> int:
         print(f"K={k} nodes, {a.seconds:g} s per phase")
         print(caps_table(results, node_cpus))
         return 0
-    elif streamed:
-        import emu_streaming
-
+    elif streamed:   # ``table`` was chosen with the mode's other settings above
         print(f"{a.model}, nodes at {node_cpus:g} CPU, DDLF's default rounds, "
               f"{a.evals_per_epoch} evaluations per epoch, {a.epochs} epochs"
               + (f" (stopped after {a.max_rounds} rounds)" if a.max_rounds else "")
               + f"; codec {a.codec}, fragments {a.fragments}; tbf links, no delay (no netem)")
-        table = (emu_streaming.scaling_table if a.mode == "scaling"
-                 else emu_streaming.streaming_table)
         print(table(results, a.target))
         return 0
     else:

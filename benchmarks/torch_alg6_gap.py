@@ -120,18 +120,20 @@ def _processes(args, column: str, n: int) -> list[float]:
 
 def ddlf_alg6(args) -> dict:
     """One epoch of Algorithm 6 in a child process (its own cluster and imports)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import json, sys; sys.path.insert(0, {here!r}); import torch_alg6_gap as g; "
-            f"print(json.dumps(g._ddlf_here({args.seed}, {args.limit!r})))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "ddlf-alg6",
+                           "--seed", str(args.seed)]
+                          + (["--limit", str(args.limit)] if args.limit else []),
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"ddlf-alg6 failed: {proc.stderr.strip()[-400:]}")
     return json.loads(lines[-1])
 
 
-def _ddlf_here(seed: int, limit: int | None) -> dict:
+def ddlf_child(args) -> None:
+    """``train_sync`` with ``torch_compare``'s Algorithm 6 options, one epoch; prints the
+    round's time without evaluation and the busier trainer's train call."""
     import functools
 
     import ddlf_actors as ddlf
@@ -139,16 +141,17 @@ def _ddlf_here(seed: int, limit: int | None) -> dict:
 
     ddlf.init(num_cpus=2)
     try:
-        result = train_sync(functools.partial(tc.build, seed),
-                            functools.partial(tc.split_dataset, "val", limit, 1),
-                            workers=2, master_epochs=1, batch_size=tc.BATCH, seed=seed,
+        result = train_sync(functools.partial(tc.build, args.seed),
+                            functools.partial(tc.split_dataset, "val", args.limit, 1),
+                            workers=2, master_epochs=1, batch_size=tc.BATCH, seed=args.seed,
                             progress=False, optimizer=functools.partial(tc.sgd, lr=LR),
-                            rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none")
+                            **tc.ALG6)
     finally:
         ddlf.shutdown()
     row = result.history[-1]
-    return {"train_s": row["wall_s"] - row.get("eval_s", 0.0), "compute_s": row["compute_s"],
-            "startup_s": result.startup_s}
+    print(json.dumps({"train_s": row["wall_s"] - row.get("eval_s", 0.0),
+                      "compute_s": row["compute_s"], "startup_s": result.startup_s}),
+          flush=True)
 
 
 def main(argv=None) -> int:
@@ -156,9 +159,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--limit", type=int, default=None, help="training images (smoke runs)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--child", choices=("alone", "alone-adapter"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("alone", "alone-adapter", "ddlf-alg6"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--part", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child == "ddlf-alg6":
+        ddlf_child(args)
+        return 0
     if args.child:
         args.column = args.child
         child(args)

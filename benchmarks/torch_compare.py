@@ -97,6 +97,8 @@ TUNED = ("torch-1p", "torch-1p-1t", "torch-ddp", "torchft-diloco", "ddlf-torch-d
 DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "keras-tf", "keras-jax")
 ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
 IN_NETNS = ("torch-ddp", "torchft-diloco")
+# The paper's Algorithm 6 as sync's options: one plain average per epoch.
+ALG6 = {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}
 
 
 def log(msg: str) -> None:
@@ -438,12 +440,11 @@ def keras_cnn(seed: int):
     return models.paper_cnn()
 
 
-def ddlf_timeline(history: list, startup_s: float) -> Timeline:
+def ddlf_timeline(history: list) -> Timeline:
     """A DDLF run's history as this script's timeline. Training time is the rounds' wall
     time minus the trainers' evaluation time in them. The first round's wall time starts
     when training does (8562c90), so the trainers' start-up (``startup_s``, reported
     apart) is not in it and is not taken out again: doing so made times negative."""
-    del startup_s   # kept in the signature: callers report it beside the timeline
     tl = Timeline()
     for row in history:
         tl.train_s += row["wall_s"] - row.get("eval_s", 0.0)
@@ -472,7 +473,7 @@ def run_ddlf(args, model_fn, **options) -> dict:
                             eval_every=max(1, rounds // args.evals_per_epoch), **options)
     finally:
         ddlf.shutdown()
-    tl = ddlf_timeline(result.history, result.startup_s)
+    tl = ddlf_timeline(result.history)
     return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
             "settings": {k: v for k, v in result.options.to_json().items()
                          if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
@@ -487,7 +488,7 @@ def run_ddlf_column(args, column: str) -> dict:
 
     options: dict = {"optimizer": functools.partial(sgd, lr=args.lr)}
     if column == "ddlf-torch-alg6":
-        options.update(rounds_per_epoch=1, outer_momentum=0.0, lr_scaling="none")
+        options.update(ALG6)
     return run_ddlf(args, functools.partial(build, args.seed), **options)
 
 

@@ -19,8 +19,8 @@ def test_a_ddlf_timeline_is_round_time_without_evaluation_and_start_up_is_not_ta
         {"epoch": 0.75, "wall_s": 1.0, "eval_s": 0.0, "test_accuracy": None, "test_loss": None},
         {"epoch": 1.0, "wall_s": 2.5, "eval_s": 0.5, "test_accuracy": 0.86, "test_loss": 0.4},
     ]
-    # Rows' wall times start when training does; the start-up (5 s) is reported apart.
-    tl = torch_compare.ddlf_timeline(history, startup_s=5.0)
+    # Rows' wall times start when training does; the start-up is reported apart.
+    tl = torch_compare.ddlf_timeline(history)
     assert [(r["epoch"], r["train_s"]) for r in tl.rows] == [(0.5, 2.0), (1.0, 5.0)]
     assert tl.train_s == 5.0
     figures = torch_compare.figures({"timeline": tl.rows, "train_s": tl.train_s}, 0.85)
