@@ -36,6 +36,7 @@ from ddlf_actors.cluster import ClusterWorker
 from . import backends, datasets, frameworks, tf_startup
 from .arrays import combine_shards, nbytes, shard_range
 from .frameworks import FrameworkAdapter, UnknownFrameworkError
+from .frameworks.heap import keep_freed_memory
 from .frameworks.threads import limit_threads
 from .schemes.allreduce import AllreduceTrainer
 from .schemes.downpour import DownpourTrainer
@@ -75,6 +76,8 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
         self.keras_backend = options.pop("keras_backend", None)
         if self.keras_backend:
             use_keras_backend(self.keras_backend)
+        # A step's freed tensors kept for the next step, not unmapped (frameworks/heap.py).
+        keep_freed_memory()
         self.partitioned = isinstance(dataset, datasets.PartitionedDataset)
         # Data first: a missing dataset fails before a framework's slow start-up.
         (self.x, self.y), (self.x_test, self.y_test) = self.load_data(dataset, index)
