@@ -85,6 +85,7 @@ import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
@@ -399,26 +400,37 @@ def run_diloco(args) -> dict:
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
     barrier = dist.TCPStore("localhost", 0, world_size=3, is_master=True,
                             wait_for_workers=False)
-    procs = []
+    procs, files = [], []
     try:
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
         for r in range(2):
             cmd = [sys.executable, os.path.abspath(__file__), "--diloco-replica", str(r),
                    "--lighthouse", lighthouse.address(), "--barrier-port", str(barrier.port),
                    *child_flags(args)]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, env=env))
+            # Output to files, not pipes: torchft logs ~1.3 KB to stderr a sync, and while
+            # this waited on replica 0, replica 1's undrained pipe filled at 64 KiB (about
+            # 48 syncs: the 50,000-image split) and blocked it mid-quorum, replica 0 with it.
+            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            files.append((out, err))
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
         deadline = time.monotonic() + args.timeout
         outs = []
-        for p in procs:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        for p, (out, err) in zip(procs, files):
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            out.seek(0)
+            err.seek(0)
+            outs.append(subprocess.CompletedProcess(p.args, p.returncode,
+                                                    out.read().decode(errors="replace"),
+                                                    err.read().decode(errors="replace")))
         return parse_child(outs[0], "replica 0", other=outs[1])
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+        for out, err in files:
+            out.close()
+            err.close()
         lighthouse.shutdown()
 
 
