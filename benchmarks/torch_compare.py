@@ -90,6 +90,7 @@ import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 import numpy as np  # noqa: E402
+from link_hosts import LinkMeter, counter_delta, link_figures, torchrun_node_cmd  # noqa: E402
 
 BATCH = 32
 GRID = (0.01, 0.03, 0.1)
@@ -100,6 +101,8 @@ ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
 IN_NETNS = ("torch-ddp", "torchft-diloco")
 # The paper's Algorithm 6 as sync's options: one plain average per epoch.
 ALG6 = {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}
+# --link: these run across the two emulated hosts; the single-process ones stay as they are.
+LINKED = ("torch-ddp", "torchft-diloco") + DDLF
 
 
 def log(msg: str) -> None:
@@ -247,8 +250,10 @@ def run_ddp_rank(args) -> None:
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     steps = len(x) // (BATCH * world)
     marks = eval_marks(steps, args.evals_per_epoch)
+    meter = LinkMeter()   # --link: this host's interface (nothing otherwise)
     dist.barrier()
     ready_s = time.perf_counter() - t0
+    meter.start()
     tl = Timeline()
     for epoch in range(args.epochs):
         idx = torch.from_numpy(order(args.seed, epoch, len(x)))
@@ -264,13 +269,15 @@ def run_ddp_rank(args) -> None:
                 dist.barrier()
                 if rank == 0:
                     e0 = time.perf_counter()
-                    loss, acc = evaluate(model, xe, ye, threads=2)
+                    loss, acc = evaluate(model, xe, ye, threads=args.eval_threads)
                     tl.record(epoch + step / steps, loss, acc, time.perf_counter() - e0)
                 dist.barrier()
                 ddp.train()
                 tl.resume()
-    if rank == 0:
-        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows}),
+    meter.stop()
+    if rank == 0:   # one all-reduce of the gradients per step (one bucket: 2 MB < 25 MB)
+        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows,
+                          "link": meter.record(args.epochs * steps, args.epochs * steps)}),
               flush=True)
     dist.destroy_process_group()
 
@@ -309,29 +316,39 @@ def run_diloco_replica(args) -> None:
     model = build(args.seed)
     inner = sgd(model.parameters(), args.lr)
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-    own_store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    shared = dist.TCPStore("localhost", args.barrier_port, is_master=False,
-                           timeout=timedelta(seconds=600))
+    # --link: this replica's host address (its store and manager are reached from the
+    # other host) and host A's for the barrier store; else all on the loopback.
+    host = args.host_ip or "localhost"
+    own_store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    shared = dist.TCPStore(args.barrier_addr or "localhost", args.barrier_port,
+                           is_master=False, timeout=timedelta(seconds=600))
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=120)), min_replica_size=2,
         load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
                                     inner.load_state_dict(sd["inner"])),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=str(rank), store_addr="localhost", store_port=own_store.port, rank=0,
-        world_size=1, lighthouse_addr=args.lighthouse, hostname="localhost",
+        replica_id=str(rank), store_addr=host, store_port=own_store.port, rank=0,
+        world_size=1, lighthouse_addr=args.lighthouse, hostname=host,
+        # Both replicas build the same initial weights from the seed, so no step-0 sync
+        # (torchft's advice for that case). It would also fail across --link's hosts: a
+        # healing replica fetches the weights from http://<hostname>:port, and the
+        # namespaces share one hostname, which each resolves to its own loopback.
+        init_sync=False,
         use_async_quorum=False, timeout=timedelta(seconds=120),
         quorum_timeout=timedelta(seconds=120), connect_timeout=timedelta(seconds=60))
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     steps = len(x) // (BATCH * world)
     quarter = steps / args.evals_per_epoch
+    meter = LinkMeter()
     store_barrier(shared, "ready", world)
     ready_s = time.perf_counter() - t0
+    meter.start()
     tl = Timeline()
     n_evals, due = 0, quarter
+    done = 0   # inner steps over all epochs
     try:
         with DiLoCo(manager, [model], inner, outer, sync_every=args.sync_every,
                     pin_memory=False):
-            done = 0   # inner steps over all epochs
             for epoch, step in diloco_steps(args.epochs, steps, args.sync_every):
                 if step == 1:
                     idx = torch.from_numpy(order(args.seed, epoch, len(x)))
@@ -355,7 +372,7 @@ def run_diloco_replica(args) -> None:
                 store_barrier(shared, f"eval{n_evals}a", world)
                 if rank == 0:
                     e0 = time.perf_counter()
-                    loss, acc = evaluate(model, xe, ye, threads=2)
+                    loss, acc = evaluate(model, xe, ye, threads=args.eval_threads)
                     tl.record(done / steps, loss, acc, time.perf_counter() - e0)
                     crcs = {shared.get(f"eval{n_evals}/crc{r}") for r in range(world)}
                     tl.rows[-1]["replicas_equal"] = len(crcs) == 1
@@ -364,9 +381,10 @@ def run_diloco_replica(args) -> None:
                 tl.resume()
     finally:
         manager.shutdown(wait=False)
+    meter.stop()
     if rank == 0:
-        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows}),
-              flush=True)
+        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows,
+                          "link": meter.record(done, done // args.sync_every)}), flush=True)
 
 
 def weights_crc(model) -> int:
@@ -434,6 +452,25 @@ def run_diloco(args) -> dict:
         lighthouse.shutdown()
 
 
+def serve_lighthouse(args) -> None:
+    """``--link``'s torchft-diloco: the lighthouse and the barrier store in host A; prints
+    their ports (one JSON line) and serves until stdin closes (the parent ends the run)."""
+    import torch.distributed as dist
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
+    barrier = dist.TCPStore(args.host_ip, 0, world_size=3, is_master=True,
+                            wait_for_workers=False)
+    # address() names this machine's hostname, which the other namespace resolves to its
+    # own loopback: the parent advertises host A's address with this port instead.
+    port = int(lighthouse.address().rstrip("/").rsplit(":", 1)[1])
+    print(json.dumps({"lighthouse_port": port, "barrier_port": barrier.port}), flush=True)
+    try:
+        sys.stdin.read()
+    finally:
+        lighthouse.shutdown()
+
+
 # -- DDLF's columns: train_sync on an embedded cluster of 2 one-CPU trainers -----------------
 
 
@@ -466,6 +503,32 @@ def ddlf_timeline(history: list) -> Timeline:
     return tl
 
 
+def link_rows(workers: int):
+    """A ``Callback`` that reads this host's link counters at each history row, from the
+    end of the first round (start-up and the first weights excluded) to the last; its
+    ``record()`` is the run's ``link`` record (None without ``--link``)."""
+    from ddlf_actors.apps.callbacks import Callback
+
+    class LinkRows(Callback):
+        def __init__(self):
+            self.meter = LinkMeter()
+            self.rows = 0
+            self.samples = 0
+
+        def on_row(self, row, run):
+            if self.meter.first is None:
+                self.meter.start()
+                return
+            self.meter.stop()
+            self.rows += 1
+            self.samples += row.get("samples") or 0
+
+        def record(self):
+            return self.meter.record(self.samples / (workers * BATCH), self.rows)
+
+    return LinkRows()
+
+
 def run_ddlf(args, model_fn, **options) -> dict:
     """One DDLF run of 2 trainers: its timeline, start-up and settings."""
     import functools
@@ -476,17 +539,22 @@ def run_ddlf(args, model_fn, **options) -> dict:
 
     x, *_ = load_split(args.split, args.limit, args.eval_limit)
     rounds = options.get("rounds_per_epoch") or default_rounds(len(x) / 2, BATCH)
-    ddlf.init(num_cpus=2)
+    meter = link_rows(workers=2)
+    if args.head:   # --link: the head and a node per host are up; this driver is in host A
+        ddlf.init(address=args.head)
+    else:
+        ddlf.init(num_cpus=2)
     try:
         result = train_sync(model_fn, functools.partial(split_dataset, args.split, args.limit,
                                                         args.eval_limit),
                             workers=2, master_epochs=args.epochs, batch_size=BATCH,
-                            seed=args.seed, progress=False,
+                            seed=args.seed, progress=False, callbacks=[meter],
                             eval_every=max(1, rounds // args.evals_per_epoch), **options)
     finally:
         ddlf.shutdown()
     tl = ddlf_timeline(result.history)
     return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
+            "link": meter.record(),
             "settings": {k: v for k, v in result.options.to_json().items()
                          if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
                                   "nesterov", "lr_scaling", "warmup_rounds", "eval_every")}}
@@ -519,7 +587,8 @@ def run_keras_column(args, column: str) -> dict:
 def child_flags(args) -> list:
     flags = ["--seed", str(args.seed), "--lr", repr(args.lr), "--epochs", str(args.epochs),
              "--split", args.split, "--evals-per-epoch", str(args.evals_per_epoch),
-             "--sync-every", str(args.sync_every), "--timeout", str(args.timeout)]
+             "--sync-every", str(args.sync_every), "--timeout", str(args.timeout),
+             "--eval-threads", str(args.eval_threads)]
     if args.limit:
         flags += ["--limit", str(args.limit)]
     if args.eval_limit:
@@ -552,19 +621,31 @@ def run_column_here(args) -> dict:
     return run_keras_column(args, column)
 
 
-def run_column(args, column: str, seed: int, lr: float | None, split: str) -> dict:
+def run_args(args, seed: int, lr: float | None, split: str, eval_threads: int):
+    """``args`` with one run's seed, rate and split (what a child's flags carry)."""
+    return argparse.Namespace(**{**vars(args), "seed": seed, "lr": lr, "split": split,
+                                 "eval_threads": eval_threads})
+
+
+def relay_epochs(err: str) -> None:
+    for line in err.splitlines():
+        if line.startswith("  epoch"):
+            log(line)
+
+
+def run_column(args, column: str, seed: int, lr: float | None, split: str,
+               hosts=None) -> dict:
     """One column, one seed, in its own process (in a private network namespace for the
-    two-process columns); the result with the load average beside it."""
+    two-process columns; with ``hosts``, a ``LinkHosts``, the distributed columns across
+    its two emulated hosts); the result with the load average beside it."""
     load = os.getloadavg()[0]
-    base = {"column": column, "seed": seed, "lr": lr, "split": split, "loadavg": load}
-    flags = ["--column", column, "--seed", str(seed), "--lr", repr(lr), "--epochs",
-             str(args.epochs), "--split", split, "--evals-per-epoch",
-             str(args.evals_per_epoch), "--sync-every", str(args.sync_every),
-             "--timeout", str(args.timeout)]
-    if args.limit:
-        flags += ["--limit", str(args.limit)]
-    if args.eval_limit:
-        flags += ["--eval-limit", str(args.eval_limit)]
+    base = {"column": column, "seed": seed, "lr": lr, "split": split, "loadavg": load,
+            "link_rate": hosts.rate if hosts is not None and column in LINKED else None}
+    if hosts is not None and column in LINKED:
+        log(f"{column} seed {seed} lr {lr} ({split}), {hosts.rate} links, load {load:.2f}")
+        # Host A has one CPU: rank 0 / the trainers evaluate on one thread.
+        return {**base, **run_linked(run_args(args, seed, lr, split, 1), column, hosts)}
+    flags = ["--column", column, *child_flags(run_args(args, seed, lr, split, 2))]
     cmd = [sys.executable, os.path.abspath(__file__), *flags]
     if column in IN_NETNS:
         if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
@@ -580,11 +661,121 @@ def run_column(args, column: str, seed: int, lr: float | None, split: str) -> di
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return {**base, "error": f"timeout after {args.timeout + 60:.0f} s"}
-    for line in err.splitlines():
-        if line.startswith("  epoch"):
-            log(line)
+    except BaseException:   # Ctrl-C, SIGTERM: the run is in a session of its own
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        raise
+    relay_epochs(err)
     result = parse_child(subprocess.CompletedProcess(cmd, proc.returncode, out, err), column)
     return {**base, **result}
+
+
+# -- --link: the distributed columns across two emulated hosts --------------------------------
+
+
+def run_linked(args, column: str, hosts) -> dict:
+    """``column`` across ``hosts`` (host A = 0, host B = 1), every process of the run
+    ended afterwards however it went. Adds ``link_total``: the bytes each host's link
+    carried over the whole run (start-up included), as the bridge side counts them."""
+    before = hosts.counters()
+    try:
+        if column == "torch-ddp":
+            result = linked_ddp(args, hosts)
+        elif column == "torchft-diloco":
+            result = linked_diloco(args, hosts)
+        else:
+            result = linked_ddlf(args, column, hosts)
+        after = hosts.counters()
+        result["link_total"] = [counter_delta(b, a) for b, a in zip(before, after)]
+        return result
+    except Exception as e:   # the column's error, in the table; the hosts stay up
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        hosts.end_run()
+
+
+def wait_all(procs: list, files: list, timeout: float, names: list) -> list:
+    """Wait for every process (bounded by ``timeout`` in all); their outputs, read from
+    the temporary files they wrote, as ``CompletedProcess``es. A process still running
+    at the deadline is reported as timed out (``end_run`` ends it)."""
+    deadline = time.monotonic() + timeout
+    outs = []
+    for p, (fo, fe), name in zip(procs, files, names):
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+            code = p.returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+        fo.seek(0)
+        fe.seek(0)
+        out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
+        if code != 0:   # its last words in the parent's log; the table gets the last line
+            tail = err.strip().splitlines()[-15:]
+            log(f"{name} exited {code}; its last lines:\n" + "\n".join("    " + ln
+                                                                      for ln in tail))
+            if code == -1:
+                err += f"\ntimeout after {timeout:.0f} s (last: {tail[-1] if tail else '-'})"
+        outs.append(subprocess.CompletedProcess(p.args, code, out, err))
+    return outs
+
+
+def start_in(hosts, i: int, cmd: list, **kw):
+    """``cmd`` in host i with its output in temporary files (no pipe to drain)."""
+    import tempfile
+
+    fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    return hosts.popen(i, cmd, stdout=fo, stderr=fe, **kw), (fo, fe)
+
+
+def linked_ddp(args, hosts) -> dict:
+    """torchrun on each host (``--nnodes 2 --node-rank i``, one process of one thread),
+    the static rendezvous on host A's agent's TCP store, gloo over the veths."""
+    script = [os.path.abspath(__file__), "--ddp-rank", *child_flags(args)]
+    started = [start_in(hosts, i, torchrun_node_cmd(i, hosts.ips[0], script))
+               for i in (0, 1)]
+    outs = wait_all([p for p, _ in started], [f for _, f in started], args.timeout,
+                    ["torchrun on host A", "torchrun on host B"])
+    relay_epochs(outs[0].stderr)
+    return parse_child(outs[0], "torchrun on host A", other=outs[1])
+
+
+def linked_diloco(args, hosts) -> dict:
+    """A lighthouse and the barrier store in host A, replica 0 in host A, replica 1 in
+    host B; the replicas' stores, managers and gloo groups on their hosts' addresses."""
+    import select
+
+    try:
+        import torchft  # noqa: F401
+    except ImportError as e:
+        return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
+    me = os.path.abspath(__file__)
+    lh = hosts.popen(0, [sys.executable, me, "--lighthouse-server", "--host-ip",
+                         hosts.ips[0]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    ready, _, _ = select.select([lh.stdout], [], [], 120)
+    line = lh.stdout.readline().decode() if ready else ""
+    if not line.startswith("{"):
+        return {"error": f"the lighthouse did not start in host A (exit {lh.poll()})"}
+    ports = json.loads(line)
+    started = [start_in(hosts, r, [
+        sys.executable, me, "--diloco-replica", str(r), "--lighthouse",
+        f"http://{hosts.ips[0]}:{ports['lighthouse_port']}", "--barrier-addr", hosts.ips[0],
+        "--barrier-port", str(ports["barrier_port"]), "--host-ip", hosts.ips[r],
+        *child_flags(args)]) for r in (0, 1)]
+    outs = wait_all([p for p, _ in started], [f for _, f in started], args.timeout,
+                    ["replica 0 (host A)", "replica 1 (host B)"])
+    relay_epochs(outs[0].stderr)
+    return parse_child(outs[0], "replica 0 (host A)", other=outs[1])
+
+
+def linked_ddlf(args, column: str, hosts) -> dict:
+    """A head and a node in host A, a node in host B, and this column's driver in host A
+    (``--head``): trainer B's weights and deltas cross the links."""
+    address = hosts.start_ddlf()
+    proc, files = start_in(hosts, 0, [sys.executable, os.path.abspath(__file__), "--column",
+                                      column, "--head", address, *child_flags(args)])
+    (out,) = wait_all([proc], [files], args.timeout + 60, [f"{column}'s driver"])
+    relay_epochs(out.stderr)
+    return parse_child(out, column)
 
 
 # -- figures and tables -----------------------------------------------------------------------
@@ -601,13 +792,13 @@ def figures(r: dict, target: float) -> dict:
             "time_to_target": hit["train_s"] if hit else None,
             "final_acc": rows[-1]["test_accuracy"], "epochs": epochs,
             "replicas_differ": sum(1 for row in rows if row.get("replicas_equal") is False),
-            "startup_s": r.get("startup_s")}
+            "startup_s": r.get("startup_s"), **link_figures(r.get("link"), r.get("link_rate"))}
 
 
-def _med(values: list, fmt: str) -> str:
+def _med(values: list, fmt: str, missing_text: str = "not reached") -> str:
     vals = [v for v in values if v is not None]
     if not vals:
-        return "not reached" if values else "-"
+        return missing_text if values else "-"
     med = statistics.median(vals)
     missing = f" ({len(values) - len(vals)} not)" if len(vals) < len(values) else ""
     if len(vals) == 1:
@@ -616,10 +807,16 @@ def _med(values: list, fmt: str) -> str:
 
 
 def report_table(results: list, target: float, title: str) -> str:
+    """The medians [min-max] per (column, lr); with ``--link``, also host A's link: MB per
+    local step and per exchange (all-reduce, sync or round), both directions, and the
+    seconds per step its busier direction needs at the rate (a lower bound)."""
+    linked = any(r.get("link_rate") for r in results)
     lines = [title, "",
              f"| column | lr | s/epoch | epochs to {target} | time to {target} (s) | "
-             "acc after last epoch | epochs | start-up (s) | load avg per run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "acc after last epoch | epochs | start-up (s) | "
+             + ("link | MB/step | MB/exchange | wire s/step | " if linked else "")
+             + "load avg per run |",
+             "|---|---|---|---|---|---|---|---|" + ("---|" * 4 if linked else "") + "---|"]
     by_col: dict = {}
     for r in results:
         by_col.setdefault((r["column"], r.get("lr")), []).append(r)
@@ -629,7 +826,7 @@ def report_table(results: list, target: float, title: str) -> str:
         if bad and len(bad) == len(runs):
             why = bad[0].get("unavailable") or bad[0].get("error")
             lines.append(f"| {column} | {lr if lr is not None else '-'} | {why} | | | | | | "
-                         f"{loads} |")
+                         + ("| | | | " if linked else "") + f"{loads} |")
             continue
         figs = [figures(r, target) for r in runs if "timeline" in r]
         lines.append(
@@ -638,7 +835,13 @@ def report_table(results: list, target: float, title: str) -> str:
             f"{_med([f['time_to_target'] for f in figs], '.1f')} | "
             f"{_med([f['final_acc'] for f in figs], '.4f')} | "
             f"{_med([f['epochs'] for f in figs], '.2f')} | "
-            f"{_med([f['startup_s'] for f in figs], '.1f')} | {loads} |"
+            f"{_med([f['startup_s'] for f in figs], '.1f')} | "
+            + (f"{runs[0].get('link_rate') or '-'} | "
+               f"{_med([f.get('mb_per_step') for f in figs], '.3f', '-')} | "
+               f"{_med([f.get('mb_per_exchange') for f in figs], '.2f', '-')} | "
+               f"{_med([f.get('wire_s_per_step') for f in figs], '.3f', '-')} | "
+               if linked else "")
+            + f"{loads} |"
             + (f" ({len(bad)} failed: {bad[0].get('error')})" if bad else "")
             + (f" (replicas differed at {sum(f['replicas_differ'] for f in figs)} "
                "evaluations)" if any(f["replicas_differ"] for f in figs) else ""))
@@ -679,6 +882,16 @@ def main(argv=None) -> int:
                    help="passive: OMP_WAIT_POLICY=PASSIVE in every run (torch's OpenMP "
                         "threads sleep instead of spinning; see benchmarks/README.md)")
     p.add_argument("--json", help="also write every run here")
+    p.add_argument("--link", choices=("none", "100mbit", "1gbit"), default="none",
+                   help="run the distributed columns across two emulated hosts (network "
+                        "namespaces, tbf-limited links of this rate, --host-cpus each); "
+                        "needs root")
+    p.add_argument("--host-cpus", type=float, default=1.0,
+                   help="--link: each host's CPU cap (a cgroup); 0: uncapped")
+    p.add_argument("--priority", type=float, default=8.0,
+                   help="--link: the hosts' CPU weight against the machine's other "
+                        "processes, in ordinary processes (cluster_emu.py's --priority; "
+                        "0.02 is about nice 19)")
     # one run, in a child process
     p.add_argument("--column", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -688,6 +901,11 @@ def main(argv=None) -> int:
     p.add_argument("--diloco-replica", type=int, help=argparse.SUPPRESS)
     p.add_argument("--lighthouse", help=argparse.SUPPRESS)
     p.add_argument("--barrier-port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--barrier-addr", help=argparse.SUPPRESS)
+    p.add_argument("--host-ip", help=argparse.SUPPRESS)
+    p.add_argument("--head", help=argparse.SUPPRESS)
+    p.add_argument("--eval-threads", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--lighthouse-server", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.ddp_rank:
@@ -695,6 +913,9 @@ def main(argv=None) -> int:
         return 0
     if args.diloco_replica is not None:
         run_diloco_replica(args)
+        return 0
+    if args.lighthouse_server:
+        serve_lighthouse(args)
         return 0
     if args.column:
         try:
@@ -716,16 +937,50 @@ def main(argv=None) -> int:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"   # inherited by every run's processes
     log(f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
     log(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    results = []
+    hosts = None
+    if args.link != "none":
+        from link_hosts import LinkHosts, link_unavailable
+
+        why = link_unavailable(args.host_cpus)
+        if why:
+            print(f"torch_compare --link skipped: {why}")
+            return 0
+        # SIGTERM and SIGHUP as Ctrl-C: unwind through the finally below, which removes
+        # the namespaces, the cgroups and every process of the run.
+        signal.signal(signal.SIGTERM, _interrupted)
+        signal.signal(signal.SIGHUP, _interrupted)
+        hosts = LinkHosts(args.link, host_cpus=args.host_cpus or None,
+                          priority=args.priority).up()
+    results: list = []
+    try:
+        run_all(args, columns, seeds, hosts, results)
+    finally:
+        if hosts is not None:
+            hosts.close()
+        if args.json:   # what ran, also after an error or Ctrl-C
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    print(f"\nload average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_all(args, columns: list, seeds: list, hosts, results: list) -> None:
+    """The selection (``--select``) or the report, appending each run to ``results``."""
+    where = (f", the distributed columns across 2 hosts at {args.link} (1 CPU each)"
+             if hosts is not None else "")
     if args.select:
         tuned = [c for c in columns if c in TUNED]
         for seed in seeds[:1]:   # one seed for the choice; the report takes every seed
             for lr in GRID:
                 for column in tuned:
-                    results.append(run_column(args, column, seed, lr, "val"))
+                    results.append(run_column(args, column, seed, lr, "val", hosts))
         print(report_table(results, args.target, "Selection on the validation split "
                                                   "(last 10,000 training images), seed "
-                                                  f"{seeds[0]}"))
+                                                  f"{seeds[0]}{where}"))
         chosen = choose(results, args.target)
         print("\nchosen:", json.dumps(chosen))
         if args.choices:
@@ -739,15 +994,11 @@ def main(argv=None) -> int:
         for seed in seeds:
             for column in columns:
                 lr = chosen.get(column, {}).get("lr", 0.03) if column in TUNED else 0.01
-                results.append(run_column(args, column, seed, lr, "test"))
+                results.append(run_column(args, column, seed, lr, "test", hosts))
         print(report_table(results, args.target, f"Test set, seeds {args.seeds}, "
                                                   f"{args.epochs} epoch(s), OMP_WAIT_POLICY="
-                                                  f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}"))
-    print(f"\nload average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+                                                  f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+                                                  f"{where}"))
 
 
 if __name__ == "__main__":
