@@ -1,7 +1,7 @@
 """torch_compare.py --link's bookkeeping (benchmarks/link_hosts.py): link counters, bytes
 per step and per exchange, the wire-time bound, torchrun's per-host command, the table's
-link columns, DDLF's training time; and, as root only, that the two emulated hosts and
-every process of a run are gone after a run, after Ctrl-C and after SIGTERM.
+link columns; and, as root only, that the two emulated hosts and every process of a run
+are gone after a run, after Ctrl-C and after SIGTERM.
 """
 
 from __future__ import annotations
@@ -116,16 +116,6 @@ def test_the_table_has_link_columns_only_with_link_runs():
     assert len(cells) == len([c.strip() for c in head.split("|")])
 
 
-def test_ddlf_training_time_is_the_rounds_wall_time_less_their_evaluations():
-    history = [{"round": 1, "epoch": 0.5, "wall_s": 3.0, "eval_s": 0.0,
-                "test_accuracy": None},
-               {"round": 2, "epoch": 1.0, "wall_s": 4.0, "eval_s": 1.5,
-                "test_accuracy": 0.8, "test_loss": 0.6}]
-    tl = torch_compare.ddlf_timeline(history)
-    assert tl.train_s == pytest.approx(5.5)   # start-up is not in the rounds' times
-    assert [r["train_s"] for r in tl.rows] == [pytest.approx(5.5)]
-
-
 # -- root only: the hosts and every process of a run go away ----------------------------------
 
 _why = link_hosts.link_unavailable(1.0)
@@ -177,39 +167,18 @@ def test_a_signal_mid_run_removes_the_hosts_and_the_runs_processes(no_leaks, how
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True).start()
     seen: list = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:   # until the run starts
+    try:
+        ns, bridge, cgroup, pids = _wait_for_both_ranks(proc, lines, seen)
+    except BaseException:
+        # Whatever failed, the script must still tear its hosts down: SIGTERM is its
+        # ordinary way out (a SIGKILL, or leaving it running, would leave them behind).
+        proc.terminate()
         try:
-            seen.append(lines.get(timeout=0.5))
-        except queue.Empty:
-            assert proc.poll() is None, "".join(seen)[-3000:]
-            continue
-        if seen[-1].startswith("torch-ddp seed 0"):
-            break
-    else:
-        proc.kill()
-        pytest.fail("the run did not start within 60 s: " + "".join(seen)[-3000:])
-    words = next(ln for ln in seen if ln.startswith("link: namespaces")).replace(",", "")
-    _, _, ns_a, ns_b, _, bridge, _, cgroup = words.split()
-    ns = [ns_a, ns_b]
-    import psutil
-
-    def members() -> list:
-        found = []
-        for dirpath, _dirs, files in os.walk(cgroup):
-            if "cgroup.procs" in files:
-                with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                    found += [int(p) for p in f.read().split()]
-        return found
-
-    ranks: list = []
-    while time.monotonic() < deadline + 60 and len(ranks) < 2:   # both ranks started
-        time.sleep(0.5)
-        pids = members()
-        ranks = [p for p in pids if psutil.pid_exists(p)
-                 and "--ddp-rank" in psutil.Process(p).cmdline()]
-    pids = members()
-    assert len(ranks) == 2 and len(pids) >= 4, pids   # two torchrun agents and their ranks
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        raise
     time.sleep(3)   # rendezvous, gloo's connections across the link, training
     if how == "ctrl-c":
         os.killpg(proc.pid, signal.SIGINT)
@@ -230,6 +199,54 @@ def test_a_signal_mid_run_removes_the_hosts_and_the_runs_processes(no_leaks, how
     assert subprocess.run(["ip", "link", "show", "dev", bridge],
                           capture_output=True).returncode != 0
     assert not os.path.exists(cgroup)
-    alive = [p for p in pids if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in pids if _cmdline(p) is not None]
     assert not alive, alive
+
+
+def _cmdline(pid: int) -> list | None:
+    """A live process's command line; None once it is gone (or a zombie)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return None if p.status() == psutil.STATUS_ZOMBIE else p.cmdline()
+    except psutil.Error:
+        return None
+
+
+def _wait_for_both_ranks(proc, lines: queue.Queue, seen: list):
+    """Read torch_compare's log until its torch-ddp run starts, then watch the hosts'
+    cgroups until both ranks run; the namespaces, the bridge, the run's cgroup and the
+    processes in it."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:   # until the run starts
+        try:
+            seen.append(lines.get(timeout=0.5))
+        except queue.Empty:
+            assert proc.poll() is None, "".join(seen)[-3000:]
+            continue
+        if seen[-1].startswith("torch-ddp seed 0"):
+            break
+    else:
+        pytest.fail("the run did not start within 60 s: " + "".join(seen)[-3000:])
+    words = next(ln for ln in seen if ln.startswith("link: namespaces")).replace(",", "")
+    _, _, ns_a, ns_b, _, bridge, _, cgroup = words.split()
+
+    def members() -> list:
+        found = []
+        for dirpath, _dirs, files in os.walk(cgroup):
+            if "cgroup.procs" in files:
+                with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                    found += [int(p) for p in f.read().split()]
+        return found
+
+    # The agents' command lines carry the script's flags too (--ddp-rank among them):
+    # a rank is a process with them that is not an agent.
+    ranks: list = []
+    while time.monotonic() < deadline + 60 and len(ranks) < 2:   # both ranks started
+        time.sleep(0.5)
+        ranks = [p for p in members() if "--ddp-rank" in (_cmdline(p) or [])
+                 and "torch.distributed.run" not in _cmdline(p)]
+    pids = members()
+    assert len(ranks) == 2 and len(pids) >= 4, pids   # two torchrun agents and their ranks
+    return [ns_a, ns_b], bridge, cgroup, pids
