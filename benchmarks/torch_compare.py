@@ -504,9 +504,11 @@ def ddlf_timeline(history: list) -> Timeline:
 
 
 def link_rows(workers: int):
-    """A ``Callback`` that reads this host's link counters at each history row, from the
-    end of the first round (start-up and the first weights excluded) to the last; its
-    ``record()`` is the run's ``link`` record (None without ``--link``)."""
+    """A ``Callback`` that reads this host's link counters over the timed training: from
+    ``on_train_begin`` (the trainers are up; the clock of the first round starts next and
+    holds the first weights' shipping) to the last history row, one row a round. Its
+    ``record()`` is the run's ``link`` record (None without ``--link``). Starting at the
+    first row instead left a one-round run (Algorithm 6 for one epoch) with nothing."""
     from ddlf_actors.apps.callbacks import Callback
 
     class LinkRows(Callback):
@@ -515,10 +517,10 @@ def link_rows(workers: int):
             self.rows = 0
             self.samples = 0
 
+        def on_train_begin(self, run):
+            self.meter.start()
+
         def on_row(self, row, run):
-            if self.meter.first is None:
-                self.meter.start()
-                return
             self.meter.stop()
             self.rows += 1
             self.samples += row.get("samples") or 0
@@ -635,6 +637,17 @@ def relay_epochs(err: str) -> None:
 
 def run_column(args, column: str, seed: int, lr: float | None, split: str,
                hosts=None) -> dict:
+    """One column, one seed: :func:`run_one`'s result with ``run_s``, the run's wall time
+    in all (start-up, evaluations and teardown included: what a grid's duration adds up
+    from), also logged."""
+    t0 = time.monotonic()
+    result = run_one(args, column, seed, lr, split, hosts)
+    result["run_s"] = time.monotonic() - t0
+    log(f"  {column} seed {seed}: {result['run_s']:.0f} s in all")
+    return result
+
+
+def run_one(args, column: str, seed: int, lr: float | None, split: str, hosts) -> dict:
     """One column, one seed, in its own process (in a private network namespace for the
     two-process columns; with ``hosts``, a ``LinkHosts``, the distributed columns across
     its two emulated hosts); the result with the load average beside it."""
@@ -643,7 +656,8 @@ def run_column(args, column: str, seed: int, lr: float | None, split: str,
             "link_rate": hosts.rate if hosts is not None and column in LINKED else None}
     if hosts is not None and column in LINKED:
         log(f"{column} seed {seed} lr {lr} ({split}), {hosts.rate} links, load {load:.2f}")
-        # Host A has one CPU: rank 0 / the trainers evaluate on one thread.
+        # A host has one CPU (--host-cpus' default): rank 0 evaluates on one thread, as
+        # DDLF's one-thread trainers do; a second thread would only contend for it.
         return {**base, **run_linked(run_args(args, seed, lr, split, 1), column, hosts)}
     flags = ["--column", column, *child_flags(run_args(args, seed, lr, split, 2))]
     cmd = [sys.executable, os.path.abspath(__file__), *flags]
@@ -721,8 +735,6 @@ def wait_all(procs: list, files: list, timeout: float, names: list) -> list:
 
 def start_in(hosts, i: int, cmd: list, **kw):
     """``cmd`` in host i with its output in temporary files (no pipe to drain)."""
-    import tempfile
-
     fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     return hosts.popen(i, cmd, stdout=fo, stderr=fe, **kw), (fo, fe)
 
@@ -749,11 +761,18 @@ def linked_diloco(args, hosts) -> dict:
     except ImportError as e:
         return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
     me = os.path.abspath(__file__)
+    # The lighthouse logs every quorum (several lines a sync, thousands a run): to a file,
+    # shown only if it fails to start.
+    lh_err = tempfile.TemporaryFile()
     lh = hosts.popen(0, [sys.executable, me, "--lighthouse-server", "--host-ip",
-                         hosts.ips[0]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                         hosts.ips[0]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=lh_err)
     ready, _, _ = select.select([lh.stdout], [], [], 120)
     line = lh.stdout.readline().decode() if ready else ""
     if not line.startswith("{"):
+        lh_err.seek(0)
+        tail = lh_err.read().decode(errors="replace").strip().splitlines()[-15:]
+        log("the lighthouse's last lines:\n" + "\n".join("    " + ln for ln in tail))
         return {"error": f"the lighthouse did not start in host A (exit {lh.poll()})"}
     ports = json.loads(line)
     started = [start_in(hosts, r, [
@@ -792,7 +811,14 @@ def figures(r: dict, target: float) -> dict:
             "time_to_target": hit["train_s"] if hit else None,
             "final_acc": rows[-1]["test_accuracy"], "epochs": epochs,
             "replicas_differ": sum(1 for row in rows if row.get("replicas_equal") is False),
-            "startup_s": r.get("startup_s"), **link_figures(r.get("link"), r.get("link_rate"))}
+            "startup_s": r.get("startup_s"), "link_mb": link_mb(r.get("link_total")),
+            **link_figures(r.get("link"), r.get("link_rate"))}
+
+
+def link_mb(totals: list | None) -> float | None:
+    """MB host A's link carried over a whole run, both directions, start-up included (two
+    hosts: B's link carries the same bytes); None for a run not across the hosts."""
+    return (totals[0]["tx"] + totals[0]["rx"]) / 1e6 if totals else None
 
 
 def _med(values: list, fmt: str, missing_text: str = "not reached") -> str:
@@ -807,16 +833,18 @@ def _med(values: list, fmt: str, missing_text: str = "not reached") -> str:
 
 
 def report_table(results: list, target: float, title: str) -> str:
-    """The medians [min-max] per (column, lr); with ``--link``, also host A's link: MB per
-    local step and per exchange (all-reduce, sync or round), both directions, and the
-    seconds per step its busier direction needs at the rate (a lower bound)."""
+    """The medians [min-max] per (column, lr); with ``--link``, also host A's link: the MB
+    it carried over the whole run, and over the timed training the MB per local step and
+    per exchange (all-reduce, sync or round), both directions, and the seconds per step
+    its busier direction needs at the rate (a lower bound)."""
     linked = any(r.get("link_rate") for r in results)
     lines = [title, "",
              f"| column | lr | s/epoch | epochs to {target} | time to {target} (s) | "
              "acc after last epoch | epochs | start-up (s) | "
-             + ("link | MB/step | MB/exchange | wire s/step | " if linked else "")
+             + ("link | link MB (run) | MB/step | MB/exchange | wire s/step | "
+                if linked else "")
              + "load avg per run |",
-             "|---|---|---|---|---|---|---|---|" + ("---|" * 4 if linked else "") + "---|"]
+             "|---|---|---|---|---|---|---|---|" + ("---|" * 5 if linked else "") + "---|"]
     by_col: dict = {}
     for r in results:
         by_col.setdefault((r["column"], r.get("lr")), []).append(r)
@@ -826,7 +854,7 @@ def report_table(results: list, target: float, title: str) -> str:
         if bad and len(bad) == len(runs):
             why = bad[0].get("unavailable") or bad[0].get("error")
             lines.append(f"| {column} | {lr if lr is not None else '-'} | {why} | | | | | | "
-                         + ("| | | | " if linked else "") + f"{loads} |")
+                         + ("| | | | | " if linked else "") + f"{loads} |")
             continue
         figs = [figures(r, target) for r in runs if "timeline" in r]
         lines.append(
@@ -837,6 +865,7 @@ def report_table(results: list, target: float, title: str) -> str:
             f"{_med([f['epochs'] for f in figs], '.2f')} | "
             f"{_med([f['startup_s'] for f in figs], '.1f')} | "
             + (f"{runs[0].get('link_rate') or '-'} | "
+               f"{_med([f['link_mb'] for f in figs], '.1f', '-')} | "
                f"{_med([f.get('mb_per_step') for f in figs], '.3f', '-')} | "
                f"{_med([f.get('mb_per_exchange') for f in figs], '.2f', '-')} | "
                f"{_med([f.get('wire_s_per_step') for f in figs], '.3f', '-')} | "
@@ -970,7 +999,8 @@ def _interrupted(signum, frame):
 
 def run_all(args, columns: list, seeds: list, hosts, results: list) -> None:
     """The selection (``--select``) or the report, appending each run to ``results``."""
-    where = (f", the distributed columns across 2 hosts at {args.link} (1 CPU each)"
+    cpus = f"{args.host_cpus:g} CPU each" if args.host_cpus else "uncapped"
+    where = (f", the distributed columns across 2 hosts at {args.link} ({cpus})"
              if hosts is not None else "")
     if args.select:
         tuned = [c for c in columns if c in TUNED]

@@ -93,26 +93,45 @@ def test_the_meter_records_nothing_without_an_interface(monkeypatch):
     assert missing.record(10, 1) is None
 
 
-def _run(column, link, s_per_epoch, record=None):
+def test_a_ddlf_run_of_one_round_has_its_link_record(monkeypatch):
+    """The meter starts when training does, so Algorithm 6 for one epoch (one round, one
+    row) is measured too; a step is a trainer's batch, an exchange a round."""
+    monkeypatch.setenv(link_hosts.LINK_IF_ENV, "lo")
+    if link_hosts.LinkMeter().read() is None:
+        pytest.skip("no /sys/class/net/lo/statistics here")
+    rows = torch_compare.link_rows(workers=2)
+    rows.on_train_begin(None)
+    rows.on_row({"round": 1, "samples": 3200}, None)
+    record = rows.record()
+    assert record is not None and record["ifname"] == "lo"
+    assert (record["steps"], record["exchanges"]) == (50, 1)
+
+
+def _run(column, link, s_per_epoch, record=None, totals=None):
     timeline = [{"epoch": 0.5, "train_s": s_per_epoch / 2, "test_loss": 1.0,
                  "test_accuracy": 0.80, "eval_s": 0.1},
                 {"epoch": 1.0, "train_s": s_per_epoch, "test_loss": 0.5,
                  "test_accuracy": 0.86, "eval_s": 0.1}]
     return {"column": column, "lr": 0.03, "seed": 0, "loadavg": 1.0, "link_rate": link,
-            "startup_s": 2.0, "train_s": s_per_epoch, "timeline": timeline, "link": record}
+            "startup_s": 2.0, "train_s": s_per_epoch, "timeline": timeline, "link": record,
+            "link_total": totals}
 
 
 def test_the_table_has_link_columns_only_with_link_runs():
     plain = torch_compare.report_table([_run("torch-ddp", None, 30.0)], 0.85, "t")
     assert "MB/step" not in plain
     table = torch_compare.report_table(
-        [_run("torch-1p", None, 20.0), _run("torch-ddp", "100mbit", 30.0, RUN)], 0.85, "t")
+        [_run("torch-1p", None, 20.0),
+         _run("torch-ddp", "100mbit", 30.0, RUN, [{"tx": 7_000_000, "rx": 2_500_000},
+                                                  {"tx": 2_500_000, "rx": 7_000_000}])],
+        0.85, "t")
     head, _, single, ddp = table.splitlines()[2:6]
-    assert "| link | MB/step | MB/exchange | wire s/step |" in head
-    assert "| - | - | - | - |" in single   # a single process: no link
+    assert "| link | link MB (run) | MB/step | MB/exchange | wire s/step |" in head
+    assert "| - | - | - | - | - |" in single   # a single process: no link
     cells = [c.strip() for c in ddp.split("|")]
-    assert cells[cells.index("100mbit") + 1:cells.index("100mbit") + 4] == [
-        "0.200", "2.00", "0.012"]
+    # The run's total is host A's link, both ways, start-up included (B's is the same).
+    assert cells[cells.index("100mbit") + 1:cells.index("100mbit") + 5] == [
+        "9.5", "0.200", "2.00", "0.012"]
     assert len(cells) == len([c.strip() for c in head.split("|")])
 
 
