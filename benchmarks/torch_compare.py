@@ -6,6 +6,8 @@ Keras on TF and on JAX. Issue 24 §3.
     python benchmarks/torch_compare.py --choices choices.json               # 2. report
     python benchmarks/torch_compare.py --limit 3200 --seeds 0 --epochs 1 \\
         --eval-limit 2000                                                    # a smoke run
+    python benchmarks/torch_compare.py --link 100mbit --choices choices.json \\
+        --columns torch-ddp,torchft-diloco,ddlf-torch-default,ddlf-torch-alg6 # 2 hosts
 
 The protocol of the evidence issue (21, section 1):
 
@@ -69,6 +71,18 @@ The two-process columns run in a private network namespace (``unshare -n``, loop
 only): torchrun's store and torchft's servers listen on every interface, and nothing
 here may be reachable from outside. That needs root (CI and this machine's sessions
 are); without it those columns say so.
+
+``--link 100mbit`` (or ``1gbit``; root) runs the distributed columns across two emulated
+hosts (``link_hosts.py``: network namespaces on a bridge, each host's link limited to the
+rate both ways by ``tc ... tbf``, each host capped at ``--host-cpus`` CPUs by a cgroup):
+torch-ddp as a torchrun per host, torchft-diloco with the lighthouse and replica 0 in
+host A and replica 1 in host B, and the DDLF columns with a head, a node and the driver in
+host A and a node in host B, so that trainer B's weights and deltas cross the links. The
+single-process columns run as without it. The table adds host A's link: the MB it carried
+over the whole run, and over the timed training the MB per local step and per exchange
+and the seconds a step's bytes need at the rate. The hosts are made once and removed at
+the end, also on an error, Ctrl-C, SIGTERM or SIGHUP; each run's processes are ended
+before the next.
 """
 
 from __future__ import annotations
