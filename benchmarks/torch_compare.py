@@ -445,15 +445,8 @@ def run_diloco(args) -> dict:
             out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
             files.append((out, err))
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
-        deadline = time.monotonic() + args.timeout
-        outs = []
-        for p, (out, err) in zip(procs, files):
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            out.seek(0)
-            err.seek(0)
-            outs.append(subprocess.CompletedProcess(p.args, p.returncode,
-                                                    out.read().decode(errors="replace"),
-                                                    err.read().decode(errors="replace")))
+        outs = wait_all(procs, files, args.timeout, ["replica 0", "replica 1"])
+        relay_epochs(outs[0].stderr)   # to this child's stderr, which run_column relays
         return parse_child(outs[0], "replica 0", other=outs[1])
     finally:
         for p in procs:
@@ -622,6 +615,32 @@ def parse_child(proc, what: str, other=None) -> dict:
     return {"error": f"{what}: {tail}"}
 
 
+def wait_all(procs: list, files: list, timeout: float, names: list) -> list:
+    """Wait for every process (bounded by ``timeout`` in all); their outputs, read from
+    the temporary files they wrote, as ``CompletedProcess``es. A process still running
+    at the deadline is reported as timed out (its caller ends it: ``run_diloco``'s
+    ``finally``, ``LinkHosts.end_run``)."""
+    deadline = time.monotonic() + timeout
+    outs = []
+    for p, (fo, fe), name in zip(procs, files, names):
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+            code = p.returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+        fo.seek(0)
+        fe.seek(0)
+        out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
+        if code != 0:   # its last words in the parent's log; the table gets the last line
+            tail = err.strip().splitlines()[-15:]
+            log(f"{name} exited {code}; its last lines:\n" + "\n".join("    " + ln
+                                                                      for ln in tail))
+            if code == -1:
+                err += f"\ntimeout after {timeout:.0f} s (last: {tail[-1] if tail else '-'})"
+        outs.append(subprocess.CompletedProcess(p.args, code, out, err))
+    return outs
+
+
 def run_column_here(args) -> dict:
     column = args.column
     if column == "torch-1p":
@@ -720,31 +739,6 @@ def run_linked(args, column: str, hosts) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
         hosts.end_run()
-
-
-def wait_all(procs: list, files: list, timeout: float, names: list) -> list:
-    """Wait for every process (bounded by ``timeout`` in all); their outputs, read from
-    the temporary files they wrote, as ``CompletedProcess``es. A process still running
-    at the deadline is reported as timed out (``end_run`` ends it)."""
-    deadline = time.monotonic() + timeout
-    outs = []
-    for p, (fo, fe), name in zip(procs, files, names):
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-            code = p.returncode
-        except subprocess.TimeoutExpired:
-            code = -1
-        fo.seek(0)
-        fe.seek(0)
-        out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
-        if code != 0:   # its last words in the parent's log; the table gets the last line
-            tail = err.strip().splitlines()[-15:]
-            log(f"{name} exited {code}; its last lines:\n" + "\n".join("    " + ln
-                                                                      for ln in tail))
-            if code == -1:
-                err += f"\ntimeout after {timeout:.0f} s (last: {tail[-1] if tail else '-'})"
-        outs.append(subprocess.CompletedProcess(p.args, code, out, err))
-    return outs
 
 
 def start_in(hosts, i: int, cmd: list, **kw):
