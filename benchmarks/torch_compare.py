@@ -104,7 +104,7 @@ import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 import numpy as np  # noqa: E402
-from link_hosts import LinkMeter, counter_delta, link_figures, torchrun_node_cmd  # noqa: E402
+from link_hosts import RATES, LinkMeter, counter_delta, link_figures, torchrun_node_cmd  # noqa: E402
 
 BATCH = 32
 GRID = (0.01, 0.03, 0.1)
@@ -919,7 +919,7 @@ def main(argv=None) -> int:
                    help="passive: OMP_WAIT_POLICY=PASSIVE in every run (torch's OpenMP "
                         "threads sleep instead of spinning; see benchmarks/README.md)")
     p.add_argument("--json", help="also write every run here")
-    p.add_argument("--link", choices=("none", "100mbit", "1gbit"), default="none",
+    p.add_argument("--link", choices=("none", *RATES), default="none",
                    help="run the distributed columns across two emulated hosts (network "
                         "namespaces, tbf-limited links of this rate, --host-cpus each); "
                         "needs root")
