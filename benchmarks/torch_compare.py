@@ -62,6 +62,15 @@ ddlf-torch-alg6 the same with the paper's Algorithm 6 (``rounds_per_epoch=1,
                 outer_momentum=0, lr_scaling="none"``: a plain average once per epoch). Its
                 global model exists only at each epoch's end, so it has one evaluation per
                 epoch, not ``--evals-per-epoch``.
+ddlf-torch-ring
+                ``train(..., scheme="allreduce")``: the trainers all-reduce their outer
+                gradients in a ring (no driver on the path: both directions of a link busy
+                at once, as torchft's DiLoCo), every other setting at DDLF's default.
+ddlf-torch-ring-int4
+                the setting DDLF's docs give for slow links (issue 23's fastest to a target
+                at 100 Mbit/s with a 5 M-parameter model): the ring with ``overlap=True``
+                (the collective runs while the next round's steps do) and
+                ``compression="int4:ef"`` (4-bit per hop, with error feedback).
 keras-tf, keras-jax
                 DDLF's defaults with ``models.paper_cnn`` (Keras, the optimizer it compiles,
                 Adam 1e-3; not tuned) on TensorFlow and, with ``keras_backend="jax"``, on JAX in the
@@ -109,12 +118,16 @@ from link_hosts import RATES, LinkMeter, counter_delta, link_figures, torchrun_n
 BATCH = 32
 GRID = (0.01, 0.03, 0.1)
 TUNED = ("torch-1p", "torch-1p-1t", "torch-ddp", "torchft-diloco", "ddlf-torch-default",
-         "ddlf-torch-alg6")
-DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "keras-tf", "keras-jax")
+         "ddlf-torch-alg6", "ddlf-torch-ring", "ddlf-torch-ring-int4")
+DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "ddlf-torch-ring", "ddlf-torch-ring-int4",
+        "keras-tf", "keras-jax")
 ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
 IN_NETNS = ("torch-ddp", "torchft-diloco")
 # The paper's Algorithm 6 as sync's options: one plain average per epoch.
 ALG6 = {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}
+# The ring; and DDLF's setting for slow links (docs/training.md): overlapped, 4-bit per hop.
+RING = {"scheme": "allreduce"}
+RING_INT4 = {**RING, "overlap": True, "compression": "int4:ef"}
 # --link: these run across the two emulated hosts; the single-process ones stay as they are.
 LINKED = ("torch-ddp", "torchft-diloco") + DDLF
 
@@ -543,7 +556,7 @@ def run_ddlf(args, model_fn, **options) -> dict:
     import functools
 
     import ddlf_actors as ddlf
-    from ddlf_actors.apps import train_sync
+    from ddlf_actors.apps import train
     from ddlf_actors.apps.schemes.rounds import default_rounds
 
     x, *_ = load_split(args.split, args.limit, args.eval_limit)
@@ -554,11 +567,11 @@ def run_ddlf(args, model_fn, **options) -> dict:
     else:
         ddlf.init(num_cpus=2)
     try:
-        result = train_sync(model_fn, functools.partial(split_dataset, args.split, args.limit,
-                                                        args.eval_limit),
-                            workers=2, master_epochs=args.epochs, batch_size=BATCH,
-                            seed=args.seed, progress=False, callbacks=[meter],
-                            eval_every=max(1, rounds // args.evals_per_epoch), **options)
+        result = train(model_fn, functools.partial(split_dataset, args.split, args.limit,
+                                                   args.eval_limit),
+                       workers=2, master_epochs=args.epochs, batch_size=BATCH,
+                       seed=args.seed, progress=False, callbacks=[meter],
+                       eval_every=max(1, rounds // args.evals_per_epoch), **options)
     finally:
         ddlf.shutdown()
     tl = ddlf_timeline(result.history)
@@ -571,13 +584,14 @@ def run_ddlf(args, model_fn, **options) -> dict:
 
 def run_ddlf_column(args, column: str) -> dict:
     """DDLF on PyTorch: ``ddlf-torch-default`` (every scheme setting at its default) or
-    ``ddlf-torch-alg6`` (the paper's Algorithm 6); ``optimizer=`` SGD momentum 0.9 at
+    ``ddlf-torch-alg6`` (the paper's Algorithm 6), ``ddlf-torch-ring`` (the ring) or
+    ``ddlf-torch-ring-int4`` (the ring for slow links); ``optimizer=`` SGD momentum 0.9 at
     ``args.lr``, as the single-process and DDP columns train."""
     import functools
 
     options: dict = {"optimizer": functools.partial(sgd, lr=args.lr)}
-    if column == "ddlf-torch-alg6":
-        options.update(ALG6)
+    options.update({"ddlf-torch-alg6": ALG6, "ddlf-torch-ring": RING,
+                    "ddlf-torch-ring-int4": RING_INT4}.get(column, {}))
     return run_ddlf(args, functools.partial(build, args.seed), **options)
 
 

@@ -26,3 +26,26 @@ def test_a_ddlf_timeline_is_round_time_without_evaluation_and_start_up_is_not_ta
     figures = torch_compare.figures({"timeline": tl.rows, "train_s": tl.train_s}, 0.85)
     assert figures["epochs_to_target"] == 1.0 and figures["time_to_target"] == 5.0
     assert figures["s_per_epoch"] == 5.0
+
+
+def test_each_ddlf_column_trains_with_its_own_setting(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    monkeypatch.syspath_prepend(_BENCH)
+    import argparse
+
+    import torch_compare
+
+    seen = {}
+    monkeypatch.setattr(torch_compare, "run_ddlf",
+                        lambda args, model_fn, **options: seen.update({args.column: options}))
+    for column in ("ddlf-torch-default", "ddlf-torch-alg6", "ddlf-torch-ring",
+                   "ddlf-torch-ring-int4"):
+        torch_compare.run_ddlf_column(argparse.Namespace(column=column, lr=0.02, seed=0), column)
+    assert set(seen["ddlf-torch-default"]) == {"optimizer"}   # every scheme setting at default
+    assert {k: v for k, v in seen["ddlf-torch-alg6"].items() if k != "optimizer"} == \
+        torch_compare.ALG6
+    assert {k: v for k, v in seen["ddlf-torch-ring"].items() if k != "optimizer"} == \
+        {"scheme": "allreduce"}
+    ring = seen["ddlf-torch-ring-int4"]
+    assert (ring["scheme"], ring["overlap"], ring["compression"]) == ("allreduce", True, "int4:ef")
+    assert all(s["optimizer"].keywords == {"lr": 0.02} for s in seen.values())
