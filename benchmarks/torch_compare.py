@@ -113,6 +113,7 @@ import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 import numpy as np  # noqa: E402
+from emu_streaming import options_for  # noqa: E402
 from link_hosts import RATES, LinkMeter, counter_delta, link_figures, torchrun_node_cmd  # noqa: E402
 
 BATCH = 32
@@ -123,11 +124,21 @@ DDLF = ("ddlf-torch-default", "ddlf-torch-alg6", "ddlf-torch-ring", "ddlf-torch-
         "keras-tf", "keras-jax")
 ALL_COLUMNS = TUNED + ("keras-tf", "keras-jax")
 IN_NETNS = ("torch-ddp", "torchft-diloco")
+
+
+def _setting(name: str) -> dict:
+    """``train``'s options for a setting of ``emu_streaming.SETTINGS`` (the one table of
+    them; ``+codec`` is int4 with error feedback); a sync setting without ``scheme``, so
+    ``train_sync`` takes it too."""
+    scheme, options = options_for(name, "int4:ef", 1)
+    return options if scheme == "sync" else {"scheme": scheme, **options}
+
+
 # The paper's Algorithm 6 as sync's options: one plain average per epoch.
-ALG6 = {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}
+ALG6 = _setting("alg6")
 # The ring; and DDLF's setting for slow links (docs/training.md): overlapped, 4-bit per hop.
-RING = {"scheme": "allreduce"}
-RING_INT4 = {**RING, "overlap": True, "compression": "int4:ef"}
+RING = _setting("allreduce")
+RING_INT4 = _setting("allreduce+overlap+codec")
 # --link: these run across the two emulated hosts; the single-process ones stay as they are.
 LINKED = ("torch-ddp", "torchft-diloco") + DDLF
 
@@ -455,9 +466,9 @@ def run_diloco(args) -> dict:
             # Output to files, not pipes: torchft logs ~1.3 KB to stderr a sync, and while
             # this waited on replica 0, replica 1's undrained pipe filled at 64 KiB (about
             # 48 syncs: the 50,000-image split) and blocked it mid-quorum, replica 0 with it.
-            out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-            files.append((out, err))
-            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
+            proc, pair = start_to_files(subprocess.Popen, cmd, env=env)
+            procs.append(proc)
+            files.append(pair)
         outs = wait_all(procs, files, args.timeout, ["replica 0", "replica 1"])
         relay_epochs(outs[0].stderr)   # to this child's stderr, which run_column relays
         return parse_child(outs[0], "replica 0", other=outs[1])
@@ -755,10 +766,17 @@ def run_linked(args, column: str, hosts) -> dict:
         hosts.end_run()
 
 
-def start_in(hosts, i: int, cmd: list, **kw):
-    """``cmd`` in host i with its output in temporary files (no pipe to drain)."""
+def start_to_files(popen, cmd: list, **kw):
+    """``popen(cmd)`` with its stdout and stderr in temporary files (no pipe to drain, so
+    no child blocks on a full one while another is waited on): ``(process, files)``, the
+    files as :func:`wait_all` reads them."""
     fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    return hosts.popen(i, cmd, stdout=fo, stderr=fe, **kw), (fo, fe)
+    return popen(cmd, stdout=fo, stderr=fe, **kw), (fo, fe)
+
+
+def start_in(hosts, i: int, cmd: list, **kw):
+    """``cmd`` in host i, its output in temporary files."""
+    return start_to_files(lambda c, **k: hosts.popen(i, c, **k), cmd, **kw)
 
 
 def linked_ddp(args, hosts) -> dict:

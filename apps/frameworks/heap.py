@@ -64,8 +64,8 @@ def _chosen_by_user() -> bool:
 
 
 def keep_freed_memory() -> bool:
-    """Fix glibc's mmap and trim thresholds for this process (see the module docstring);
-    return whether they were set. Safe to call more than once."""
+    """Fix glibc's mmap and trim thresholds and pad its heap's top, for this process (see
+    the module docstring); return whether they were set. Safe to call more than once."""
     if _chosen_by_user() or platform.libc_ver()[0] != "glibc":
         return False
     try:
