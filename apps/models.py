@@ -14,7 +14,7 @@ INPUT_SHAPES = {"mnist": (28, 28, 1), "fashion-mnist": (28, 28, 1), "cifar10": (
 
 # The trainers' (inner) optimizers paper_cnn can compile, with their default rates. "adam"
 # is the default: with sync's defaults it reached 0.85 validation accuracy on
-# Fashion-MNIST in the fewest epochs of those tried (benchmarks/explore_defaults.py;
+# Fashion-MNIST in the fewest epochs of those tried (benchmarks/training/explore_defaults.py;
 # docs/training.md, "the defaults"). "sgd" is the paper's (plain SGD, 0.01).
 OPTIMIZERS = {"adam": 1e-3, "momentum": 0.03, "sgd": 0.01}
 

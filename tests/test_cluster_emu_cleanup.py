@@ -1,4 +1,4 @@
-"""benchmarks/cluster_emu.py leaves nothing behind: namespaces, bridge, cgroups, processes.
+"""benchmarks/emulation/cluster_emu.py leaves nothing behind: namespaces, bridge, cgroups, processes.
 
 Runs the script's ``caps`` mode (two capped nodes, each with an actor spinning) and ends it
 three ways: at the end of its run, by Ctrl-C (SIGINT to its whole process group, as a
@@ -23,9 +23,11 @@ import pytest
 from netns_cluster import netns_unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMU = os.path.join(ROOT, "benchmarks", "cluster_emu.py")
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from cpu_caps import cgroup_unavailable  # noqa: E402 - benchmarks/ is not a package
+EMU = os.path.join(ROOT, "benchmarks", "emulation", "cluster_emu.py")
+sys.path.insert(0, ROOT)
+from benchmarks.emulation.cpu_caps import cgroup_unavailable  # noqa: E402
+
+sys.path.remove(ROOT)
 
 _why = netns_unavailable() or cgroup_unavailable()
 pytestmark = [pytest.mark.skipif(_why is not None, reason=f"cannot emulate nodes: {_why}"),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMU = os.path.join(ROOT, "benchmarks", "cluster_emu.py")
+EMU = os.path.join(ROOT, "benchmarks", "emulation", "cluster_emu.py")
 
 
 def _run(setting: str, k: int, seed: int, accs: list, step_s: float) -> dict:

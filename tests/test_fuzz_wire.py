@@ -1,4 +1,4 @@
-"""CI-sized run of benchmarks/fuzz_wire.py: 2,000 fuzzed connections against a live cluster.
+"""CI-sized run of benchmarks/chaos/fuzz_wire.py: 2,000 fuzzed connections against a live cluster.
 
 The full run (10^5 cases, ~5 minutes) is the benchmark script; this one keeps the same
 cases and checks in under 30 s: no server dies, every peer the protocol says must be
@@ -21,7 +21,7 @@ from ddlf_actors.runtime import config
 from ddlf_actors.runtime.client import current
 
 _PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "benchmarks", "fuzz_wire.py")
+                     "benchmarks", "chaos", "fuzz_wire.py")
 _spec = importlib.util.spec_from_file_location("ddlf_fuzz_wire", _PATH)
 fw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fw)

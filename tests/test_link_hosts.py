@@ -1,4 +1,4 @@
-"""torch_compare.py --link's bookkeeping (benchmarks/link_hosts.py): link counters, bytes
+"""torch_compare.py --link's bookkeeping (benchmarks/emulation/link_hosts.py): link counters, bytes
 per step and per exchange, the wire-time bound, torchrun's per-host command, the table's
 link columns; and, as root only, that the two emulated hosts and every process of a run
 are gone after a run, after Ctrl-C and after SIGTERM.
@@ -19,9 +19,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
-sys.path.insert(0, BENCH)
-import link_hosts  # noqa: E402 - benchmarks/ is not a package
-import torch_compare  # noqa: E402
+sys.path.insert(0, ROOT)
+from benchmarks.emulation import link_hosts  # noqa: E402
+from benchmarks.peers import torch_compare  # noqa: E402
+
+sys.path.remove(ROOT)
 
 RUN = {"tx": 6_000_000, "rx": 2_000_000, "steps": 40, "exchanges": 4}
 
@@ -178,7 +180,7 @@ def test_a_run_ends_every_process_it_started_and_close_removes_the_hosts(no_leak
 def test_a_signal_mid_run_removes_the_hosts_and_the_runs_processes(no_leaks, how):
     """torch_compare.py --link interrupted while torchrun's two ranks train."""
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(BENCH, "torch_compare.py"), "--link", "100mbit",
+        [sys.executable, os.path.join(BENCH, "peers", "torch_compare.py"), "--link", "100mbit",
          "--priority", "0.02", "--columns", "torch-ddp", "--seeds", "0", "--epochs", "50",
          "--limit", "640", "--eval-limit", "100", "--evals-per-epoch", "1", "--timeout",
          "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # benchmarks.* from here
 
 
 def test_a_ddlf_timeline_is_round_time_without_evaluation_and_start_up_is_not_taken_twice(
         monkeypatch):
     # The script sets OMP_NUM_THREADS on import (before numpy and torch load): keep ours.
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    monkeypatch.syspath_prepend(_BENCH)
-    import torch_compare
+    monkeypatch.syspath_prepend(_ROOT)
+    from benchmarks.peers import torch_compare
 
     history = [
         {"epoch": 0.5, "wall_s": 2.0, "eval_s": 0.0, "test_accuracy": 0.80, "test_loss": 0.5},
@@ -30,10 +30,10 @@ def test_a_ddlf_timeline_is_round_time_without_evaluation_and_start_up_is_not_ta
 
 def test_each_ddlf_column_trains_with_its_own_setting(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    monkeypatch.syspath_prepend(_BENCH)
+    monkeypatch.syspath_prepend(_ROOT)
     import argparse
 
-    import torch_compare
+    from benchmarks.peers import torch_compare
 
     seen = {}
     monkeypatch.setattr(torch_compare, "run_ddlf",

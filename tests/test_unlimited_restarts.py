@@ -2,7 +2,7 @@
 
 ``ddlf_actors/options.py`` accepts -1 and its error message says "-1 for unlimited"; the
 head and the task pool used to treat -1 as 0 (never restarted, never retried). Found
-while writing benchmarks/soak.py. The controls with 1 show the same scenario with a
+while writing benchmarks/chaos/soak.py. The controls with 1 show the same scenario with a
 positive limit.
 """
 

@@ -8,7 +8,7 @@ thresholds as it sees large blocks freed (up to 32 MiB and 64 MiB), so how many 
 step's blocks come back as fresh, zeroed pages depends on what the process happened to
 free before training. PyTorch's CPU allocator calls ``malloc`` for every tensor.
 
-Measured (``benchmarks/torch_alg6_gap.py``'s half epoch: the paper CNN in PyTorch,
+Measured (``benchmarks/peers/torch_alg6_gap.py``'s half epoch: the paper CNN in PyTorch,
 25,000 images, batch 32, one thread, idle machine): a process that had loaded its data
 into memory (and freed the loader's temporaries, which raised the thresholds) trained in
 5.3-5.4 s with ~0.1 M minor page faults; the same process on the node's memory-mapped

@@ -38,7 +38,7 @@ __all__ = ["limit_threads", "OMP_WAIT_POLICY", "XLA_ONE_THREAD"]
 # libgomp's default spins for a while (up to GOMP_SPINCOUNT), which on a machine whose
 # cores are all busy takes the CPU from the very threads the spinner waits for. Measured
 # here (2 cores shared with other sessions; the paper CNN in PyTorch, batch 32, 200 steps,
-# one process per run, 4 interleaved repetitions: benchmarks/omp_wait_policy.py), steps/s
+# one process per run, 4 interleaved repetitions: benchmarks/training/omp_wait_policy.py), steps/s
 # (load average 2.9-4.8 on the 2 cores during the runs):
 #   1 thread                 92.9  73.7  99.9  94.8
 #   2 threads, spinning       8.5  14.1  10.8   4.6   (libgomp's default)

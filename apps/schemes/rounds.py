@@ -81,7 +81,7 @@ class RoundOptions(SchemeOptions):
         help="sync 1/F of the parameters per round, in turn: F times the rounds, each "
              "carrying 1/F of the model (default 1)")
 
-    # Chosen on a validation split (benchmarks/explore_defaults.py; docs/training.md, "the
+    # Chosen on a validation split (benchmarks/training/explore_defaults.py; docs/training.md, "the
     # defaults"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
     # data's size) and DiLoCo's outer step, Nesterov momentum 0.9 at rate 0.7 with no K
     # rule (so no warm-up), one evaluation per epoch (eval_every). With paper_cnn's Adam

@@ -33,7 +33,7 @@ class ChoicesMissing(RuntimeError):
 
 
 def select_command(columns: Sequence[str], path: str) -> str:
-    return (f"python benchmarks/train_compare.py --select --columns {','.join(columns)} "
+    return (f"python benchmarks/training/train_compare.py --select --columns {','.join(columns)} "
             f"--choices {path}")
 
 

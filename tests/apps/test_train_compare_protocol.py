@@ -1,4 +1,4 @@
-"""The bookkeeping of benchmarks/train_compare.py's protocol (issue 21), with no TensorFlow:
+"""The bookkeeping of benchmarks/training/train_compare.py's protocol (issue 21), with no TensorFlow:
 the validation split, the first crossing of the target, interleaving, median and range,
 which ratios are allowed, the choices file, and DDLF's history read as evaluation points
 (one small run on the numpy trainer)."""
@@ -16,9 +16,9 @@ import pytest
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BENCH = os.path.join(_REPO, "benchmarks")
-sys.path.insert(0, _BENCH)
-import protocol  # noqa: E402
-from protocol import (  # noqa: E402
+sys.path.insert(0, _REPO)
+from benchmarks import protocol  # noqa: E402
+from benchmarks.protocol import (  # noqa: E402
     ChoicesMissing,
     RatioRefused,
     SplitDataset,
@@ -35,7 +35,7 @@ from protocol import (  # noqa: E402
     write_choices,
 )
 
-sys.path.remove(_BENCH)
+sys.path.remove(_REPO)
 
 
 # -- the validation split ------------------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_choices_round_trip_and_the_final_run_refuses_without_them(tmp_path):
 
 
 def _script(*args, timeout=60):
-    return subprocess.run([sys.executable, os.path.join(_BENCH, "train_compare.py"), *args],
+    return subprocess.run([sys.executable, os.path.join(_BENCH, "training", "train_compare.py"), *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -330,8 +330,8 @@ def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluste
     # The DDLF column labels its settings from the run's resolved scheme options (a
     # column's whole selection once failed on a setting read from TrainConfig instead).
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # the script adds to it
-    monkeypatch.syspath_prepend(_BENCH)
-    import train_compare
+    monkeypatch.syspath_prepend(_REPO)
+    from benchmarks.training import train_compare
 
     text = train_compare.describe_settings(r.options)
     assert text.startswith("8 rounds/epoch"), text

@@ -13,7 +13,7 @@ connections opened earlier.
 Objects of 1 MiB or more sent to a worker on the same host travel through shared memory
 (``runtime/shm_store.py``) and are counted here only as their descriptor; set
 ``DDLF_SHM=0`` before the cluster starts to send them over the socket and count them.
-Used by ``tests/apps/test_allreduce.py`` and ``benchmarks/allreduce_bench.py``.
+Used by ``tests/apps/test_allreduce.py`` and ``benchmarks/training/allreduce_bench.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""chaos benchmarks (see ../README.md)."""

@@ -1,0 +1,1 @@
+"""emulation benchmarks (see ../README.md)."""

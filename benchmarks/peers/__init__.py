@@ -1,0 +1,1 @@
+"""peers benchmarks (see ../README.md)."""

@@ -1,0 +1,1 @@
+"""runtime benchmarks (see ../README.md)."""

@@ -1,0 +1,1 @@
+"""training benchmarks (see ../README.md)."""
