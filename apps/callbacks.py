@@ -62,7 +62,9 @@ class History(Callback):
 
 
 class ProgressBar(Callback):
-    """A tqdm bar on stderr: round, epoch, test accuracy and samples per second."""
+    """A tqdm bar on stderr: round, epoch, test accuracy and samples per second; for a
+    text run (rows with ``tokens_per_s``) the training and test loss and tokens per
+    second instead."""
 
     def __init__(self, file=None):
         self.file = file or sys.stderr
@@ -79,10 +81,17 @@ class ProgressBar(Callback):
             return
         acc = row.get("test_accuracy")
         rate = row.get("samples_per_s")
-        self.bar.set_postfix_str(
-            f"round {row['round']} epoch {row['epoch']:g} K={row.get('workers', '-')} "
-            f"acc {'-' if acc is None else f'{acc:.4f}'} "
-            f"{'-' if not rate else f'{rate:,.0f}'} samples/s", refresh=False)
+        where = f"round {row['round']} epoch {row['epoch']:g} K={row.get('workers', '-')}"
+        if "tokens_per_s" in row:
+            tokens, loss, test = row["tokens_per_s"], row.get("train_loss"), row.get("test_loss")
+            self.bar.set_postfix_str(
+                f"{where} loss {'-' if loss is None else f'{loss:.3f}'} "
+                f"val {'-' if test is None else f'{test:.3f}'} "
+                f"{'-' if not tokens else f'{tokens:,.0f}'} tokens/s", refresh=False)
+        else:
+            self.bar.set_postfix_str(
+                f"{where} acc {'-' if acc is None else f'{acc:.4f}'} "
+                f"{'-' if not rate else f'{rate:,.0f}'} samples/s", refresh=False)
         self.bar.update(1)
 
     def on_event(self, event, run):
@@ -111,10 +120,12 @@ class EventLog(Callback):
 
 
 class EarlyStopping(Callback):
-    """Stop at ``target_accuracy``, or after ``patience`` rows without a new best test loss."""
+    """Stop at ``target_accuracy`` or at ``target_loss`` (a test loss at or below it), or
+    after ``patience`` rows without a new best test loss."""
 
-    def __init__(self, target_accuracy=None, patience=None):
+    def __init__(self, target_accuracy=None, patience=None, target_loss=None):
         self.target_accuracy = target_accuracy
+        self.target_loss = target_loss
         self.patience = patience
         self.best = math.inf
         self.waited = 0
@@ -126,6 +137,9 @@ class EarlyStopping(Callback):
             return
         if self.target_accuracy is not None and acc >= self.target_accuracy:
             self.reason = f"test accuracy {acc:.4f} reached the target {self.target_accuracy}"
+            run.stop = True
+        if self.target_loss is not None and loss is not None and loss <= self.target_loss:
+            self.reason = f"test loss {loss:.4f} reached the target {self.target_loss}"
             run.stop = True
         if self.patience is not None:
             if loss < self.best:
@@ -165,9 +179,11 @@ class TensorBoard(Callback):
 
     Per row: ``test_accuracy``, ``test_loss``, ``train_loss``, ``bytes_sent``,
     ``bytes_received``, ``wall_s`` (the round's time) and ``workers`` (when the row has
-    it), each twice: ``by_round/<key>`` with the row's ``round`` as the step, and
+    it), and for a text run ``bits_per_byte``, ``perplexity`` and ``tokens_per_s``, each
+    twice: ``by_round/<key>`` with the row's ``round`` as the step, and
     ``by_time/<key>`` with the row's ``time_s`` (seconds since training began) in whole
-    milliseconds as the step. Milliseconds, because steps are integers and rounds of a
+    milliseconds as the step; a text run's rows also go to ``by_tokens/<key>``, the
+    tokens trained as the step. Milliseconds, because steps are integers and rounds of a
     small model are milliseconds apart (whole seconds would put several rows on one
     step); and the row's own time, because TensorBoard's built-in wall-time axis is the
     time each event was written, which lags a row by one round (its evaluation arrives
@@ -178,7 +194,7 @@ class TensorBoard(Callback):
     """
 
     KEYS = ("test_accuracy", "test_loss", "train_loss", "bytes_sent", "bytes_received",
-            "wall_s", "workers")
+            "wall_s", "workers", "bits_per_byte", "perplexity", "tokens_per_s")
 
     def __init__(self, log_dir: str):
         self.log_dir = str(log_dir)
@@ -196,6 +212,7 @@ class TensorBoard(Callback):
             return
         scalar = self._tf.summary.scalar
         step_ms = int(round(float(row.get("time_s") or 0.0) * 1000))
+        tokens = row.get("tokens")
         with self._writer.as_default():
             for key in self.KEYS:
                 value = row.get(key)
@@ -203,6 +220,8 @@ class TensorBoard(Callback):
                     continue
                 scalar(f"by_round/{key}", float(value), step=int(row["round"]))
                 scalar(f"by_time/{key}", float(value), step=step_ms)
+                if tokens is not None:
+                    scalar(f"by_tokens/{key}", float(value), step=int(tokens))
         self._writer.flush()
 
     def on_train_end(self, result):

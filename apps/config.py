@@ -54,6 +54,11 @@ def _compression(name: str, v: Any) -> None:
         raise ConfigError(f"{name}={v!r}:", str(e)) from None
 
 
+def _positive(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise ConfigError(name, f"must be a number > 0, got {v!r}")
+
+
 def _fraction(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
         raise ConfigError(name, f"must be in (0, 1], got {v!r}")
@@ -121,12 +126,15 @@ class TrainConfig:
     checkpoint_every: int | None = option(None, help="rounds between checkpoints", cli=None)
     keep_checkpoints: int = option(2, help="newest checkpoints kept", check=int_at_least(1),
                                    cli=None)
-    # Early stop: at this test accuracy, or after this many evaluations without a new
-    # best test loss.
+    # Early stop: at this test accuracy (or test loss, below), or after this many
+    # evaluations without a new best test loss.
     target_accuracy: float | None = option(None, help="stop at this test accuracy",
                                            check=_fraction, cli=None)
     patience: int | None = option(None, help="evaluations without a better test loss",
                                   check=int_at_least(1), cli=None)
+    # Early stop at this test loss or lower (a language model's validation loss).
+    target_loss: float | None = option(None, help="stop at this test loss or lower",
+                                       check=_positive, cli=None)
     # What crosses the wire: a codec spec, or a pair (down, up); see apps/codecs.
     compression: Any = option(None, help="codec spec, or (down, up)", check=_compression,
                               cli=None)

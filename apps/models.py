@@ -1,5 +1,5 @@
 """Models for the training schemes. TensorFlow (or torch) is imported only when a model
-is built.
+is built. The GPTs for text (``gpt_tiny``, ``gpt_tiny_torch``) live in ``lm/``.
 
 Importing this module costs nothing: a node's forkserver may import ``ddlf_actors.apps``
 without starting TensorFlow's or torch's threads (neither is fork-safe once they run).
@@ -7,7 +7,11 @@ without starting TensorFlow's or torch's threads (neither is fork-safe once they
 
 from __future__ import annotations
 
-__all__ = ["paper_cnn", "wide_cnn", "paper_cnn_torch", "INPUT_SHAPES", "OPTIMIZERS"]
+from .lm.gpt_keras import gpt_tiny
+from .lm.gpt_torch import gpt_tiny_torch
+
+__all__ = ["paper_cnn", "wide_cnn", "paper_cnn_torch", "gpt_tiny", "gpt_tiny_torch",
+           "INPUT_SHAPES", "OPTIMIZERS"]
 
 # The image shape of each built-in dataset, as datasets.load returns it (NHWC).
 INPUT_SHAPES = {"mnist": (28, 28, 1), "fashion-mnist": (28, 28, 1), "cifar10": (32, 32, 3)}

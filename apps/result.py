@@ -25,7 +25,9 @@ class TrainResult:
     time the training loop spent on checkpoints (the rest is written in the background);
     ``checkpoint_write_s``: the background writer's own wall time (serialising, writing,
     ``fsync``), which overlaps training; ``checkpoint_cpu_s``: the CPU time of that, what
-    the writer takes from the driver (the rest of its time waits on the disk)."""
+    the writer takes from the driver (the rest of its time waits on the disk); ``dataset``:
+    what the run trained on (after a run on a text dataset, ``generate(prompt, n)``
+    samples text from the model)."""
 
     scheme: str
     history: list
@@ -45,6 +47,8 @@ class TrainResult:
     checkpoint_write_s: float = 0.0
     checkpoint_cpu_s: float = 0.0
     framework: str | None = None
+    # What the run trained on (a TextDataset's tokenizer is what generate() needs).
+    dataset: Any = dataclasses.field(default=None, repr=False)
     _model: Any = dataclasses.field(default=None, repr=False)
 
     @property
@@ -53,6 +57,24 @@ class TrainResult:
             options = self.config.framework_options() if self.config is not None else None
             self._model = self.trainer_cls.local_model(self.model_fn, self.weights, options)
         return self._model
+
+    def generate(self, prompt: str = "", n: int = 200, *, temperature: float = 0.8,
+                 top_k: int | None = 40, seed: int | None = 0, stop: bool = True) -> str:
+        """``prompt`` and up to ``n`` tokens sampled from a language model trained on a
+        text dataset (``datasets.corpus``, ``datasets.text``), with its tokenizer:
+        ``temperature`` (0: the likeliest token each step), the ``top_k`` likeliest
+        tokens, numpy's generator seeded with ``seed``; ``stop``: end at a document's
+        end. ``TypeError`` for a run on another kind of dataset."""
+        from .datasets import TextDataset
+        from .lm.generate import generate
+
+        if not isinstance(self.dataset, TextDataset):
+            raise TypeError("generate() needs a language model trained on a text dataset "
+                            f"(datasets.corpus, datasets.text); this run trained on "
+                            f"{type(self.dataset).__name__}")
+        return generate(self.model, self.dataset.tokenizer, prompt, n,
+                        context=self.dataset.context, temperature=temperature, top_k=top_k,
+                        seed=seed, stop=stop)
 
     @property
     def final(self) -> dict:

@@ -1,4 +1,5 @@
-"""Datasets for DDLF training: MNIST, Fashion-MNIST and CIFAR-10 as normalised numpy arrays.
+"""Datasets for DDLF training: MNIST, Fashion-MNIST and CIFAR-10 as normalised numpy arrays,
+and text for language models.
 
     from ddlf_actors.apps import datasets
     (x, y), (x_test, y_test) = datasets.load("fashion-mnist")
@@ -12,11 +13,14 @@
   source is never served from an old entry.
 - ``partitioned`` / ``write_partitions``: a dataset pre-split into per-trainer files.
 - ``read_idx`` / ``write_idx`` and ``read_cifar10``: the on-disk formats.
+- ``corpus("fortunes")`` / ``text("corpus/*.txt")``: text as tokens stored once per node
+  and served as windows by offset (``text.py``, ``tokenizer.py``, ``corpora.py``).
 
 numpy and the standard library only (no TensorFlow), so importing this is cheap and
 safe in a forked process.
 """
 
+from . import tokenizer
 from .cache import load_shared
 from .cifar import read_cifar10
 from .download import fetch
@@ -24,6 +28,7 @@ from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
 from .registry import ensure, load, locate, names, normalise_images, register, source_files
+from .text import TextDataset, TokenWindows, corpus, text
 
 __all__ = [
     "load",
@@ -44,4 +49,9 @@ __all__ = [
     "Partition",
     "DatasetNotFoundError",
     "DatasetFormatError",
+    "TextDataset",
+    "TokenWindows",
+    "text",
+    "corpus",
+    "tokenizer",
 ]

@@ -98,6 +98,8 @@ def load_shared(dataset, *, data_dir: str | None = None, key: str | None = None)
       a ``source_files()`` method, the stat of the files that returns. Functions of
       other modules it calls, and data files it reads without naming them, are not
       seen: pass ``key=`` for those, and change it when the data changes.
+    - a text dataset (``datasets.corpus``, ``datasets.text``): its tokens, keyed by its
+      files' stat, the tokenizer and the splits, served as windows (``text.py``).
     - a partition, ``ds.partition(k)`` or ``(ds, k)`` for a ``PartitionedDataset``.
       Key: the part file's path, size and times. The test set is cached once, apart
       from the partitions, and is ``(None, None)`` when the directory has no test.npz.
@@ -113,6 +115,13 @@ def load_shared(dataset, *, data_dir: str | None = None, key: str | None = None)
     Raises ``TypeError`` for an unsupported ``dataset``, and whatever building raises
     (``ValueError`` for an unknown name, ``DatasetNotFoundError``, ...).
     """
+    from .text import TextDataset  # it builds on this module
+
+    if isinstance(dataset, TextDataset):
+        if key is not None or data_dir is not None:
+            raise TypeError("key= and data_dir= do not apply to a text dataset (its source "
+                            "names its files; datasets.corpus(name, data_dir=...))")
+        return dataset.load_shared()
     if isinstance(dataset, tuple) and len(dataset) == 2 and isinstance(dataset[0], PartitionedDataset):
         dataset = dataset[0].partition(dataset[1])
     if not isinstance(dataset, str) and data_dir is not None:

@@ -33,7 +33,8 @@ __all__ = ["load", "locate", "resolve", "read", "source_files", "ensure", "regis
            "registered", "Registered", "names", "normalise_images", "SYSTEM_DIRS"]
 
 # Step 3 of the lookup. Tests point this at a temporary directory.
-SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist"}
+SYSTEM_DIRS = {"fashion-mnist": "/usr/share/datasets/fashion-mnist",
+               "fortunes": "/usr/share/games/fortunes"}   # a text corpus (corpora.py)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # it becomes a directory name
 
@@ -205,8 +206,9 @@ def normalise_images(images: np.ndarray) -> np.ndarray:
     return out
 
 
-def _places(name: str, data_dir: str | None):
-    """(directory, label) pairs for lookup steps 1-3, in order."""
+def _places(name: str, data_dir: str | None, package: str | None = None):
+    """(directory, label) pairs for lookup steps 1-3, in order (``package``: the Debian
+    package of the system copy, when ``name`` is not a built-in that names its own)."""
     base: str | None
     if data_dir is not None:
         base, label = os.path.abspath(os.path.expanduser(data_dir)), "data_dir argument"
@@ -220,7 +222,7 @@ def _places(name: str, data_dir: str | None):
     yield os.path.join(cache_root(), name), "cache"
     system = SYSTEM_DIRS.get(name)
     if system:
-        package = BUILTIN[name].apt_package if name in BUILTIN else None
+        package = BUILTIN[name].apt_package if name in BUILTIN else package
         yield system, f"system copy, Debian package {package}" if package else "system copy"
 
 

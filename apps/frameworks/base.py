@@ -16,7 +16,21 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-__all__ = ["FrameworkAdapter"]
+__all__ = ["FrameworkAdapter", "eval_batch_size", "EVAL_TOKENS"]
+
+# Tokens in one evaluation batch of a text dataset: its logits are (tokens x vocabulary)
+# floats, 33 MB for 8192 tokens of a 1024-id vocabulary, where 512 windows of 128 of a
+# 4096-id BPE would be 1 GB.
+EVAL_TOKENS = 8192
+
+
+def eval_batch_size(x, batch_size: int) -> int:
+    """``batch_size``, or fewer samples for token windows (integer ``(n, T)`` inputs) so
+    that a batch holds at most :data:`EVAL_TOKENS` tokens."""
+    shape = np.shape(x)
+    if len(shape) == 2 and np.asarray(x[:0]).dtype.kind in "iu" and shape[1] > 0:
+        return max(1, min(int(batch_size), EVAL_TOKENS // int(shape[1])))
+    return int(batch_size)
 
 
 class FrameworkAdapter:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import keras_steps, tf_startup
-from .base import FrameworkAdapter
+from .base import FrameworkAdapter, eval_batch_size
 
 __all__ = ["KerasAdapter"]
 
@@ -66,6 +66,7 @@ class KerasAdapter(FrameworkAdapter):
         return keras_steps.fit_steps(self.model, x, y, epochs, batch_size)
 
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
+        batch_size = eval_batch_size(x, batch_size)
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
         acc = out.get("accuracy", out.get("sparse_categorical_accuracy"))
         if acc is None:  # the model was compiled without an accuracy metric

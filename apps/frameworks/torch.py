@@ -4,10 +4,13 @@ adapter builds for it.
 Run options (``options``, from ``optimizer=`` and ``loss=``):
 
 * ``optimizer``: a callable taking the module's parameters and returning a
-  ``torch.optim.Optimizer``. Default ``torch.optim.SGD(params, lr=0.01)`` (what
-  ``models.paper_cnn`` compiles for Keras).
+  ``torch.optim.Optimizer``. Default: the module's own ``default_optimizer()`` if it has
+  one (``models.gpt_tiny_torch``: AdamW with warm-up and cosine decay), else
+  ``torch.optim.SGD(params, lr=0.01)`` (what ``models.paper_cnn`` compiles for Keras).
 * ``loss``: a callable ``(output, target) -> scalar tensor``, the mean over the batch.
-  Default ``torch.nn.functional.cross_entropy``: the module outputs logits.
+  Default ``torch.nn.functional.cross_entropy``: the module outputs logits; for a
+  sequence of them (``(batch, time, classes)``, a language model's) the mean over every
+  position.
 
 What the schemes see (:meth:`TorchAdapter.get_weights`) is every ``state_dict()`` value in
 ``state_dict()`` order, buffers included: BatchNorm's running statistics are averaged like
@@ -16,7 +19,8 @@ the weights, and its integer ``num_batches_tracked`` stays an integer array
 
 Images reach the module as float32 tensors in the dataset's layout (NHWC, as Keras takes
 them); labels as int64. A module that wants NCHW permutes in ``forward``
-(``models.paper_cnn_torch`` shows how).
+(``models.paper_cnn_torch`` shows how). Integer inputs (a text dataset's token windows)
+reach it as int64, for an embedding.
 
 torch is imported here only inside methods: a node's forkserver imports this module
 (through ``ddlf_actors.apps``), and torch's thread pools are not fork-safe once started.
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import FrameworkAdapter
+from .base import FrameworkAdapter, eval_batch_size
 
 __all__ = ["TorchAdapter"]
 
@@ -44,7 +48,22 @@ def _default_optimizer(params):
 def _default_loss(output, target):
     import torch.nn.functional as F
 
+    if output.dim() > 2:   # (batch, time, classes): every position's prediction
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
     return F.cross_entropy(output, target)
+
+
+def _input_dtype(x):
+    """float32 for features, int64 for ids (a text dataset's windows, an embedding's)."""
+    return np.int64 if np.asarray(x[:0]).dtype.kind in "iu" else np.float32
+
+
+def _module_optimizer(model):
+    """The module's ``default_optimizer`` as an ``optimizer=`` callable, or None."""
+    own = getattr(model, "default_optimizer", None)
+    if not callable(own):
+        return None
+    return lambda params: own()
 
 
 def _numpy(t) -> np.ndarray:
@@ -77,7 +96,8 @@ class TorchAdapter(FrameworkAdapter):
         import torch
 
         super().__init__(model, options)
-        make_optimizer = self.options.get("optimizer") or _default_optimizer
+        make_optimizer = self.options.get("optimizer") or _module_optimizer(model) \
+            or _default_optimizer
         if isinstance(make_optimizer, torch.optim.Optimizer):
             raise TypeError(
                 "optimizer= takes a callable that builds the optimizer from the parameters, "
@@ -169,7 +189,7 @@ class TorchAdapter(FrameworkAdapter):
         import torch
 
         model, opt, loss_fn = self.model, self.optimizer, self.loss_fn
-        xt, yt = _tensor(x, np.float32), _tensor(y, np.int64)
+        xt, yt = _tensor(x, _input_dtype(x)), _tensor(y, np.int64)
         n = len(xt)
         model.train()
         mean = 0.0
@@ -189,10 +209,11 @@ class TorchAdapter(FrameworkAdapter):
         import torch
 
         model = self.model
-        xt, yt = _tensor(x, np.float32), _tensor(y, np.int64)
+        xt, yt = _tensor(x, _input_dtype(x)), _tensor(y, np.int64)
         n = len(xt)
         if n == 0:
             return 0.0, 0.0
+        batch_size = eval_batch_size(x, batch_size)
         was_training = model.training
         model.eval()
         loss_sum, correct = 0.0, 0
@@ -202,7 +223,9 @@ class TorchAdapter(FrameworkAdapter):
                     xb, yb = xt[start:start + batch_size], yt[start:start + batch_size]
                     out = model(xb)
                     loss_sum += float(self.loss_fn(out, yb)) * len(xb)
-                    correct += int((out.argmax(dim=-1) == yb).sum())
+                    hits = (out.argmax(dim=-1) == yb).double()
+                    # A sequence's accuracy is the share of its positions predicted.
+                    correct += float(hits.reshape(len(xb), -1).mean(dim=1).sum())
         finally:
             model.train(was_training)
         return loss_sum / n, correct / n

@@ -145,9 +145,13 @@ class Driver:
         Wire(config.compression, self.name, machine_cls.wire_modes)
         self.events: list[RunEvent] = []
         self.history = History()
-        self.early = EarlyStopping(config.target_accuracy, config.patience)
+        self.early = EarlyStopping(config.target_accuracy, config.patience, config.target_loss)
         self.callbacks = [self.history, self.early, *config.callbacks,
                           ProgressBar() if config.progress else EventLog()]
+        if isinstance(dataset, datasets.TextDataset):   # tokens and bits per byte, first
+            from ..lm.metrics import TextMetrics
+
+            self.callbacks.insert(0, TextMetrics(dataset, self.history))
         if self.backend.publishes_runs:   # the cluster's dashboard, where it has one
             self.callbacks.append(DashboardPublisher())
         self.pool: TrainerPool | None = None
@@ -180,6 +184,8 @@ class Driver:
                                     trainer_cls=self.trainer_cls)
             self.pool.start()
             check_framework(self.config, self.pool.live()[0].about)
+            if isinstance(self.dataset, datasets.TextDataset):   # its ids fit the model
+                self.dataset.check_model(self.pool.live()[0].about)
             _say_gpu_note(self.config, [s.info for s in self.pool.live()])
             machine = self.machine = self._make_machine(self.pool.live())
             if ckpt is not None:
@@ -219,7 +225,7 @@ class Driver:
                     config=self.config, options=machine.options, model_fn=self.model_fn,
                     framework=self.pool.live()[0].about.get("framework")
                     if self.pool.live() else None,
-                    trainer_cls=self.trainer_cls, updates=machine.updates,
+                    trainer_cls=self.trainer_cls, updates=machine.updates, dataset=self.dataset,
                     stopped_early=self.early.reason, startup_s=startup, events=self.events,
                     checkpoint=self.last_checkpoint,
                     checkpoint_s=self.writer.blocked_s if self.writer else 0.0,

@@ -48,14 +48,22 @@ def check_dataset(dataset) -> None:
     """Fail on the driver, before any trainer starts, for a dataset that cannot work."""
     if isinstance(dataset, str):
         if dataset not in datasets.names():
+            hint = (f"; for text, datasets.corpus({dataset!r}, context=...)"
+                    if dataset in datasets.corpora.CORPORA else "")
             raise ValueError(f"unknown dataset {dataset!r}: known names are "
                              f"{sorted(datasets.names())}; or pass a callable returning "
-                             "((x, y), (x_test, y_test)), or datasets.partitioned(path)")
+                             "((x, y), (x_test, y_test)), or datasets.partitioned(path), or a "
+                             f"text dataset (datasets.text, datasets.corpus){hint}")
     elif isinstance(dataset, datasets.PartitionedDataset):
         dataset.num_partitions  # noqa: B018 - raises FileNotFoundError for a bad path
+    elif isinstance(dataset, datasets.TextDataset):
+        # Files found (or the corpus fetched), a BPE trained, this node's tokens cached and
+        # the splits checked here, so the trainers get the trained tokenizer.
+        dataset.prepare()
     elif not callable(dataset):
-        raise TypeError(f"dataset must be a registered name, a callable or "
-                        f"datasets.partitioned(path), got {type(dataset).__name__}")
+        raise TypeError(f"dataset must be a registered name, a callable, "
+                        f"datasets.partitioned(path) or a text dataset (datasets.text, "
+                        f"datasets.corpus), got {type(dataset).__name__}")
 
 
 def _quietly(what: str, arg, fn, *args) -> None:
