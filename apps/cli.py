@@ -2,6 +2,8 @@
 
     ddlf-train run --dataset fashion-mnist --scheme sync --workers 2 --master-epochs 2 \\
         --out runs/fmnist
+    ddlf-train run --dataset fortunes --model gpt-tiny --workers 2     # a language model
+    ddlf-train generate --run ddlf-run --prompt "A fool"
     ddlf-train fetch fashion-mnist
 
 ``run`` starts an embedded cluster unless ``--address`` is given (``--backend ray``: a
@@ -13,7 +15,8 @@ accuracy, and writes the model (``model.keras``, or ``model.pt``: the module's s
 to ``--tensorboard DIR``). With ``--checkpoint-every N`` it also keeps checkpoints in
 ``--out``; ``--resume DIR`` continues from one. TensorFlow's start-up lines are hidden unless ``--verbose``.
 Every mistake in the arguments is reported in one line, exit status 2, before a cluster
-starts or a dataset is fetched.
+starts or a dataset is fetched. On text (``--dataset fortunes`` or ``text:PATH``) it trains
+a GPT instead (``lm/cli.py``: its flags, the saved tokenizer and settings, ``generate``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import logging
 import os
 import sys
 import time
+
+from .lm import cli as lm_cli
 
 __all__ = ["main"]
 
@@ -59,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a model data-parallel on the cluster")
     run.add_argument("--dataset", default="fashion-mnist",
-                     help="a registered name (fashion-mnist, mnist, cifar10) or a directory "
-                          "of partition files (part-00000.npz ...)")
+                     help="a registered name (fashion-mnist, mnist, cifar10), a directory "
+                          "of partition files (part-00000.npz ...), or text: fortunes (the "
+                          "Debian corpus) or text:PATH (your UTF-8 files, a glob)")
     run.add_argument("--data-dir", help="where the dataset's files are (default: the lookup "
                                         "order of datasets.load)")
     run.add_argument("--scheme", default="sync",
@@ -82,10 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=32)
     run.add_argument("--num-cpus", type=float, default=1,
                      help="CPUs (the framework's threads) per trainer")
-    run.add_argument("--framework", choices=("keras", "torch"), default="keras",
-                     help="the paper's CNN in Keras (default; model.keras) or in PyTorch "
-                          "(SGD 0.01 and cross-entropy, as the Keras one compiles; model.pt, "
-                          "its state dict): pip install 'ddlf-actors[torch]'")
+    run.add_argument("--framework", choices=("keras", "torch"),
+                     help="the paper's CNN in Keras (the default for images; model.keras) or "
+                          "in PyTorch (SGD 0.01 and cross-entropy, as the Keras one compiles; "
+                          "model.pt, its state dict): pip install 'ddlf-actors[torch]'; a "
+                          "GPT on text trains on torch unless told (the faster one here)")
     run.add_argument("--keras-backend", choices=KERAS_BACKENDS,
                      help="with --framework keras: the backend Keras runs on in the trainers "
                           "(default: Keras' own choice, tensorflow); jax needs "
@@ -98,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_scheme_flags(run)
     run.add_argument("--target-accuracy", type=float,
                      help="stop at the first evaluation with this test accuracy")
+    run.add_argument("--target-loss", type=float,
+                     help="stop at the first evaluation with this test loss or lower (a text "
+                          "run's validation loss)")
     run.add_argument("--patience", type=int)
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
     run.add_argument("--address", help="join a running cluster (default: start an embedded one); "
@@ -114,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", action="store_true",
                      help="show TensorFlow's start-up and log lines (TF_CPP_MIN_LOG_LEVEL=0), "
                           "the trainers' and the driver's")
+    lm_cli.add_run_flags(run)
+    lm_cli.add_generate_command(sub)
     fetch = sub.add_parser("fetch", help="download a dataset into ~/.cache/ddlf/<name>")
     fetch.add_argument("name")
     fetch.add_argument("--force", action="store_true")
@@ -233,6 +245,11 @@ def _check_args(args) -> None:
 
     if args.out is None:
         args.out = args.resume or "ddlf-run"
+    text = lm_cli.is_text(args.dataset)
+    if args.framework is None:   # the faster one for a GPT (lm.DEFAULT_FRAMEWORK)
+        from .lm import DEFAULT_FRAMEWORK
+
+        args.framework = DEFAULT_FRAMEWORK if text else "keras"
     args.workers = _workers_arg(str(args.workers))
     for flag, path in (("--out", args.out), ("--tensorboard", args.tensorboard)):
         if path is not None:
@@ -259,20 +276,23 @@ def _check_args(args) -> None:
             workers=args.workers, master_epochs=args.master_epochs,
             worker_epochs=args.worker_epochs, batch_size=args.batch_size,
             num_cpus=args.num_cpus, target_accuracy=args.target_accuracy,
-            patience=args.patience, min_workers=args.min_workers,
+            target_loss=args.target_loss, patience=args.patience, min_workers=args.min_workers,
             rejoin_timeout_s=args.rejoin_timeout,
             checkpoint_dir=args.out if args.checkpoint_every else None,
             checkpoint_every=args.checkpoint_every, **given))
         options.resolve(config)
     except ConfigError as e:
         raise _UsageError(f"{_option_flag(e.option)} {e.problem}") from None
-    if os.path.isdir(args.dataset):
+    lm_cli.check_args(args, _UsageError)
+    if text:
+        pass   # found (or fetched) and checked on the driver once the cluster is joined
+    elif os.path.isdir(args.dataset):
         if args.limit or args.data_dir:
             raise _UsageError("--limit and --data-dir apply to named datasets only")
     elif args.dataset not in datasets.names():
         raise _UsageError(f"unknown dataset {args.dataset!r}: use one of "
-                          f"{', '.join(sorted(datasets.names()))}, or a directory of "
-                          "partition files")
+                          f"{', '.join(sorted(datasets.names()))}, a directory of "
+                          "partition files, fortunes or text:PATH")
     elif args.data_dir is not None:
         datasets.ensure(args.dataset, args.data_dir)   # looks there only: no download
     if args.resume is not None:
@@ -387,14 +407,20 @@ def _run(args) -> int:
         ddlf.init(args.address, token=args.token, runtime_env=runtime_env)
     else:
         ddlf.init(runtime_env=runtime_env)
+    text = lm_cli.is_text(args.dataset)
     try:
-        dataset, label = _dataset_arg(args)
-        shape = models.INPUT_SHAPES.get(args.dataset, (28, 28, 1))
-        model_fn = _ModelFn(shape, args.framework)
+        if text:   # found, fetched if need be, tokenized and checked here, on the driver
+            dataset = lm_cli.dataset(args).prepare()
+            label, model_fn = dataset.__name__, lm_cli.model_fn(args, dataset)
+        else:
+            dataset, label = _dataset_arg(args)
+            shape = models.INPUT_SHAPES.get(args.dataset, (28, 28, 1))
+            model_fn = _ModelFn(shape, args.framework)
         common = dict(workers=args.workers, master_epochs=args.master_epochs,
                       worker_epochs=args.worker_epochs, batch_size=args.batch_size,
                       num_cpus=args.num_cpus, **_scheme_options(args),
                       target_accuracy=args.target_accuracy, patience=args.patience,
+                      target_loss=args.target_loss,
                       compression=args.compression, progress=not args.no_progress,
                       min_workers=args.min_workers,
                       rejoin_timeout_s=args.rejoin_timeout, resume=args.resume,
@@ -415,11 +441,14 @@ def _run(args) -> int:
     # The adapter of the model's framework writes it in that framework's format.
     adapter = frameworks.for_model(result.model)
     adapter.save(result.model, os.path.join(args.out, adapter.model_file))
+    saved = [adapter.model_file]
     print(report.format_table(result.history, result.events))
+    if text:
+        saved += lm_cli.finish(args, result, model_fn, dataset)
     workers = args.workers if isinstance(args.workers, int) else "{}-{}".format(*args.workers)
     print(f"\n{args.scheme} on {label}, {workers} trainers ({what}): trainers ready in "
           f"{result.startup_s:.1f} s, trained in {result.history[-1]['time_s']:.1f} s, "
-          f"{total:.1f} s in all. Wrote {adapter.model_file}, history.csv, history.json, "
+          f"{total:.1f} s in all. Wrote {', '.join(saved)}, history.csv, history.json, "
           f"training.png to {args.out}/")
     if args.tensorboard:
         print(f"TensorBoard logs in {args.tensorboard}/ (tensorboard --logdir {args.tensorboard})")
@@ -461,6 +490,8 @@ def main(argv=None) -> int:
         if args.command == "fetch":
             print(datasets.fetch(args.name, force=args.force))
             return 0
+        if args.command == "generate":
+            return lm_cli.generate_command(args)
         return _run(args)
     except (_UsageError, datasets.DatasetNotFoundError, datasets.DatasetFormatError,
             TrainerStartError, TooFewTrainersError, ddlf.errors.UnschedulableError,

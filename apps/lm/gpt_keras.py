@@ -17,7 +17,7 @@ Keras is imported when a model is built, never at module import (forkserver rule
 
 from __future__ import annotations
 
-from .schedule import DEFAULTS
+from .schedule import DEFAULTS, warmup_for
 from .sizes import resolve_size
 
 __all__ = ["gpt_tiny"]
@@ -31,7 +31,7 @@ def gpt_tiny(vocab_size: int = 256, context: int = 128, size: str = "tiny", *,
              layers: int | None = None, heads: int | None = None, dim: int | None = None,
              dropout: float = 0.0, learning_rate: float = DEFAULTS["learning_rate"],
              weight_decay: float = DEFAULTS["weight_decay"],
-             warmup_steps: int = DEFAULTS["warmup_steps"], total_steps: int | None = None,
+             warmup_steps: int | None = None, total_steps: int | None = None,
              seed: int = 0, compile: bool = True):
     """A compiled Keras GPT of ``size`` from ids ``(batch, time)``, time at most
     ``context``, to logits ``(batch, time, vocab_size)``; arguments as ``gpt_tiny_torch``
@@ -57,12 +57,12 @@ def gpt_tiny(vocab_size: int = 256, context: int = 128, size: str = "tiny", *,
     model.settings = {"vocab_size": int(vocab_size), "context": int(context), **shape,
                       "dropout": float(dropout), "seed": int(seed),
                       "learning_rate": float(learning_rate), "weight_decay": float(weight_decay),
-                      "warmup_steps": int(warmup_steps),
+                      "warmup_steps": warmup_for(warmup_steps, total_steps),
                       "total_steps": None if total_steps is None else int(total_steps)}
     if not compile:
         return model
     h = {**DEFAULTS, "learning_rate": float(learning_rate), "weight_decay": float(weight_decay),
-         "warmup_steps": int(warmup_steps)}
+         "warmup_steps": warmup_for(warmup_steps, total_steps)}
     decay = _NO_DECAY if total_steps is None else max(1, int(total_steps) - h["warmup_steps"])
     rate = keras.optimizers.schedules.CosineDecay(
         0.0, decay_steps=decay, alpha=h["alpha"], warmup_target=h["learning_rate"],

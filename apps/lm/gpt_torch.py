@@ -18,7 +18,7 @@ torch is imported when a model is built, never at module import (forkserver rule
 
 from __future__ import annotations
 
-from .schedule import DEFAULTS, warmup_cosine
+from .schedule import DEFAULTS, warmup_cosine, warmup_for
 from .sizes import resolve_size
 
 __all__ = ["gpt_tiny_torch"]
@@ -30,13 +30,14 @@ def gpt_tiny_torch(vocab_size: int = 256, context: int = 128, size: str = "tiny"
                    layers: int | None = None, heads: int | None = None, dim: int | None = None,
                    dropout: float = 0.0, learning_rate: float = DEFAULTS["learning_rate"],
                    weight_decay: float = DEFAULTS["weight_decay"],
-                   warmup_steps: int = DEFAULTS["warmup_steps"], total_steps: int | None = None,
+                   warmup_steps: int | None = None, total_steps: int | None = None,
                    seed: int = 0):
     """A GPT of ``size`` (``sizes.SIZES``; ``layers``/``heads``/``dim`` override it) over
     ``vocab_size`` ids and windows of at most ``context``, as a ``torch.nn.Module`` from
     ids ``(batch, time)`` to logits ``(batch, time, vocab_size)``. ``total_steps``: the
     optimizer steps the cosine decays over (each trainer's, see
-    ``lm.steps_per_trainer``); None keeps the peak after the warm-up."""
+    ``lm.steps_per_trainer``); None keeps the peak after the warm-up. ``warmup_steps``:
+    100, or a tenth of ``total_steps`` when that is less."""
     import torch
 
     shape = resolve_size(size, layers, heads, dim)
@@ -51,7 +52,7 @@ def gpt_tiny_torch(vocab_size: int = 256, context: int = 128, size: str = "tiny"
             elif name.endswith("bias"):
                 p.zero_()
     model.hyper = {"learning_rate": float(learning_rate), "weight_decay": float(weight_decay),
-                   "warmup_steps": int(warmup_steps),
+                   "warmup_steps": warmup_for(warmup_steps, total_steps),
                    "total_steps": None if total_steps is None else int(total_steps)}
     model.settings = {"vocab_size": int(vocab_size), "context": int(context), **shape,
                       "dropout": float(dropout), "seed": int(seed), **model.hyper}

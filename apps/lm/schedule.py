@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["warmup_cosine", "DEFAULTS"]
+__all__ = ["warmup_cosine", "warmup_for", "DEFAULTS"]
 
 # What gpt_tiny and gpt_tiny_torch use unless told: AdamW as nanoGPT trains its small
 # character models (peak 1e-3, betas 0.9/0.99, weight decay 0.1 on matrices, gradients
 # clipped to norm 1, 100 warm-up steps, a floor of a tenth of the peak).
 DEFAULTS = {"learning_rate": 1e-3, "beta_1": 0.9, "beta_2": 0.99, "weight_decay": 0.1,
             "clip_norm": 1.0, "warmup_steps": 100, "alpha": 0.1}
+
+
+def warmup_for(warmup_steps: int | None, total_steps: int | None) -> int:
+    """``warmup_steps`` if given, else the default (100) but at most a tenth of
+    ``total_steps``: a short run is not spent warming up."""
+    if warmup_steps is not None:
+        return int(warmup_steps)
+    if total_steps is None:
+        return DEFAULTS["warmup_steps"]
+    return min(DEFAULTS["warmup_steps"], max(1, int(total_steps) // 10))
 
 
 def warmup_cosine(step: int, peak: float, warmup_steps: int, total_steps: int | None,
