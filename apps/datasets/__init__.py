@@ -14,7 +14,7 @@ and text for language models.
 - ``partitioned`` / ``write_partitions``: a dataset pre-split into per-trainer files.
 - ``read_idx`` / ``write_idx`` and ``read_cifar10``: the on-disk formats.
 - ``corpus("fortunes")`` / ``text("corpus/*.txt")``: text as tokens stored once per node
-  and served as windows by offset (``text.py``, ``tokenizer.py``, ``corpora.py``).
+  and served as windows by offset (``text_dataset.py``, ``tokenizer.py``, ``corpora.py``).
 
 numpy and the standard library only (no TensorFlow), so importing this is cheap and
 safe in a forked process.
@@ -28,7 +28,7 @@ from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
 from .registry import ensure, load, locate, names, normalise_images, register, source_files
-from .text import TextDataset, TokenWindows, corpus, text
+from .text_dataset import TextDataset, TokenWindows, corpus, text
 
 __all__ = [
     "load",

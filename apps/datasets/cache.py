@@ -99,7 +99,7 @@ def load_shared(dataset, *, data_dir: str | None = None, key: str | None = None)
       other modules it calls, and data files it reads without naming them, are not
       seen: pass ``key=`` for those, and change it when the data changes.
     - a text dataset (``datasets.corpus``, ``datasets.text``): its tokens, keyed by its
-      files' stat, the tokenizer and the splits, served as windows (``text.py``).
+      files' stat, the tokenizer and the splits, served as windows (``text_dataset.py``).
     - a partition, ``ds.partition(k)`` or ``(ds, k)`` for a ``PartitionedDataset``.
       Key: the part file's path, size and times. The test set is cached once, apart
       from the partitions, and is ``(None, None)`` when the directory has no test.npz.
@@ -115,7 +115,7 @@ def load_shared(dataset, *, data_dir: str | None = None, key: str | None = None)
     Raises ``TypeError`` for an unsupported ``dataset``, and whatever building raises
     (``ValueError`` for an unknown name, ``DatasetNotFoundError``, ...).
     """
-    from .text import TextDataset  # it builds on this module
+    from .text_dataset import TextDataset  # it builds on this module
 
     if isinstance(dataset, TextDataset):
         if key is not None or data_dir is not None:

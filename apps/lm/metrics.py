@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ..callbacks import Callback
-from ..datasets.text import bits_per_byte
+from ..datasets.text_dataset import bits_per_byte
 
 __all__ = ["TextMetrics", "KEYS"]
 
