@@ -113,6 +113,9 @@ function showRun(r) {
     ["run", d.run_id], ["status", d.status], ["scheme", info.scheme], ["K", info.workers],
     ["trainers now", last.workers], ["round", last.round], ["epoch", num(last.epoch, 2)],
     ["test accuracy", num(last.test_accuracy, 4)], ["test loss", num(last.test_loss, 4)],
+    // A language model's rows (apps/lm/metrics.py): its loss in bits per byte, its speed.
+    ...(last.tokens === undefined ? [] : [["bits per byte", num(last.bits_per_byte, 3)],
+                                         ["tokens/s", num(last.tokens_per_s, 0)]]),
     ["bytes last row", num(bytes, 0)], ["rows", d.rows_received], ["model", info.model],
     ["dataset", info.dataset]];
   document.getElementById("run-info").replaceChildren(...facts.filter(([, v]) => v !== undefined && v !== null)
