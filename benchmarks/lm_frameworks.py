@@ -13,7 +13,8 @@ repetition 2 ...) and the load average is printed beside each.
 What each child does:
 
 1. Sets ``n`` intra-op threads and one inter-op thread the way a DDLF trainer does
-   (``FrameworkAdapter.configure_threads``), before building the model.
+   (``frameworks.threads.limit_threads``: with n > 1, OpenMP's ``PASSIVE`` wait, and
+   ``FrameworkAdapter.configure_threads``), before building the model.
 2. Builds the model with ``lm.GptModelFn`` (the defaults: AdamW, warm-up and cosine
    decay, clipping), windows of ``--context`` tokens from the fortunes corpus when this
    machine has it (else random ids: the speed is the same), and trains 3 warm-up
@@ -40,7 +41,10 @@ import time
 def child(args) -> None:
     t0 = time.perf_counter()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ["OMP_NUM_THREADS"] = str(args.n)
+    from ddlf_actors.apps.frameworks.threads import limit_threads
+
+    # As a trainer does before any framework loads: n threads, OpenMP's passive wait.
+    limit_threads(args.n)
     import numpy as np
 
     from ddlf_actors.apps import datasets, frameworks, lm, tf_startup

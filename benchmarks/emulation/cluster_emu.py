@@ -276,6 +276,10 @@ def driver(address: str, plan: dict) -> None:
         from benchmarks.emulation import emu_streaming
 
         return emu_streaming.driver(address, plan)
+    if plan["mode"] == "lm":   # lm_emu.py: the GPT on fortunes (issue 32)
+        import lm_emu
+
+        return lm_emu.driver(address, plan)
     if plan["mode"] == "allreduce":
         return allreduce_driver(address, plan)
     if plan["mode"] == "caps":

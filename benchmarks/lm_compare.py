@@ -1,0 +1,596 @@
+"""The GPT on Debian's fortunes on 2 real cores, side by side (issue 32 §4): one tuned
+process, torch DDP, torchft's DiLoCo and DDLF's defaults, all in PyTorch.
+
+    python benchmarks/lm_compare.py --select --choices lm_choices.json   # 1. choose lr
+    python benchmarks/lm_compare.py --choices lm_choices.json             # 2. the table
+    python benchmarks/lm_compare.py --size tiny --context 64 --epochs 0.02 --seeds 0 \\
+        --eval-windows 64                                                 # a smoke run
+
+The protocol of ``train_compare.py`` (issue 21 §1), for text:
+
+* **Choices on the validation split.** ``--select`` trains every column with each peak
+  learning rate of the grid (AdamW with warm-up and cosine decay, ``lm/schedule.py``;
+  peak in {3e-4, 1e-3, 3e-3}) on the training split and evaluates on the validation
+  split (never the test split); per column the rate with the lowest validation loss after
+  the budget wins. The **target loss** is the validation loss of the chosen single
+  process after the budget (issue 32: "the loss the tuned single process reaches after
+  one epoch"); it is written to ``--choices`` with the rates. The report trains on the
+  training split and evaluates on the test split.
+* **The same budget for every column**: ``--epochs`` passes over the training split
+  (default 1: 2.29 M tokens; fractions allowed), the same batch of 32 windows per
+  process (DDP and the DDLF trainers: 32 each, global 64), each column's cosine decaying
+  over its own steps of that budget.
+* **Seeds** (``--seeds``, default 0,1,2) change the initial weights (the model's seeded
+  generator) and the order of windows (``numpy.random.default_rng([seed, epoch])``);
+  interleaved: seed 0 of every column, then seed 1, ...; each run its own process.
+* **Apart**: seconds per epoch (and tokens/s: the framework), epochs to the target loss
+  (the algorithm), time to the target (both), and the loss after the budget. Evaluation
+  (``--evals-per-epoch`` 4, plus the end) is taken out of every column's clock.
+
+Columns (``--columns``):
+
+torch-1p        one process, 2 threads (OpenMP's passive wait, as DDLF's trainers set),
+                ``gpt_tiny_torch``'s own optimizer: the tuned single process.
+torch-ddp       ``torchrun --standalone --nproc_per_node 2``, 1 thread each, DDP over gloo
+                (gradients all-reduced every step), in a private network namespace.
+torchft-diloco  torchft's ``DiLoCo``: 2 replicas of 1 thread, inner the model's AdamW,
+                outer SGD 0.7 Nesterov 0.9 (DiLoCo's), a sync every 16 inner steps (DDLF's
+                default round), a lighthouse; output to files (``torch_compare``'s lesson:
+                an undrained stderr pipe stalled a replica mid-quorum).
+ddlf-default    ``train(lm.GptModelFn(ds, ...), ds, workers=2)`` on an embedded DDLF
+                cluster with every scheme setting at its default (run as the scaling issue
+                leaves them, not re-tuned for text).
+
+The model is ``--size small`` (6.1 M parameters; ``tiny`` for smoke runs) with windows of
+``--context`` 128 bytes (the byte tokenizer). The run's helpers (processes, timelines,
+DiLoCo's step plan, the table's medians) are ``torch_compare.py``'s.
+
+Durations (this 2-core machine, idle; measured ``small`` speeds in the docstring of
+``lm_frameworks.py``'s table): one epoch of ``small`` at 2 threads takes about 20-30
+minutes, so ``--select`` with ``--epochs 0.25`` is 4 columns x 3 rates x ~7 min = ~1.5 h
+and the report with ``--epochs 1`` 4 columns x 3 seeds x ~25 min = ~5 h. ``--estimate``
+prints the expected wall time of a command.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before numpy and torch load
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch_compare as tc  # noqa: E402
+
+BATCH = 32
+GRID = (3e-4, 1e-3, 3e-3)
+COLUMNS = ("torch-1p", "torch-ddp", "torchft-diloco", "ddlf-default")
+IN_NETNS = ("torch-ddp", "torchft-diloco")
+log = tc.log
+
+
+# -- data, model, evaluation (in the training processes) --------------------------------------
+
+
+def text_split(args):
+    """``(ds, x, y, x_eval, y_eval)``: the training windows and the evaluation split's
+    (validation for ``--select``, test for the report), at most ``--eval-windows``."""
+    from ddlf_actors.apps import datasets
+
+    ds = datasets.corpus("fortunes", context=args.context).prepare()
+    (x, y), _ = ds.load_shared()
+    xe, ye = ds.split_windows("validation" if args.split == "val" else "test")
+    n = min(len(xe), args.eval_windows or len(xe))
+    return ds, x, y, xe[:n], ye[:n]
+
+
+def steps_for(n_windows: int, per_step: int, epochs: float) -> tuple[int, int]:
+    """``(steps per epoch, steps of the budget)`` for ``per_step`` windows a step."""
+    per_epoch = max(1, n_windows // per_step)
+    return per_epoch, max(1, round(per_epoch * epochs))
+
+
+def build(args, total_steps: int):
+    from ddlf_actors.apps import lm
+
+    return lm.gpt_tiny_torch(256, args.context, args.size, learning_rate=args.lr,
+                             total_steps=total_steps, seed=args.seed)
+
+
+def evaluate(model, xe, ye, threads: int | None = None) -> tuple[float, float]:
+    """``(loss, next-token accuracy)`` through the PyTorch adapter."""
+    return tc.evaluate(model, xe[:], ye[:], threads)
+
+
+def batches(x, y, args, epoch: int, rank: int = 0, world: int = 1):
+    """This rank's windows of each step of ``epoch``, gathered from the map."""
+    import torch
+
+    idx = np.random.default_rng([args.seed, epoch]).permutation(len(x))
+    per_step = BATCH * world
+    for s in range(len(x) // per_step):
+        b = np.sort(idx[s * per_step + rank * BATCH:s * per_step + (rank + 1) * BATCH])
+        yield (torch.from_numpy(x[b].astype(np.int64)),
+               torch.from_numpy(y[b].astype(np.int64)))
+
+
+def lm_loss(model, xb, yb):
+    import torch.nn.functional as F
+
+    out = model(xb)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), yb.reshape(-1))
+
+
+def train_loop(args, model, opt, x, y, xe, ye, *, rank=0, world=1, eval_threads=None,
+               inner=None):
+    """The budget's steps (``args.epochs`` epochs) with evaluations at ``eval_marks``
+    (DDP's all-reduce is inside ``model``'s backward); ``inner``: the module evaluated
+    (DDP's wrapped one). Returns the timeline."""
+    per_epoch, total = steps_for(len(x), BATCH * world, args.epochs)
+    marks = {m + e * per_epoch for e in range(math.ceil(args.epochs))
+             for m in tc.eval_marks(per_epoch, args.evals_per_epoch)}
+    marks = {m for m in marks if m <= total} | {total}
+    tl = tc.Timeline()
+    done = 0
+    for epoch in range(math.ceil(args.epochs)):
+        model.train()
+        for xb, yb in batches(x, y, args, epoch, rank, world):
+            opt.zero_grad(set_to_none=True)
+            lm_loss(model, xb, yb).backward()
+            opt.step()
+            done += 1
+            if done in marks:
+                tl.pause()
+                if world > 1:
+                    import torch.distributed as dist
+
+                    dist.barrier()
+                if rank == 0:
+                    e0 = time.perf_counter()
+                    loss, acc = evaluate(inner or model, xe, ye, eval_threads)
+                    tl.record(done / per_epoch, loss, acc, time.perf_counter() - e0)
+                if world > 1:
+                    dist.barrier()
+                model.train()
+                tl.resume()
+            if done >= total:
+                return tl
+    return tl
+
+
+# -- the columns --------------------------------------------------------------------------------
+
+
+def run_single(args) -> dict:
+    from ddlf_actors.apps.frameworks.threads import limit_threads
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    limit_threads(2)
+    TorchAdapter.configure_threads(2)
+    t0 = time.perf_counter()
+    _, x, y, xe, ye = text_split(args)
+    model = build(args, steps_for(len(x), BATCH, args.epochs)[1])
+    opt = model.default_optimizer()
+    ready = time.perf_counter() - t0
+    tl = train_loop(args, model, opt, x, y, xe, ye)
+    return {"startup_s": ready, "train_s": tl.train_s, "timeline": tl.rows,
+            "tokens_per_epoch": len(x) * args.context}
+
+
+def run_ddp_rank(args) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    TorchAdapter.configure_threads(1)
+    t0 = time.perf_counter()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=1800))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _, x, y, xe, ye = text_split(args)
+    model = build(args, steps_for(len(x), BATCH * world, args.epochs)[1])
+    ddp = DDP(model)
+    opt = model.default_optimizer()
+    dist.barrier()
+    ready = time.perf_counter() - t0
+    tl = train_loop(args, ddp, opt, x, y, xe, ye, rank=rank, world=world,
+                    eval_threads=args.eval_threads, inner=model)
+    if rank == 0:
+        print(json.dumps({"startup_s": ready, "train_s": tl.train_s, "timeline": tl.rows,
+                          "tokens_per_epoch": len(x) * args.context}), flush=True)
+    dist.destroy_process_group()
+
+
+def run_ddp(args) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", os.path.abspath(__file__), "--ddp-rank", *child_flags(args)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    proc, files = tc.start_to_files(subprocess.Popen, cmd, env=env)
+    (out,) = tc.wait_all([proc], [files], args.timeout, ["torchrun"])
+    if proc.poll() is None:
+        proc.kill()
+    tc.relay_epochs(out.stderr)
+    return tc.parse_child(out, "torchrun")
+
+
+def run_diloco_replica(args) -> None:
+    import torch
+    import torch.distributed as dist
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.local_sgd import DiLoCo
+
+    from ddlf_actors.apps.frameworks.torch import TorchAdapter
+
+    TorchAdapter.configure_threads(1)
+    t0 = time.perf_counter()
+    rank, world = args.diloco_replica, 2
+    _, x, y, xe, ye = text_split(args)
+    per_epoch, total = steps_for(len(x), BATCH * world, args.epochs)
+    model = build(args, total)
+    inner = model.default_optimizer()
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    own = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    shared = dist.TCPStore("localhost", args.barrier_port, is_master=False,
+                           timeout=timedelta(seconds=1800))
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=300)), min_replica_size=2,
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
+                                    inner.load_state_dict(sd["inner"])),
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
+        replica_id=str(rank), store_addr="localhost", store_port=own.port, rank=0,
+        world_size=1, lighthouse_addr=args.lighthouse, hostname="localhost",
+        init_sync=False, use_async_quorum=False, timeout=timedelta(seconds=300),
+        quorum_timeout=timedelta(seconds=300), connect_timeout=timedelta(seconds=60))
+    every = args.sync_every
+    quarter = per_epoch / args.evals_per_epoch
+    tc.store_barrier(shared, "ready", world)
+    ready = time.perf_counter() - t0
+    tl = tc.Timeline()
+    done, n_evals, due = 0, 0, quarter
+    try:
+        with DiLoCo(manager, [model], inner, outer, sync_every=every, pin_memory=False):
+            for epoch in range(math.ceil(args.epochs) + 1):
+                model.train()
+                for xb, yb in batches(x, y, args, epoch, rank, world):
+                    if done >= total and done % every == 0:
+                        break
+                    inner.zero_grad(set_to_none=True)
+                    lm_loss(model, xb, yb).backward()
+                    inner.step()   # every sync_every-th step also syncs
+                    done += 1
+                    if done % every or (done < due and done < total):
+                        continue
+                    while due <= done:
+                        due += quarter
+                    n_evals += 1
+                    tl.pause()
+                    shared.set(f"eval{n_evals}/crc{rank}", str(tc.weights_crc(model)))
+                    tc.store_barrier(shared, f"eval{n_evals}a", world)
+                    if rank == 0:
+                        e0 = time.perf_counter()
+                        loss, acc = evaluate(model, xe, ye, args.eval_threads)
+                        tl.record(done / per_epoch, loss, acc, time.perf_counter() - e0)
+                        crcs = {shared.get(f"eval{n_evals}/crc{r}") for r in range(world)}
+                        tl.rows[-1]["replicas_equal"] = len(crcs) == 1
+                    tc.store_barrier(shared, f"eval{n_evals}b", world)
+                    model.train()
+                    tl.resume()
+                else:
+                    continue
+                break
+    finally:
+        manager.shutdown(wait=False)
+    if rank == 0:
+        print(json.dumps({"startup_s": ready, "train_s": tl.train_s, "timeline": tl.rows,
+                          "tokens_per_epoch": len(x) * args.context}), flush=True)
+
+
+def run_diloco(args) -> dict:
+    try:
+        import torch.distributed as dist
+        from torchft._torchft import LighthouseServer
+    except ImportError as e:
+        return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
+    barrier = dist.TCPStore("localhost", 0, world_size=3, is_master=True,
+                            wait_for_workers=False)
+    procs, files = [], []
+    try:
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+        for r in range(2):
+            cmd = [sys.executable, os.path.abspath(__file__), "--diloco-replica", str(r),
+                   "--lighthouse", lighthouse.address(), "--barrier-port", str(barrier.port),
+                   *child_flags(args)]
+            proc, pair = tc.start_to_files(subprocess.Popen, cmd, env=env)
+            procs.append(proc)
+            files.append(pair)
+        outs = tc.wait_all(procs, files, args.timeout, ["replica 0", "replica 1"])
+        tc.relay_epochs(outs[0].stderr)
+        return tc.parse_child(outs[0], "replica 0", other=outs[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for out, err in files:
+            out.close()
+            err.close()
+        lighthouse.shutdown()
+
+
+def run_ddlf(args) -> dict:
+    import ddlf_actors as ddlf
+    from ddlf_actors.apps import lm, train
+    from ddlf_actors.apps.callbacks import Callback
+    from ddlf_actors.apps.schemes.rounds import default_rounds
+
+    class StopAt(Callback):
+        """Ends the run at the budget's epoch (a fraction of an epoch, in smoke runs)."""
+
+        def on_row(self, row, run):
+            if row["epoch"] >= args.epochs - 1e-9:
+                run.stop = True
+
+    ds, x, *_ = text_split(args)
+    eval_split = "validation" if args.split == "val" else "test"
+    ds = type(ds)(ds.source, context=args.context, eval_split=eval_split)
+    per_trainer = lm.steps_per_trainer(len(x), 2, BATCH, 1)
+    fn = lm.GptModelFn(ds, framework="torch", size=args.size, learning_rate=args.lr,
+                       total_steps=max(1, round(per_trainer * args.epochs)), seed=args.seed)
+    rounds = default_rounds(len(x) / 2, BATCH)
+    ddlf.init(num_cpus=2)
+    try:
+        result = train(fn, ds, workers=2, master_epochs=math.ceil(args.epochs),
+                       batch_size=BATCH, seed=args.seed, progress=False,
+                       callbacks=[StopAt()],
+                       eval_every=max(1, round(rounds * min(1.0, args.epochs)
+                                               / args.evals_per_epoch)))
+    finally:
+        ddlf.shutdown()
+    tl = tc.ddlf_timeline(result.history)
+    return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
+            "tokens_per_epoch": len(x) * args.context,
+            "settings": {k: v for k, v in result.options.to_json().items()
+                         if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
+                                  "nesterov", "eval_every")}}
+
+
+RUNNERS = {"torch-1p": run_single, "torch-ddp": run_ddp, "torchft-diloco": run_diloco,
+           "ddlf-default": run_ddlf}
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+def child_flags(args) -> list:
+    flags = ["--seed", str(args.seed), "--lr", repr(args.lr), "--epochs", repr(args.epochs),
+             "--split", args.split, "--evals-per-epoch", str(args.evals_per_epoch),
+             "--sync-every", str(args.sync_every), "--timeout", str(args.timeout),
+             "--eval-threads", str(args.eval_threads), "--size", args.size,
+             "--context", str(args.context)]
+    if args.eval_windows:
+        flags += ["--eval-windows", str(args.eval_windows)]
+    return flags
+
+
+def run_one(args, column: str, seed: int, lr: float, split: str) -> dict:
+    """One column, one seed, one rate, in its own process (a private network namespace
+    for the two-process columns)."""
+    load = os.getloadavg()[0]
+    base = {"column": column, "seed": seed, "lr": lr, "split": split, "loadavg": load}
+    run = argparse.Namespace(**{**vars(args), "seed": seed, "lr": lr, "split": split})
+    cmd = [sys.executable, os.path.abspath(__file__), "--column", column, *child_flags(run)]
+    if column in IN_NETNS:
+        if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+            return {**base, "unavailable": "needs root, unshare and ip for a private network "
+                                           "namespace (its servers listen on every interface)"}
+        cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+    log(f"{column} seed {seed} lr {lr} ({split}), load {load:.2f}")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=args.timeout + 120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {**base, "error": f"timeout after {args.timeout + 120:.0f} s"}
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        raise
+    tc.relay_epochs(err)
+    result = tc.parse_child(subprocess.CompletedProcess(cmd, proc.returncode, out, err), column)
+    result["run_s"] = time.monotonic() - t0
+    log(f"  {column} seed {seed}: {result['run_s']:.0f} s in all")
+    return {**base, **result}
+
+
+def figures(r: dict, target: float | None) -> dict:
+    rows = r.get("timeline") or []
+    if not rows:
+        return {}
+    epochs = rows[-1]["epoch"]
+    hit = None if target is None else next((x for x in rows if x["test_loss"] <= target),
+                                           None)
+    per_epoch = r["train_s"] / epochs if epochs else None
+    return {"s_per_epoch": per_epoch,
+            "tokens_per_s": r["tokens_per_epoch"] / per_epoch if per_epoch else None,
+            "epochs_to_target": hit["epoch"] if hit else None,
+            "time_to_target": hit["train_s"] if hit else None,
+            "final_loss": rows[-1]["test_loss"], "epochs": epochs,
+            "startup_s": r.get("startup_s")}
+
+
+def report_table(results: list, target: float | None, title: str) -> str:
+    med = tc._med
+    lines = [title, "", f"| column | lr | s/epoch | tokens/s | epochs to {target} | "
+             f"time to {target} (s) | loss after the budget | epochs | start-up (s) | "
+             "load avg per run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    groups: dict = {}
+    for r in results:
+        groups.setdefault((r["column"], r["lr"]), []).append(r)
+    for (column, lr), runs in groups.items():
+        loads = " ".join(f"{r['loadavg']:.1f}" for r in runs)
+        ok = [r for r in runs if "timeline" in r]
+        if not ok:
+            why = runs[0].get("unavailable") or runs[0].get("error")
+            lines.append(f"| {column} | {lr} | {why} | | | | | | | {loads} |")
+            continue
+        figs = [figures(r, target) for r in ok]
+        lines.append(
+            f"| {column} | {lr} | {med([f['s_per_epoch'] for f in figs], '.1f')} | "
+            f"{med([f['tokens_per_s'] for f in figs], ',.0f')} | "
+            f"{med([f['epochs_to_target'] for f in figs], '.3f')} | "
+            f"{med([f['time_to_target'] for f in figs], '.1f')} | "
+            f"{med([f['final_loss'] for f in figs], '.4f')} | "
+            f"{med([f['epochs'] for f in figs], '.3f')} | "
+            f"{med([f['startup_s'] for f in figs], '.1f')} | {loads} |"
+            + (f" ({len(runs) - len(ok)} failed: {runs[-1].get('error')})"
+               if len(ok) < len(runs) else ""))
+    return "\n".join(lines)
+
+
+def ratio_lines(results: list, target: float | None) -> list:
+    """DDLF's defaults against the single process and DDP, per seed: the issue's targets
+    (time to the target loss <= 1.0x and <= 0.7x; the loss after the budget within 2 %)."""
+    by = {(r["column"], r["seed"]): figures(r, target) for r in results if "timeline" in r}
+    out = []
+    for other, goal in (("torch-1p", 1.0), ("torch-ddp", 0.7)):
+        ratios, losses = [], []
+        for (column, seed), f in by.items():
+            g = by.get((other, seed))
+            if column != "ddlf-default" or not g:
+                continue
+            if f["time_to_target"] and g["time_to_target"]:
+                ratios.append(f["time_to_target"] / g["time_to_target"])
+            losses.append(f["final_loss"] / g["final_loss"] - 1)
+        if ratios:
+            out.append(f"ddlf-default / {other}, time to the target: "
+                       f"{', '.join(f'{x:.2f}x' for x in ratios)} (target <= {goal}x)")
+        if losses:
+            out.append(f"ddlf-default / {other}, loss after the budget: "
+                       f"{', '.join(f'{100 * x:+.1f} %' for x in losses)}")
+    return out
+
+
+def estimate(args, columns: list, seeds: list) -> float:
+    """Seconds a command should take: tokens/s of ``small`` (tiny) at 2 cores from
+    ``lm_frameworks.py`` on this machine, ~2,000 (13,000) for every column, plus
+    evaluations (a forward pass is about a third of a step) and ~30 s a run to start."""
+    rate = {"tiny": 13_000.0, "small": 2_000.0}.get(args.size, 2_000.0)
+    per_run = 2_291_436 * args.epochs / rate * (1 + 0.35 * 0.11) + 30
+    runs = len(columns) * (len(GRID) if args.select else len(seeds))
+    return runs * per_run
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--columns", default=",".join(COLUMNS))
+    p.add_argument("--select", action="store_true", help="choose lr on the validation split")
+    p.add_argument("--choices", help="JSON of the chosen rates and the target loss: written "
+                                     "by --select, read otherwise")
+    p.add_argument("--target", type=float, help="the target loss (default: the choices' "
+                                                "target, the tuned single process's loss)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--epochs", type=float, default=1.0, help="the budget, in epochs")
+    p.add_argument("--size", default="small", help="tiny or small (sizes.SIZES)")
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--evals-per-epoch", type=int, default=4)
+    p.add_argument("--eval-windows", type=int, help="evaluate on the first N (smoke runs)")
+    p.add_argument("--sync-every", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=4 * 3600.0, help="seconds per run")
+    p.add_argument("--json", help="also write every run here")
+    p.add_argument("--estimate", action="store_true", help="print the expected wall time")
+    p.add_argument("--column", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--lr", type=float, default=1e-3, help=argparse.SUPPRESS)
+    p.add_argument("--split", default="test", help=argparse.SUPPRESS)
+    p.add_argument("--ddp-rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--diloco-replica", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    p.add_argument("--barrier-port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--eval-threads", type=int, default=2, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.ddp_rank:
+        run_ddp_rank(args)
+        return 0
+    if args.diloco_replica is not None:
+        run_diloco_replica(args)
+        return 0
+    if args.column:
+        try:
+            result = RUNNERS[args.column](args)
+        except Exception as e:
+            import traceback
+
+            traceback.print_exc()
+            result = {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(result), flush=True)
+        return 0
+
+    columns = [c for c in args.columns.split(",") if c]
+    unknown = [c for c in columns if c not in COLUMNS]
+    if unknown:
+        p.error(f"unknown columns {unknown}; known: {', '.join(COLUMNS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.estimate:
+        print(f"about {estimate(args, columns, seeds) / 3600:.1f} h")
+        return 0
+    log(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    results: list = []
+    try:
+        if args.select:
+            for lr in GRID:
+                for column in columns:
+                    results.append(run_one(args, column, seeds[0], lr, "val"))
+            print(report_table(results, None, f"Selection on the validation split, seed "
+                                              f"{seeds[0]}, {args.epochs:g} epoch(s), "
+                                              f"GPT {args.size}"))
+            best: dict = {}
+            for r in results:
+                f = figures(r, None)
+                if f and (r["column"] not in best or f["final_loss"] < best[r["column"]][0]):
+                    best[r["column"]] = (f["final_loss"], r["lr"])
+            chosen = {c: {"lr": lr} for c, (_, lr) in best.items()}
+            if "torch-1p" in best:
+                chosen["target_loss"] = best["torch-1p"][0]
+            print("\nchosen:", json.dumps(chosen))
+            if args.choices:
+                with open(args.choices, "w") as f:
+                    json.dump(chosen, f, indent=1)
+        else:
+            chosen = {}
+            if args.choices:
+                with open(args.choices) as f:
+                    chosen = json.load(f)
+            target = args.target if args.target is not None else chosen.get("target_loss")
+            for seed in seeds:
+                for column in columns:
+                    lr = chosen.get(column, {}).get("lr", 1e-3)
+                    results.append(run_one(args, column, seed, lr, "test"))
+            print(report_table(results, target, f"Test split, seeds {args.seeds}, "
+                                                f"{args.epochs:g} epoch(s), GPT {args.size}, "
+                                                f"context {args.context}"))
+            for line in ratio_lines(results, target):
+                print(line)
+    finally:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    print(f"\nload average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

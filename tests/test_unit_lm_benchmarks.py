@@ -1,0 +1,81 @@
+"""lm_compare.py's and lm_emu.py's bookkeeping (issue 32 §4), without torch or a cluster:
+the figures of a run (a target *loss*, reached going down), the ratios the issue's
+targets are judged by, the budget's steps and the tables."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    # The scripts set OMP_NUM_THREADS on import (before numpy and torch load): keep ours.
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    monkeypatch.syspath_prepend(_BENCH)
+    import lm_compare
+    import lm_emu
+
+    return lm_compare, lm_emu
+
+
+def _run(column, seed, losses, train_s, tokens=1000):
+    rows = [{"epoch": (i + 1) / len(losses), "train_s": train_s * (i + 1) / len(losses),
+             "test_loss": loss, "test_accuracy": 0.1} for i, loss in enumerate(losses)]
+    return {"column": column, "seed": seed, "lr": 1e-3, "loadavg": 1.0, "timeline": rows,
+            "train_s": train_s, "tokens_per_epoch": tokens, "startup_s": 2.0}
+
+
+def test_the_target_is_a_loss_reached_from_above(bench):
+    lm_compare, _ = bench
+    f = lm_compare.figures(_run("torch-1p", 0, [3.0, 2.2, 1.9, 1.8], 40.0), 2.0)
+    assert f["epochs_to_target"] == 0.75 and f["time_to_target"] == 30.0
+    assert f["s_per_epoch"] == 40.0 and f["tokens_per_s"] == 25.0 and f["final_loss"] == 1.8
+    assert lm_compare.figures(_run("torch-1p", 0, [3.0, 2.5], 10.0), 2.0)["time_to_target"] \
+        is None
+
+
+def test_ratios_are_per_seed_against_the_single_process_and_ddp(bench):
+    lm_compare, _ = bench
+    results = [_run("torch-1p", 0, [3.0, 1.9], 100.0), _run("torch-ddp", 0, [3.0, 1.9], 200.0),
+               _run("ddlf-default", 0, [3.0, 1.9], 80.0), _run("torch-1p", 1, [3.0, 1.9], 90.0),
+               {"column": "ddlf-default", "seed": 1, "lr": 1e-3, "loadavg": 1.0,
+                "error": "boom"}]
+    lines = lm_compare.ratio_lines(results, 2.0)
+    assert lines[0] == "ddlf-default / torch-1p, time to the target: 0.80x (target <= 1.0x)"
+    assert "+0.0 %" in lines[1]
+    assert lines[2].startswith("ddlf-default / torch-ddp, time to the target: 0.40x")
+    table = lm_compare.report_table(results, 2.0, "t")
+    assert "| ddlf-default | 0.001 | 80.0 |" in table and "1 failed: boom" in table
+
+
+def test_the_budget_in_steps_and_an_estimate(bench):
+    lm_compare, lm_emu = bench
+    assert lm_compare.steps_for(1000, 32, 1.0) == (31, 31)
+    assert lm_compare.steps_for(1000, 64, 0.5) == (15, 8)
+    args = type("A", (), {"size": "small", "epochs": 1.0, "select": False})()
+    hours = lm_compare.estimate(args, list(lm_compare.COLUMNS), [0, 1, 2]) / 3600
+    assert 3 < hours < 8
+    plan = {"size": "small", "rates": ["100mbit"], "settings": ["sync"], "seeds": [1],
+            "epochs": 1.0, "context": 128}
+    assert lm_emu.estimate(plan, [4]) < lm_emu.estimate(plan, [1])
+
+
+def test_the_emulated_table_gives_efficiency_against_k_1(bench):
+    _, lm_emu = bench
+
+    def run(k, times_losses):
+        rows = [{"round": i + 1, "epoch": (i + 1) / len(times_losses), "time_s": t,
+                 "test_loss": loss, "compute_total_s": k * t / (i + 1), "bytes_sent": 10,
+                 "bytes_received": 10, "ring_bytes": 0}
+                for i, (t, loss) in enumerate(times_losses)]
+        return {"rate": "100mbit", "codec": "sync", "k": k, "seed": 1, "rows": rows,
+                "load": [1.0, 1.2]}
+
+    table = lm_emu.table([run(1, [(100, 2.5), (200, 1.9)]), run(4, [(40, 2.2), (70, 1.95)])],
+                         2.0)
+    assert "| 100mbit | sync | 1 | 1 | 200.0 | 1/1 |" in table
+    assert "| 100mbit | sync | 4 | 1 | 70.0 | 1/1 | 71% |" in table
