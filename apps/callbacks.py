@@ -194,7 +194,9 @@ class TensorBoard(Callback):
     """
 
     KEYS = ("test_accuracy", "test_loss", "train_loss", "bytes_sent", "bytes_received",
-            "wall_s", "workers", "bits_per_byte", "perplexity", "tokens_per_s")
+            "wall_s", "workers")
+    # A text run's rows also have these (lm/metrics.py).
+    TEXT_KEYS = ("bits_per_byte", "perplexity", "tokens_per_s")
 
     def __init__(self, log_dir: str):
         self.log_dir = str(log_dir)
@@ -214,7 +216,7 @@ class TensorBoard(Callback):
         step_ms = int(round(float(row.get("time_s") or 0.0) * 1000))
         tokens = row.get("tokens")
         with self._writer.as_default():
-            for key in self.KEYS:
+            for key in self.KEYS + (self.TEXT_KEYS if tokens is not None else ()):
                 value = row.get(key)
                 if value is None or isinstance(value, bool):
                     continue

@@ -28,8 +28,10 @@ from .sizes import SIZES, count_params
 __all__ = ["gpt_tiny", "gpt_tiny_torch", "GptModelFn", "SIZES", "FRAMEWORKS", "generate",
            "count_params", "steps_per_trainer"]
 
-# The framework a GPT trains on when none is named: the faster one on this project's
-# machines (benchmarks/lm_frameworks.py; docs/language-models.md has the measurement).
+# The framework a GPT trains on when none is named (benchmarks/lm_frameworks.py,
+# docs/language-models.md): at one thread, a trainer's, PyTorch and Keras on TF are within
+# the spread (Keras 1.08x per CPU second); at two, PyTorch is 1.13x per CPU second and
+# uses both cores where TF used 1.16; PyTorch starts 3x faster.
 DEFAULT_FRAMEWORK = "torch"
 FRAMEWORKS = ("torch", "keras")
 

@@ -60,3 +60,20 @@ def test_making_one_does_not_import_tensorflow():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_text_run_is_also_written_by_tokens_with_bits_per_byte(train_cluster, tmp_path):
+    pytest.importorskip("torch")
+    from ddlf_actors.apps import datasets, lm, train
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat and then it slept.\n" * 60)
+    ds = datasets.text(str(tmp_path / "a.txt"), context=16)
+    log_dir = str(tmp_path / "tb")
+    result = train(lm.GptModelFn(ds, layers=1, heads=2, dim=16), ds, workers=2,
+                   master_epochs=2, progress=False, callbacks=[TensorBoard(log_dir)])
+    scalars = _read_scalars(log_dir)
+    evaluated = [r for r in result.history if r["test_loss"] is not None]
+    assert [s for s, _ in scalars["by_tokens/test_loss"]] == [r["tokens"] for r in evaluated]
+    assert [v for _, v in scalars["by_round/bits_per_byte"]] == pytest.approx(
+        [r["bits_per_byte"] for r in evaluated], rel=1e-6)
+    assert "by_time/tokens_per_s" in scalars and "by_tokens/perplexity" in scalars
