@@ -342,7 +342,8 @@ def run_ddlf(args) -> dict:
 
     ds, x, *_ = text_split(args)
     eval_split = "validation" if args.split == "val" else "test"
-    ds = type(ds)(ds.source, context=args.context, eval_split=eval_split)
+    ds = type(ds)(ds.source, context=args.context, eval_split=eval_split,
+                  eval_windows=args.eval_windows)
     per_trainer = lm.steps_per_trainer(len(x), 2, BATCH, 1)
     fn = lm.GptModelFn(ds, framework="torch", size=args.size, learning_rate=args.lr,
                        total_steps=max(1, round(per_trainer * args.epochs)), seed=args.seed)

@@ -74,7 +74,8 @@ def driver(address: str, plan: dict) -> None:
                 run.stop = True
 
     k = plan["k"]
-    ds = datasets.corpus("fortunes", context=plan["context"]).prepare()
+    ds = datasets.corpus("fortunes", context=plan["context"],
+                         eval_windows=plan["eval_windows"]).prepare()
     steps = lm.steps_per_trainer(ds.windows("train"), k, 32, 1)
     build = lm.GptModelFn(ds, framework="torch", size=plan["size"],
                           total_steps=max(1, round(steps * plan["epochs"])))
@@ -196,6 +197,8 @@ def main(argv=None) -> int:
     p.add_argument("--priority", type=float, default=8.0)
     p.add_argument("--evals-per-epoch", type=int, default=4)
     p.add_argument("--max-rounds", type=int, default=0, help="a smoke run: rounds per run")
+    p.add_argument("--eval-windows", type=int,
+                   help="evaluate on the validation split's first N windows (smoke runs)")
     p.add_argument("--json")
     p.add_argument("--estimate", action="store_true")
     a = p.parse_args(argv)
@@ -207,7 +210,7 @@ def main(argv=None) -> int:
             "seeds": [int(s) for s in a.seeds.split(",")], "epochs": a.epochs,
             "codec": a.codec, "size": a.size, "context": a.context, "node_cpus": a.node_cpus,
             "priority": a.priority, "evals_per_epoch": a.evals_per_epoch,
-            "max_rounds": a.max_rounds}
+            "max_rounds": a.max_rounds, "eval_windows": a.eval_windows}
     if a.estimate:
         print(f"about {estimate(plan, ks) / 3600:.1f} h")
         return 0

@@ -107,12 +107,13 @@ class TextDataset:
     ``stride``: between training windows (default ``context``: each token once per
     epoch). ``eval_split``: the split history rows are evaluated on (``test_loss`` and
     ``test_accuracy`` of a text run are of this split; the validation one by default,
-    so that choices made on it leave the test split unseen).
+    so that choices made on it leave the test split unseen). ``eval_windows``: evaluate
+    on the split's first N windows only (faster rows; default: all of it).
     """
 
     def __init__(self, source, *, context: int = 128, tokenizer="byte",
                  split: tuple = (0.05, 0.05), stride: int | None = None,
-                 eval_split: str = "validation"):
+                 eval_split: str = "validation", eval_windows: int | None = None):
         if isinstance(context, bool) or not isinstance(context, int) or context < 1:
             raise ValueError(f"context must be an int >= 1, got {context!r}")
         if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int)
@@ -124,15 +125,21 @@ class TextDataset:
                              f"and validation + test < 1, got {split!r}")
         if eval_split not in ("validation", "test"):
             raise ValueError(f"eval_split must be 'validation' or 'test', got {eval_split!r}")
+        if eval_windows is not None and (isinstance(eval_windows, bool)
+                                         or not isinstance(eval_windows, int)
+                                         or eval_windows < 1):
+            raise ValueError(f"eval_windows must be an int >= 1, got {eval_windows!r}")
         self.source = source
         self.context = context
         self.stride = stride or context
         self.split = (val, test)
         self.eval_split = eval_split
+        self.eval_windows = eval_windows
         self.tokenizer = tokenizers.make(tokenizer)
         self.info: dict | None = None        # after prepare(): sizes, bytes, digest
         self.__name__ = (f"text:{source.label}/{self.tokenizer.spec}/context={context}"
-                         + (f"/stride={self.stride}" if self.stride != context else ""))
+                         + (f"/stride={self.stride}" if self.stride != context else "")
+                         + (f"/eval_windows={eval_windows}" if eval_windows else ""))
 
     # -- what the driver and the callbacks read -------------------------------------------------
     @property
@@ -215,6 +222,8 @@ class TextDataset:
                  TokenWindows(tokens, bounds[0], bounds[1], self.context, self.stride, 1))
         k = SPLITS.index(self.eval_split)
         lo, hi = bounds[k], bounds[k + 1]
+        if self.eval_windows:
+            hi = min(hi, lo + self.eval_windows * self.context + 1)
         if hi - lo < self.context + 1:
             return train, (None, None)
         evals = (TokenWindows(tokens, lo, hi, self.context, self.context),

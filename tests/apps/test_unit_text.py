@@ -361,3 +361,13 @@ def test_warmup_cosine_rises_linearly_then_decays_to_a_tenth():
 def test_steps_per_trainer_is_each_trainers_share_of_the_batches():
     assert steps_per_trainer(1000, 2, 32, 3) == 16 * 3
     assert steps_per_trainer(1000, 1, 32, 1, worker_epochs=2) == 32 * 2
+
+
+def test_eval_windows_evaluates_on_the_first_windows_of_the_split(tmp_path):
+    paths = write_corpus(tmp_path / "c", files=3)
+    ds = datasets.text(paths, context=8, eval_windows=5).prepare()
+    (_, _), (xv, yv) = ds.load_shared()
+    assert len(xv) == len(yv) == 5 and ds.windows("validation") > 5
+    assert ds.__name__.endswith("/eval_windows=5")
+    with pytest.raises(ValueError, match="eval_windows"):
+        datasets.text(paths, eval_windows=0)
