@@ -434,8 +434,9 @@ def figures(r: dict, target: float | None) -> dict:
 
 def report_table(results: list, target: float | None, title: str) -> str:
     med = tc._med
-    lines = [title, "", f"| column | lr | s/epoch | tokens/s | epochs to {target} | "
-             f"time to {target} (s) | loss after the budget | epochs | start-up (s) | "
+    goal = "the target" if target is None else f"{target:.4f}"
+    lines = [title, "", f"| column | lr | s/epoch | tokens/s | epochs to {goal} | "
+             f"time to {goal} (s) | loss after the budget | epochs | start-up (s) | "
              "load avg per run |", "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict = {}
     for r in results:

@@ -50,6 +50,7 @@ def test_ratios_are_per_seed_against_the_single_process_and_ddp(bench):
     assert lines[2].startswith("ddlf-default / torch-ddp, time to the target: 0.40x")
     table = lm_compare.report_table(results, 2.0, "t")
     assert "| ddlf-default | 0.001 | 80.0 |" in table and "1 failed: boom" in table
+    assert "epochs to 2.0000" in table
 
 
 def test_the_budget_in_steps_and_an_estimate(bench):

@@ -142,7 +142,8 @@ class BpeTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         tok = self._tokenizer()
-        out, part = [], []
+        out: list[str] = []
+        part: list[int] = []
         for i in np.asarray(ids, dtype=np.int64).tolist():
             if i == self.separator:
                 out.append(tok.decode(part))
@@ -161,7 +162,7 @@ class BpeTokenizer(Tokenizer):
         return {"spec": self.spec, "json_text": self._json}
 
     def __setstate__(self, state):
-        self.__init__(int(state["spec"].split(":")[1]), state["json_text"])
+        BpeTokenizer.__init__(self, int(state["spec"].split(":")[1]), state["json_text"])
 
 
 def _hf():

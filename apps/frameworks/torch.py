@@ -216,7 +216,7 @@ class TorchAdapter(FrameworkAdapter):
         batch_size = eval_batch_size(x, batch_size)
         was_training = model.training
         model.eval()
-        loss_sum, correct = 0.0, 0
+        loss_sum, correct = 0.0, 0.0
         try:
             with torch.no_grad():
                 for start in range(0, n, batch_size):

@@ -29,7 +29,7 @@ def save_run(out: str, model_fn, dataset, history: list) -> list:
     os.makedirs(out, exist_ok=True)
     tok_path = os.path.join(out, TOKENIZER_FILE)
     dataset.tokenizer.save(tok_path)
-    last = next((r for r in reversed(history) if r.get("test_loss") is not None), {})
+    last: dict = next((r for r in reversed(history) if r.get("test_loss") is not None), {})
     settings = {
         "model": model_fn.settings(),
         "model_file": _MODEL_FILES[model_fn.framework],

@@ -25,9 +25,10 @@ def warmup_for(warmup_steps: int | None, total_steps: int | None) -> int:
     ``total_steps``: a short run is not spent warming up."""
     if warmup_steps is not None:
         return int(warmup_steps)
+    default = int(DEFAULTS["warmup_steps"])
     if total_steps is None:
-        return DEFAULTS["warmup_steps"]
-    return min(DEFAULTS["warmup_steps"], max(1, int(total_steps) // 10))
+        return default
+    return min(default, max(1, int(total_steps) // 10))
 
 
 def warmup_cosine(step: int, peak: float, warmup_steps: int, total_steps: int | None,
