@@ -20,15 +20,26 @@ numpy and the standard library only (no TensorFlow), so importing this is cheap 
 safe in a forked process.
 """
 
-from . import tokenizer
+from . import download, tokenizer
 from .cache import load_shared
 from .cifar import read_cifar10
-from .download import fetch
+from .corpora import CORPORA, fetch_corpus
 from .errors import DatasetFormatError, DatasetNotFoundError
 from .idx import read_idx, write_idx
 from .partitions import Partition, PartitionedDataset, partitioned, write_partitions
 from .registry import ensure, load, locate, names, normalise_images, register, source_files
 from .text_dataset import TextDataset, TokenWindows, corpus, text
+
+
+def fetch(name: str, *, force: bool = False) -> str:
+    """Download dataset ``name`` into ``<cache>/<name>`` and return that path: a built-in
+    image dataset by ``download.fetch`` (its URLs, for Fashion-MNIST Debian's package), a
+    text corpus (``"fortunes"``) from its Debian packages (``corpora.fetch_corpus``).
+    Raises ``ValueError`` for another name, ``DatasetNotFoundError`` saying what failed."""
+    if name in CORPORA:
+        return fetch_corpus(name)
+    return download.fetch(name, force=force)
+
 
 __all__ = [
     "load",

@@ -115,12 +115,13 @@ def load_shared(dataset, *, data_dir: str | None = None, key: str | None = None)
     Raises ``TypeError`` for an unsupported ``dataset``, and whatever building raises
     (``ValueError`` for an unknown name, ``DatasetNotFoundError``, ...).
     """
-    from .text_dataset import TextDataset  # it builds on this module
-
-    if isinstance(dataset, TextDataset):
+    if callable(getattr(type(dataset), "load_shared", None)):
+        # A dataset that serves itself from this cache (text_dataset.TextDataset: windows
+        # of its tokens), named by its class rather than imported: it builds on this module.
         if key is not None or data_dir is not None:
-            raise TypeError("key= and data_dir= do not apply to a text dataset (its source "
-                            "names its files; datasets.corpus(name, data_dir=...))")
+            raise TypeError("key= and data_dir= do not apply to a dataset that serves itself "
+                            "(a text dataset's source names its files: "
+                            "datasets.corpus(name, data_dir=...))")
         return dataset.load_shared()
     if isinstance(dataset, tuple) and len(dataset) == 2 and isinstance(dataset[0], PartitionedDataset):
         dataset = dataset[0].partition(dataset[1])

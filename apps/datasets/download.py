@@ -41,15 +41,9 @@ def fetch(name: str, *, force: bool = False) -> str:
     Fashion-MNIST, if they fail, the Debian package via ``apt-get download`` and
     ``dpkg-deb -x`` (no root needed). Downloads are checked by parsing them.
 
-    A text corpus (``"fortunes"``) is fetched from its Debian packages.
-
     Raises ``ValueError`` for a name that is not built in (registered datasets have no
     download), ``DatasetNotFoundError`` listing every attempt and how to get the files.
     """
-    from .corpora import CORPORA, fetch_corpus  # text corpora come from Debian's packages
-
-    if name in CORPORA:
-        return fetch_corpus(name)
     path, tried = _fetch(name, force=force)
     if path is None:
         raise not_found_error(name, tried)
