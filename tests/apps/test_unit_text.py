@@ -371,3 +371,20 @@ def test_eval_windows_evaluates_on_the_first_windows_of_the_split(tmp_path):
     assert ds.__name__.endswith("/eval_windows=5")
     with pytest.raises(ValueError, match="eval_windows"):
         datasets.text(paths, eval_windows=0)
+
+
+def test_importing_the_text_and_lm_modules_loads_no_framework():
+    """A node's forkserver imports ddlf_actors.apps: the text datasets, the GPTs and the
+    CLI must not start torch, TensorFlow or tokenizers at import."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport ddlf_actors.apps, ddlf_actors.apps.lm, ddlf_actors.apps.models\n"
+            "import ddlf_actors.apps.cli, ddlf_actors.apps.lm.run_files\n"
+            "from ddlf_actors.apps import datasets\ndatasets.text('x.txt')\n"
+            "print(sorted(m for m in ('torch', 'tensorflow', 'keras', 'jax', 'tokenizers') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
