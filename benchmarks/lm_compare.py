@@ -45,11 +45,11 @@ The model is ``--size small`` (6.1 M parameters; ``tiny`` for smoke runs) with w
 ``--context`` 128 bytes (the byte tokenizer). The run's helpers (processes, timelines,
 DiLoCo's step plan, the table's medians) are ``torch_compare.py``'s.
 
-Durations (this 2-core machine, idle; measured ``small`` speeds in the docstring of
-``lm_frameworks.py``'s table): one epoch of ``small`` at 2 threads takes about 20-30
-minutes, so ``--select`` with ``--epochs 0.25`` is 4 columns x 3 rates x ~7 min = ~1.5 h
-and the report with ``--epochs 1`` 4 columns x 3 seeds x ~25 min = ~5 h. ``--estimate``
-prints the expected wall time of a command.
+Durations: ``small`` trains at 1,892 tokens per CPU second on one thread here
+(``lm_frameworks.py --size small``; about 3,600 tokens/s on 2 idle cores, 2,000 counted
+for a shared machine), so an epoch is 11-20 minutes a column: ``--select --epochs 0.25``
+(4 columns x 3 rates) about 1.1 h, the report with ``--epochs 1`` (4 columns x 3 seeds)
+about 4.1 h. ``--estimate`` prints the expected wall time of a command.
 """
 
 from __future__ import annotations

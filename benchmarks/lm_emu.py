@@ -29,11 +29,11 @@ hosts. ``link_hosts.py`` emulates two hosts (``torch_compare.py --link``); K = 4
 hosts generalised to K. Until then the DiLoCo comparison is at K = 2 through
 ``torch_compare.py``'s harness, and this table holds DDLF's columns.
 
-Durations: a ``small`` GPT trainer at 0.5 CPU makes about 450 tokens/s (a quarter of the
-2-core rate of ``lm_compare.py``), so one epoch (2.29 M tokens) takes ~85 min at K = 1,
-~43 at K = 2, ~21 at K = 4 when the links keep up; the default grid (2 rates x 2 settings
-x 3 seeds x K = 1, 2, 4, one epoch) is about 40 h. ``--estimate`` prints a grid's time; a
-budget of ``--epochs 0.25`` and the ``tiny`` model cut it to hours.
+Durations: a ``small`` GPT trainer at 0.5 CPU makes about 950 tokens/s (half of the 1,892
+tokens per CPU second ``lm_frameworks.py --size small`` measured), so one epoch (2.29 M
+tokens) takes ~40 min at K = 1, ~20 at K = 2, ~10 at K = 4 when the links keep up; the
+default grid (2 rates x 2 settings x 3 seeds x K = 1, 2, 4, one epoch) is about 18 h,
+``--epochs 0.25`` about 5 h. ``--estimate`` prints a grid's time.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ sys.path.insert(0, HERE)
 import cluster_emu  # noqa: E402
 import emu_streaming  # noqa: E402
 
-# tokens/s of one trainer at 0.5 CPU (a quarter of lm_frameworks.py's 2-core rate).
-TRAINER_RATE = {"tiny": 3_200.0, "small": 450.0}
+# tokens/s of one trainer at 0.5 CPU: half of lm_frameworks.py's tokens per CPU second at
+# one thread (tiny 8,766; small 1,892: results/lm_frameworks*_2026-11-28.json).
+TRAINER_RATE = {"tiny": 4_400.0, "small": 950.0}
 TOKENS = 2_291_436   # fortunes' training split, bytes
 
 
