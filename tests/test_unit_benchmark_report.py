@@ -23,17 +23,24 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "report.py")
 
 @pytest.fixture
 def copies(tmp_path):
-    """A copy of the results folder and of the page, to change freely."""
+    """Copies of the results folder, the results page and the front page, to change freely."""
     results = tmp_path / "results"
     shutil.copytree(report.RESULTS, results)
     page = tmp_path / "README.md"
     shutil.copy(report.PAGE, page)
+    shutil.copy(report.FRONT, tmp_path / "FRONT.md")
     return results, page
 
 
+def _run(page, results, *flags) -> subprocess.CompletedProcess:
+    """report.py on the copies only (never the repository's pages)."""
+    return subprocess.run([sys.executable, SCRIPT, *flags, "--page", str(page), "--front",
+                           str(page.parent / "FRONT.md"), "--results", str(results)],
+                          capture_output=True, text=True, timeout=120, cwd=os.sep)
+
+
 def _check(page, results) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, "--check", "--page", str(page), "--results",
-                           str(results)], capture_output=True, text=True, timeout=120, cwd=os.sep)
+    return _run(page, results, "--check")
 
 
 def test_generation_is_deterministic_and_reads_only_the_results_folder(copies):
@@ -44,7 +51,7 @@ def test_generation_is_deterministic_and_reads_only_the_results_folder(copies):
     assert once.startswith(report.BEGIN) and once.endswith(report.END)
 
 
-def test_the_page_in_the_repository_is_what_the_results_give():
+def test_the_pages_in_the_repository_are_what_the_results_give():
     proc = subprocess.run([sys.executable, SCRIPT, "--check"], capture_output=True, text=True,
                           timeout=120, cwd=os.sep)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -71,8 +78,7 @@ def test_check_fails_when_a_raw_result_changes_and_the_page_follows_it(copies):
     name.write_text(json.dumps(runs))
     assert _check(page, results).returncode == 1
     # Rewriting the page from the changed results puts the new median in the table.
-    proc = subprocess.run([sys.executable, SCRIPT, "--page", str(page), "--results",
-                           str(results)], capture_output=True, text=True, timeout=120)
+    proc = _run(page, results)
     assert proc.returncode == 0, proc.stderr
     assert "| torch-ddp (2 × 1 thread, gloo) | 0.03 | 23.3 [23.3–23.5] |" in page.read_text()
     assert _check(page, results).returncode == 0
@@ -113,3 +119,26 @@ def test_splice_replaces_only_the_generated_part_and_needs_the_markers():
     assert new == f"# Title\nbefore\n{report.BEGIN}\nnew\n{report.END}\nafter\n"
     with pytest.raises(ValueError, match="marker"):
         report.splice("# no markers\n", "x")
+
+
+def test_the_front_page_summary_is_filled_from_the_tables_and_checked_too(copies):
+    results, page = copies
+    summary = report.generate_summary(str(results))
+    assert "**0.40×** the time" in summary            # DDLF-torch / DDP, from the torch table
+    assert "{{" not in summary
+    front = page.parent / "FRONT.md"
+    front.write_text(front.read_text().replace("**0.40×** the time", "**0.30×** the time", 1))
+    proc = _check(page, results)
+    assert proc.returncode == 1 and "FRONT.md differs" in proc.stderr
+    # A summary line naming a figure no table computes is an error, not a blank.
+    manifest = results / "headlines.json"
+    doc = json.loads(manifest.read_text())
+    doc["summary"].append("{{torch-2core.no-such-ratio}}")
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(KeyError, match="no-such-ratio"):
+        report.generate_summary(str(results))
+
+
+def test_anchors_are_github_s():
+    assert report.anchor("Slow links: 4 nodes of half a CPU at 100 Mbit/s (2026-11-27)") == \
+        "slow-links-4-nodes-of-half-a-cpu-at-100-mbits-2026-11-27"

@@ -447,7 +447,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--omp-wait-policy", choices=("default", "passive"), default="default",
                    help="passive: OMP_WAIT_POLICY=PASSIVE in every run (torch's OpenMP "
-                        "threads sleep instead of spinning; see benchmarks/README.md)")
+                        "threads sleep instead of spinning; see docs/benchmarks/peers.md)")
     p.add_argument("--json", help="also write every run here")
     p.add_argument("--link", choices=("none", *RATES), default="none",
                    help="run the distributed columns across two emulated hosts (network "

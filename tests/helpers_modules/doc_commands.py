@@ -4,8 +4,9 @@ Found in fenced code blocks of shell (no language, or bash, sh, shell, console; 
 marked ``text`` is a usage pattern, not a command), a line with its ``\\`` continuations
 joined as the shell joins them, and in inline code spans that hold a whole
 ``python benchmarks/...`` command (an inline ``ddlf-train run --scheme`` names a flag).
-Leading environment assignments, ``sudo``, ``nice -n N`` and ``timeout N`` are dropped;
-``#`` starts a comment, and a redirection or a pipe ends the command. Returns
+Each simple command of a line counts (``a && b``, ``a | b``); leading environment
+assignments, ``sudo``, ``nice -n N`` and ``timeout N`` are dropped; ``#`` starts a
+comment, and a redirection ends the command. Returns
 ``(line_number, command, argv)`` with ``command`` the script's path (or
 ``"ddlf-train"``).
 """
@@ -17,18 +18,32 @@ import shlex
 
 _FENCE = re.compile(r"^\s*(```|~~~)\s*(\w*)")
 _SHELL = ("", "bash", "sh", "shell", "console")
-_END = re.compile(r"^(\d*[<>]|\||&&|;)")
+_END = re.compile(r"^\d*[<>]")
 _INLINE = re.compile(r"`([^`\n]+)`")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def _command(text: str):
+def _segments(text: str) -> list:
+    """The simple commands of a shell line: split at ``&&``, ``||``, ``;`` and ``|`` (as
+    words of their own); a redirection (``>f``, ``2>/dev/null``) ends its command; ``#``
+    starts a comment."""
     try:
         words = shlex.split(text, comments=True)
     except ValueError:   # an unbalanced quote: not a command line
-        return None
-    cut = next((i for i, w in enumerate(words) if _END.match(w)), len(words))
-    words = words[:cut]
+        return []
+    out, cur, skip = [], [], False
+    for w in words:
+        if w in ("&&", "||", ";", "|", "&"):
+            out.append(cur)
+            cur, skip = [], False
+        elif skip or _END.match(w):
+            skip = True   # a redirection and what follows it, to the next command
+        else:
+            cur.append(w)
+    return out + [cur]
+
+
+def _command(words: list):
     while words:
         if _ENV.match(words[0]) or words[0] in ("sudo", "$", "env"):
             words = words[1:]
@@ -65,13 +80,16 @@ def commands(text: str) -> list:
             while line.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 line = line[:-1] + lines[i]
-            found = _command(line) if fence in _SHELL else None
-            if found:
-                out.append((start, *found))
+            if fence in _SHELL:
+                for words in _segments(line):
+                    found = _command(words)
+                    if found:
+                        out.append((start, *found))
         else:
             for span in _INLINE.findall(line):
-                found = _command(span)
-                if found and found[0] != "ddlf-train":
-                    out.append((start, *found))
+                for words in _segments(span):
+                    found = _command(words)
+                    if found and found[0] != "ddlf-train":
+                        out.append((start, *found))
         i += 1
     return out
