@@ -144,7 +144,7 @@ def test_a_process_that_merely_has_a_recorded_pid_is_never_signalled(host_env):
             with open(os.path.join(state_dir, f"{role}.json"), "w") as f:
                 json.dump({"role": role, "pid": bystander.pid, "create_time": ctime}, f)
         stopped = _answer(_agent(host_env, {"verb": "stop", "cluster": "local"}))
-        assert stopped["stopped"] == []
+        assert stopped["stopped"] == [] and len(stopped["gone"]) == 2   # nothing signalled
         assert bystander.poll() is None
     finally:
         bystander.kill()

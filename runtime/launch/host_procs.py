@@ -223,8 +223,13 @@ def stop(state: HostState, only: list | None = None) -> dict:
                 stopped.append(f"job {job['job_id']}")
     wanted = [r for r in ("node", "head") if r in roles]
     recs = {role: state.read(role) for role in wanted}
-    for rec in _stop_recs([r for r in recs.values() if r]):
+    running = _stop_recs([r for r in recs.values() if r])
+    for rec in running:
         stopped.append(f"{rec['role']} (pid {rec['pid']})")
+    # Recorded but already gone: it died, or (in ddlf down) the head, stopping at the same
+    # moment on its own host, had just told it to stop.
+    gone = [f"{role} (pid {rec['pid']})" for role, rec in recs.items()
+            if rec and rec.get("pid") and rec not in running]
     for role, rec in recs.items():
         state.forget(role)
         if role == "node":
@@ -236,7 +241,7 @@ def stop(state: HostState, only: list | None = None) -> dict:
                 os.rmdir(os.path.dirname(rec["token_file"]))
             except OSError:
                 pass
-    return {"stopped": stopped}
+    return {"stopped": stopped, "gone": gone}
 
 
 def _remove(path: str) -> None:

@@ -266,16 +266,19 @@ def down(spec: ClusterSpec, transport, say=print) -> list:
                        timeout=host.ssh.connect_timeout + _QUICK_S)
         except HostError as e:
             return HostOutcome(host.host, "+".join(_roles(spec, host)), "failed", e.cause)
-        stopped = ans["stopped"]
+        stopped, gone = ans["stopped"], ans.get("gone", [])
+        detail = "; ".join(part for part in (
+            f"stopped {', '.join(stopped)}" if stopped else "",
+            f"{', '.join(gone)} had already exited" if gone else "") if part)
         return HostOutcome(host.host, "+".join(_roles(spec, host)),
-                           "stopped" if stopped else "none", ", ".join(stopped))
+                           "stopped" if stopped or gone else "none", detail)
 
     outcomes = _parallel(stop, spec.hosts)
     for o in outcomes:
         if o.state == "failed":
             say(f"  {o.host}: FAILED: {o.detail} (whatever up started there still runs)")
         elif o.state == "stopped":
-            say(f"  {o.host}: stopped {o.detail}")
+            say(f"  {o.host}: {o.detail}")
         else:
             say(f"  {o.host}: nothing of cluster {spec.name!r} was running")
     return outcomes
