@@ -123,6 +123,10 @@ def test_a_users_session_up_submit_train_status_down(hosts, tmp_path):
     first = listed[0].split()[0]
     shown = _ok(hosts.ddlf("logs", "--cluster", path, first), "ddlf logs JOB").stdout
     assert "RESULT " in shown
+    _ok(hosts.ddlf("logs", "--cluster", path, "--node", "lab2", "--tail", "5"), "logs --node")
+    unknown = hosts.ddlf("logs", "--cluster", path, "job-nope")
+    assert unknown.returncode == 1 and f"no job job-nope on this cluster (the latest: {first}" \
+        in unknown.stderr
 
     # Ctrl-C stops the job, not the cluster.
     sleeper = hosts.popen_ddlf("submit", "--cluster", path, JOB, "--sleep")
