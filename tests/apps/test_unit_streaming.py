@@ -184,6 +184,29 @@ def test_resume_from_a_middle_checkpoint_is_bit_equal(extra, tmp_path):
         assert _kinds(resumed, "resumed")
 
 
+@pytest.mark.parametrize("scheme,extra", [
+    ("sync", dict(overlap=True)), ("sync", dict(overlap=True, fragments=2)),
+    ("sync", dict(overlap=True, compression="int8:ef")), ("sync", dict(fragments=3)),
+    ("sync", dict(overlap=True, checkpoint_every=3)),
+    ("allreduce", dict(overlap=True)), ("allreduce", dict(overlap=True, checkpoint_every=3))])
+def test_a_finished_run_continued_with_more_epochs_is_bit_equal(scheme, extra, tmp_path):
+    """Train 2 epochs with checkpoints, then resume with master_epochs=3: the weights of
+    a 3-epoch run never stopped (issue 29). The 2-epoch run's last rounds hand out no
+    round after them; with overlap, sync still publishes each outer step (as handing out
+    the round after next would), so its last checkpoint holds the global that a longer
+    run's next round carries. Allreduce does not overlap a round with a checkpoint (the
+    weights are fetched at its end), so the uninterrupted run is checkpointed alike."""
+    run = dict(model_fn=momentum_model_fn(), trainer_cls=MomentumTrainer, rounds_per_epoch=2,
+               scheme=scheme, **extra)
+    _train(checkpoint_dir=str(tmp_path / "a"), **{**run, "master_epochs": 2})
+    resumed = _train(resume=str(tmp_path / "a"), **run)
+    whole = _train(checkpoint_dir=str(tmp_path / "c"), **run)
+    for a, b in zip(whole.weights, resumed.weights):
+        np.testing.assert_array_equal(a, b)
+    assert [r["round"] for r in resumed.history] == [r["round"] for r in whole.history]
+    assert [r["test_loss"] for r in resumed.history] == [r["test_loss"] for r in whole.history]
+
+
 @pytest.mark.parametrize("extra", STREAMED + [dict(overlap=True, fragments=2,
                                                    compression="int4:ef")])
 def test_a_trainer_lost_mid_round_is_replaced_and_the_joiner_catches_up(extra):
