@@ -22,8 +22,8 @@ __all__ = ["Callback", "History", "ProgressBar", "EventLog", "EarlyStopping", "C
 log = logging.getLogger("ddlf_actors.train")
 
 # Events worth a line on the terminal as they happen (checkpoints are only recorded).
-_SHOWN = {"trainer_lost", "trainer_joined", "trainer_start_failed", "waiting_for_trainers",
-          "resumed"}
+_SHOWN = {"trainer_lost", "trainer_joined", "trainer_start_failed", "trainer_died_starting",
+          "waiting_for_trainers", "resumed"}
 
 
 def describe_event(event: dict) -> str:

@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
     run.add_argument("--address", help="join a running cluster (default: start an embedded one); "
                                        "with --backend ray: auto, ray://host:10001 or host:port")
+    run.add_argument("--cluster", metavar="FILE",
+                     help="train on the cluster `ddlf up FILE` started (the driver runs "
+                          "here; the head's address and token come from its host over SSH)")
     run.add_argument("--backend", choices=("ddlf", "ray"), default="ddlf",
                      help="run the trainers on DDLF's actors (default) or on Ray's "
                           "(pip install 'ddlf-actors[ray]')")
@@ -301,6 +304,9 @@ def _check_args(args) -> None:
         except (FileNotFoundError, ValueError) as e:
             raise _UsageError(f"--resume {args.resume}: {e}") from None
     _check_backend(args)
+    if args.cluster and (args.address or args.backend != "ddlf"):
+        raise _UsageError(f"--cluster {args.cluster} joins the DDLF cluster `ddlf up` started: "
+                          "leave out --address and --backend ray")
     if args.token_file:
         try:
             with open(args.token_file) as f:
@@ -403,8 +409,8 @@ def _run(args) -> int:
     # after a download.
     if args.backend == "ray":   # the schemes then run their trainers on Ray (apps/backends)
         ddlf.init(args.address, backend="ray", runtime_env=runtime_env)
-    elif args.address:
-        ddlf.init(args.address, token=args.token, runtime_env=runtime_env)
+    elif args.address or args.cluster:
+        ddlf.init(args.address or args.cluster, token=args.token, runtime_env=runtime_env)
     else:
         ddlf.init(runtime_env=runtime_env)
     text = lm_cli.is_text(args.dataset)

@@ -62,8 +62,8 @@ def wide_cnn(input_shape=(28, 28, 1), num_classes: int = 10, learning_rate: floa
     sparse categorical cross-entropy. At 28x28x1 with the defaults it has 5,106,106
     parameters, 20.4 MB of float32, 99.5 % of them in the first dense layer.
 
-    Why this shape (issue 23 section 1; ``benchmarks/README.md``, "A workload where the
-    links matter"): the bytes grow with the dense layer much faster than the compute, so
+    Why this shape (issue 23 section 1; ``docs/benchmarks/emulation.md``, "A workload
+    where the links matter"): the bytes grow with the dense layer much faster than the compute, so
     at 100 Mbit/s one plain sync round's transfer (weights down, delta up: 40.8 MB per
     trainer, 3.3 s) takes three times as long as its 32 local steps of batch 32 on half a
     CPU (1.1 s), and at 1 Gbit/s a third of them; on one such node it reaches 0.887-0.889

@@ -67,7 +67,9 @@ class EventKind(str, enum.Enum):
 
     TRAINER_LOST = "trainer_lost"                  # its process or node died mid-run
     TRAINER_JOINED = "trainer_joined"              # a replacement or an elastic addition
-    TRAINER_START_FAILED = "trainer_start_failed"  # a replacement's __init__ raised
+    TRAINER_START_FAILED = "trainer_start_failed"  # its __init__ raised, or it died starting
+                                                   # every try: its slot is given up
+    TRAINER_DIED_STARTING = "trainer_died_starting"  # its process died in __init__: retried
     WAITING = "waiting_for_trainers"               # fewer than min_workers are left
     RESUMED = "resumed"                            # the run continued from a checkpoint
     CHECKPOINT = "checkpoint"                      # a checkpoint was written

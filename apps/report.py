@@ -108,7 +108,8 @@ def format_table(history: list, events: Sequence = ()) -> str:
     for row in epoch_rows(history):
         acc, tl = row.get("test_accuracy"), row.get("test_loss")
         happened = [e for e in events if prev_time < e["time_s"] <= row["time_s"]
-                    and e["kind"] in ("trainer_lost", "trainer_joined", "trainer_start_failed")]
+                    and e["kind"] in ("trainer_lost", "trainer_joined", "trainer_start_failed",
+                                      "trainer_died_starting")]
         prev_time = row["time_s"]
         note = ", ".join(f"{e['trainer']} {e['kind'].split('_', 1)[1].replace('_', ' ')}"
                          for e in happened)

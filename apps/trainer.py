@@ -12,10 +12,8 @@ returns. The trainer side of a scheme lives in that scheme's module (allreduce's
 Downpour's accumulated pushes) and is mixed in here; codecs' side is ``wire.py``'s.
 
 To train another framework, register an adapter (``frameworks/base.py``). The first way
-still works too: subclass and override the hooks (``configure_threads``, ``build_model``,
-``get_weights``, ``set_weights``, ``fit``, ``evaluate_arrays``; for checkpoints of
-optimizer state ``get_optimizer_state``/``set_optimizer_state``; for learning-rate
-schedules ``get_learning_rate``/``set_learning_rate``) and pass ``trainer_cls=`` to
+still works too: subclass, override the hooks :class:`TrainerActor` lists (the README and
+``docs/training.md`` list the same) and pass ``trainer_cls=`` to
 ``train``/``train_sync``/``train_async``: by default each hook calls the adapter.
 
 It subclasses the Cluster API's worker, so ``run_method``, ``add_method`` and
@@ -61,6 +59,17 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
     reads itself before anything imports a framework: ``keras_backend`` (Keras 3's
     backend: ``KERAS_BACKEND``, which Keras reads once, at its first import) and
     ``num_gpus`` (0 or absent: GPUs are hidden, ``tf_startup.hide_gpus_unless_requested``).
+
+    A subclass trains a framework no adapter holds by overriding the hooks; by default
+    each calls the adapter. Required hooks: ``fit``, ``get_weights``, ``set_weights``,
+    ``evaluate_arrays``. Optional hooks, and what each does without an adapter:
+    ``configure_threads`` (the BLAS/OpenMP thread variables), ``build_model``
+    (``model_fn()``, kept as ``self.model``; return None to keep the model in your own
+    attributes), ``get_learning_rate``/``set_learning_rate`` (no rate: ``lr_schedule=``
+    and ``lr_scaling="inner"`` are refused when the run starts),
+    ``get_optimizer_state``/``set_optimizer_state`` (no state: checkpoints hold none, and a
+    resume says so once), ``buffer_mask`` (no buffers), ``local_model`` (``result.model``
+    raises, naming ``result.weights``).
     """
 
     #: The framework adapter; None: the one whose framework the built model belongs to.
@@ -100,9 +109,15 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
         self._eval_s = 0.0  # evaluation time since the last train call, reported by train
 
     # -- hooks: each calls the adapter; override them to train without one ------------------------
-    def _framework(self) -> FrameworkAdapter:
+    # Required without an adapter: get_weights, set_weights, fit, evaluate_arrays. Every
+    # other hook has a default that needs none (the class docstring lists them).
+    def _framework(self, hook: str) -> FrameworkAdapter:
         if self.adapter is None:
-            raise UnknownFrameworkError(self._no_adapter)
+            raise UnknownFrameworkError(
+                f"{type(self).__name__}.{hook} is not overridden and no framework adapter "
+                f"holds the model ({self._no_adapter}). A TrainerActor subclass that trains "
+                "without an adapter must override get_weights, set_weights, fit and "
+                "evaluate_arrays")
         return self.adapter
 
     def configure_threads(self, n: int) -> None:
@@ -122,19 +137,20 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
         return datasets.load_shared(dataset)
 
     def build_model(self, model_fn):
+        """The model, kept as ``self.model``: ``model_fn()``."""
         return model_fn()
 
     def get_weights(self) -> list:
         """The current weights, as a list of numpy arrays."""
-        return self._framework().get_weights()
+        return self._framework("get_weights").get_weights()
 
     def set_weights(self, weights) -> None:
-        self._framework().set_weights(weights)
+        self._framework("set_weights").set_weights(weights)
 
     def buffer_mask(self) -> list[bool]:
         """Which arrays of :meth:`get_weights` are buffers (values the model sets itself,
         such as BatchNorm's running statistics), which the schemes average as values.
-        Without an adapter (a subclass implementing the hooks): none."""
+        Without an adapter: none."""
         if self.adapter is None:
             return [False] * len(self.get_weights())
         return self.adapter.buffer_mask()
@@ -142,24 +158,50 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
     def fit(self, x, y, epochs: int, batch_size: int) -> float:
         """Train in place on ``x, y`` (already shuffled by the driver); return the mean
         training loss of the last epoch."""
-        return self._framework().fit(x, y, epochs, batch_size)
+        return self._framework("fit").fit(x, y, epochs, batch_size)
 
     def get_optimizer_state(self) -> list | None:
-        """The optimizer's state as numpy arrays, or None (see the adapter)."""
-        return self._framework().get_optimizer_state()
+        """The optimizer's state as numpy arrays, or None: what checkpoints keep and a
+        replacement takes over. Without an adapter: None (checkpoints hold none; a resumed
+        run says once that its trainers start with a fresh optimizer)."""
+        if self.adapter is None:
+            return None
+        return self.adapter.get_optimizer_state()
 
     def set_optimizer_state(self, state) -> None:
-        self._framework().set_optimizer_state(state)
+        """Load what :meth:`get_optimizer_state` returned. Without an adapter
+        ``ValueError``: this trainer never reported a state to load."""
+        if self.adapter is None:
+            raise ValueError(
+                f"{type(self).__name__} has no optimizer state to load (it trains without a "
+                "framework adapter and does not override set_optimizer_state), but the run "
+                "holds one for its slot: a checkpoint of another trainer class? Override "
+                "get_optimizer_state and set_optimizer_state, or resume with the class that "
+                "wrote it")
+        self.adapter.set_optimizer_state(state)
 
     def get_learning_rate(self) -> float | None:
-        return self._framework().get_learning_rate()
+        """The optimizer's rate now, or None when it has no rate the run can set. Without
+        an adapter: None, so ``lr_schedule=`` and ``lr_scaling="inner"`` are refused when
+        the run starts (``schemes/rates.py``)."""
+        if self.adapter is None:
+            return None
+        return self.adapter.get_learning_rate()
 
     def set_learning_rate(self, rate: float) -> None:
-        self._framework().set_learning_rate(rate)
+        """Set the rate (the run's schedule, once per round). Without an adapter
+        ``TypeError``: override it together with :meth:`get_learning_rate`."""
+        if self.adapter is None:
+            raise TypeError(
+                f"{type(self).__name__} cannot set its learning rate (it trains without a "
+                "framework adapter and does not override set_learning_rate): override "
+                "get_learning_rate and set_learning_rate to use lr_schedule= or "
+                "lr_scaling='inner'")
+        self.adapter.set_learning_rate(rate)
 
     def evaluate_arrays(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         """Return ``(loss, accuracy)`` of the current model on ``x, y``."""
-        return self._framework().evaluate(x, y, batch_size)
+        return self._framework("evaluate_arrays").evaluate(x, y, batch_size)
 
     # -- the remote API ----------------------------------------------------------------------
     def describe(self) -> dict:
@@ -251,8 +293,15 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
             return cls.adapter_cls.local_model(model_fn, weights, framework_options)
         with tf_startup.quiet_startup():   # the driver's first TF import, if it is one
             model = model_fn()
-        return frameworks.for_model(model).local_model(lambda: model, weights,
-                                                       framework_options)
+        try:
+            adapter_cls = frameworks.for_model(model)
+        except UnknownFrameworkError as e:
+            raise UnknownFrameworkError(
+                f"result.model needs a framework adapter, and {cls.__name__} trains without "
+                f"one ({e}). The trained weights are result.weights (its get_weights' "
+                f"arrays); override the classmethod {cls.__name__}.local_model(model_fn, "
+                "weights, framework_options) to build a model holding them") from None
+        return adapter_cls.local_model(lambda: model, weights, framework_options)
 
 
 def _keras_backend() -> str | None:

@@ -8,6 +8,7 @@ A module of its own so that everything that needs the process's core (``api``, `
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import threading
 
@@ -32,6 +33,11 @@ _info: ClusterInfo | None = None
 # Set DDLF_AUTO_INIT=0 to make a missing ddlf.init() an error instead of starting a local
 # cluster (Ray's RAY_ENABLE_AUTO_CONNECT=0), e.g. where a driver must join a real cluster.
 _AUTO_INIT_ENV = "DDLF_AUTO_INIT"
+# The cluster an init() without an address joins (Ray's RAY_ADDRESS), and the job's
+# runtime_env (JSON) when init() is given none: `ddlf submit` sets both for its jobs, so a
+# script that calls ddlf.init() runs on the cluster it was submitted to, with its files.
+_ADDRESS_ENV = "DDLF_ADDRESS"
+_RUNTIME_ENV_ENV = "DDLF_RUNTIME_ENV"
 
 
 class ClusterInfo:
@@ -88,6 +94,12 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
     ``DDLFError`` and ``RuntimeError``) otherwise. ``AuthenticationError`` for a wrong token;
     ``HeadUnreachableError`` (also a ``ConnectionError``) when no head answers at
     ``address`` (or ``"auto"`` finds none on this host), naming how to start one.
+
+    ``address`` may also be a cluster file that ``ddlf up`` started (``"cluster.yaml"``):
+    the head's address and token are then asked of the head host over SSH, and the token
+    stays in this process's memory. Without ``address``, ``DDLF_ADDRESS`` is joined when
+    set (``ddlf submit`` sets it for its jobs, as Ray's jobs get ``RAY_ADDRESS``), and
+    without ``runtime_env`` the JSON in ``DDLF_RUNTIME_ENV`` is the job's.
     """
     global _info
     if backend not in ("ddlf", "ray"):
@@ -96,6 +108,13 @@ def init(address: str | None = None, *, num_cpus: float | None = None, token: st
         return _init_ray(address, num_cpus=num_cpus, token=token, resources=resources,
                          num_gpus=num_gpus, memory=memory, runtime_env=runtime_env,
                          ignore_reinit_error=ignore_reinit_error)
+    if address is None and os.environ.get(_ADDRESS_ENV):
+        address = os.environ[_ADDRESS_ENV]
+    if runtime_env is None and os.environ.get(_RUNTIME_ENV_ENV):
+        try:
+            runtime_env = json.loads(os.environ[_RUNTIME_ENV_ENV])
+        except ValueError as e:
+            raise ValueError(f"{_RUNTIME_ENV_ENV} must be a JSON runtime_env: {e}") from None
     with _lock:
         if ray_session.chosen():
             raise AlreadyInitializedError(
@@ -204,8 +223,17 @@ def _resolve_address(address: str, token: str | None) -> tuple[str, str | None]:
     elif address.endswith(".toml") and os.path.isfile(address):
         hosts, ports = read_config(address)
         address = _first_reachable([f"{h}:{p}" for h, p in zip(hosts, ports)])
+    elif address.endswith((".yaml", ".yml")):
+        from ddlf_actors.runtime import launch
+
+        try:
+            info = launch.connect(address)
+        except launch.HostError as e:
+            raise HeadUnreachableError(f"cluster file {address}: {e}", address) from None
+        return info["address"], token or info["token"]
     if ":" not in address:
-        raise ValueError(f"address must be 'host:port', 'auto' or a cluster .toml file, got {address!r}")
+        raise ValueError(f"address must be 'host:port', 'auto', a cluster .toml file or the "
+                         f"cluster.yaml of `ddlf up`, got {address!r}")
     return address, find_token(address, token)
 
 

@@ -35,7 +35,7 @@ import psutil
 
 from . import config
 from .errors import DDLFError, TLSConfigError
-from .process import TOKEN_ENV, start_child, stop_children
+from .process import TOKEN_ENV, start_child, start_daemon, stop_children
 from .session import _is_ours, _logs_dir, _procs_dir, find_token, head_record
 from .wire import tls
 from .wire.auth import read_token_file
@@ -50,25 +50,12 @@ def _record(proc: subprocess.Popen, role: str, info: dict) -> None:
 
 
 def _spawn(args: list, what: str, block: bool, log_name: str, env: dict | None = None):
-    path = os.path.join(_logs_dir(), log_name)
-    log = open(path, "ab")
-    start = log.tell()
-    try:
-        if block:
-            # In the foreground the children hold a pipe from us: if this process dies
-            # by any signal, even SIGKILL, the pipe closes and they stop too.
-            return start_child([*args, "--stdin-lifeline"], what, stdin=subprocess.PIPE,
-                               stderr=None, new_session=False, env=env)
-        return start_child(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True,
-                           env=env)
-    except DDLFError as e:
-        log.flush()
-        with open(path, "rb") as f:
-            f.seek(start)
-            tail = f.read().decode(errors="replace").strip()[-2000:]
-        raise DDLFError(f"{e}\n{tail}" if tail else str(e)) from None
-    finally:
-        log.close()
+    if block:
+        # In the foreground the children hold a pipe from us: if this process dies
+        # by any signal, even SIGKILL, the pipe closes and they stop too.
+        return start_child([*args, "--stdin-lifeline"], what, stdin=subprocess.PIPE,
+                           stderr=None, new_session=False, env=env)
+    return start_daemon(args, what, os.path.join(_logs_dir(), log_name), env=env)
 
 
 def _explicit_token(a) -> str | None:
@@ -315,33 +302,15 @@ def _tls_flags(p) -> None:
 
 
 def _dashboard_args(a) -> tuple[list, str | None]:
-    """The head's dashboard flags from ``--dashboard-port``/``--dashboard-host``, and a note
-    to print when the default dashboard is off for want of aiohttp. ``ValueError`` when a
-    port was asked for and cannot be had.
-
-    By default (no ``--dashboard-port``) a head serves the dashboard on port 8265 (any free
-    port if that is taken) when aiohttp is installed, as Ray's does; without aiohttp it
-    starts without one and says how to get it. An explicit port must be free, and needs
-    aiohttp.
-    """
-    from .head.dashboard import DEFAULT_PORT, MISSING_MESSAGE, available
+    """The head's dashboard flags from ``--dashboard-port``/``--dashboard-host`` (see
+    ``head.dashboard.head_args``); ``ValueError`` for a port that cannot be had."""
+    from .head.dashboard import head_args
 
     if not a.head:
         if a.dashboard_port:
             raise ValueError("--dashboard-port goes with --head: the head serves the dashboard")
         return [], None
-    port = a.dashboard_port
-    if port is not None and not 0 <= port < 65536:
-        raise ValueError(f"--dashboard-port must be a port number, or 0 for none; got {port}")
-    if port == 0:
-        return [], None
-    if not available():
-        if port is None:
-            return [], ("no dashboard: it needs aiohttp (pip install 'ddlf-actors[dashboard]'); "
-                        "--dashboard-port 0 starts without one and without this note")
-        raise ValueError(MISSING_MESSAGE)
-    args = ["--dashboard-host", a.dashboard_host, "--dashboard-port", str(port or DEFAULT_PORT)]
-    return (args + ["--dashboard-port-fallback"] if port is None else args), None
+    return head_args(a.dashboard_port, a.dashboard_host)
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,7 @@ from .errors import DDLFError, VersionMismatchError
 from .wire.auth import read_token_file
 
 __all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
-           "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
+           "start_daemon", "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
            "check_versions", "pin_malloc_mmap_threshold"]
 
 log = logging.getLogger("ddlf.process")
@@ -97,6 +97,29 @@ def start_child(args: list, what: str, *, stdin=subprocess.PIPE, stderr=None,
     where = "printed above" if stderr is None else "in its log file"
     raise DDLFError(f"the DDLF {what} failed to start (exit code {proc.returncode}); "
                     f"its error is {where}: {buf.decode(errors='replace').strip()[-500:]}")
+
+
+def start_daemon(args: list, what: str, log_path: str, env: dict | None = None,
+                 prefix: list | None = None) -> tuple[subprocess.Popen, dict]:
+    """Start ``python -m args`` in a session of its own (setsid: no terminal, no SIGHUP
+    when the shell or the SSH session that started it ends), its stdin closed and its
+    output appended to ``log_path``; wait for its ready line. Returns (process, info).
+
+    ``DDLFError`` if it fails to start, with the tail of what it wrote to the log.
+    """
+    log = open(log_path, "ab")
+    start = log.tell()
+    try:
+        return start_child(args, what, stdin=subprocess.DEVNULL, stderr=log, new_session=True,
+                           env=env, prefix=prefix)
+    except DDLFError as e:
+        log.flush()
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            tail = f.read().decode(errors="replace").strip()[-2000:]
+        raise DDLFError(f"{e}\n{tail}" if tail else str(e)) from None
+    finally:
+        log.close()
 
 
 # -- stopping ------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from . import context
 
 __all__ = ["SUPPORTED_FIELDS", "MAX_PACKAGE_BYTES", "RuntimeEnvSpec", "validate", "merge",
            "pack", "packed", "for_call", "upload", "env_key", "check_package", "PackageCache",
-           "local_setup", "packages", "apply", "front"]
+           "local_setup", "packages", "apply", "front", "unpack"]
 
 SUPPORTED_FIELDS = ("env_vars", "working_dir", "py_modules", "excludes")
 
@@ -365,15 +365,17 @@ class PackageCache:
             raise ValueError(f"the head does not hold package {pkg_id} (the head restarted, or "
                              "its uploader failed part-way); submit the work again")
         check_package(pkg_id, data)
-        await asyncio.get_running_loop().run_in_executor(None, _unpack, data, dest)
+        await asyncio.get_running_loop().run_in_executor(None, unpack, data, dest)
         return dest
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _unpack(data: bytes, dest: str) -> None:
-    # Into a temporary folder, then renamed: a worker never sees half a package.
+def unpack(data: bytes, dest: str) -> None:
+    """Unpack the package ``data`` into the new folder ``dest`` (all at once: a reader
+    never sees half of it)."""
+    # Into a temporary folder, then renamed.
     parent = os.path.dirname(dest)
     os.makedirs(parent, mode=0o700, exist_ok=True)
     tmp = f"{dest}.tmp-{os.getpid()}-{id(data)}"

@@ -41,17 +41,18 @@ def _ip(*args, ns: str | None = None) -> None:
 
 
 class NetnsHosts:
-    """``n`` namespaces on a bridge, host i at ``SUBNET.(i+1)``."""
+    """``n`` namespaces on a bridge, host i at ``subnet.(i+1)``; ``label`` starts the
+    namespaces' names (so a test's namespaces say whose they are)."""
 
     _made = 0   # a fresh tag per instance: the kernel frees a deleted veth's name lazily
 
-    def __init__(self, n: int = 4):
+    def __init__(self, n: int = 4, subnet: str = SUBNET, label: str = "ddlf"):
         NetnsHosts._made += 1
         tag = f"{os.getpid() % 100000}{NetnsHosts._made % 10}"
         self.bridge = f"ddlfbr{tag}"
-        self.ns = [f"ddlf{tag}h{i}" for i in range(n)]
+        self.ns = [f"{label}{tag}h{i}" for i in range(n)]
         self.veth = [f"dv{tag}h{i}" for i in range(n)]
-        self.ips = [f"{SUBNET}.{i + 1}" for i in range(n)]
+        self.ips = [f"{subnet}.{i + 1}" for i in range(n)]
         self.procs: list[subprocess.Popen] = []
 
     def up(self) -> NetnsHosts:

@@ -10,8 +10,8 @@ connections once they are gone.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
+import sys
 import time
 
 import pytest
@@ -20,11 +20,12 @@ import ddlf_actors as ddlf
 from ddlf_actors.runtime import config
 from ddlf_actors.runtime.client import current
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                     "benchmarks", "chaos", "fuzz_wire.py")
-_spec = importlib.util.spec_from_file_location("ddlf_fuzz_wire", _PATH)
-fw = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fw)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+from benchmarks.chaos import fuzz_cases  # noqa: E402
+from benchmarks.chaos import fuzz_wire as fw  # noqa: E402
+
+sys.path.remove(_ROOT)
 
 CASES = 2000
 SEED = 20240
@@ -84,7 +85,7 @@ def test_fuzzed_connections_crash_nothing_and_leak_no_descriptors(cluster, tmp_p
            for c in stats["failures"]]
     assert not bad, "\n".join(bad)
     # Every kind of case ran against every port (the generator did not starve one).
-    assert {k for k, _t in stats["by_kind"]} == set(fw.KINDS)
+    assert {k for k, _t in stats["by_kind"]} == set(fuzz_cases.KINDS)
     assert {t for _k, t in stats["by_kind"]} == {"head", "node", "worker"}
 
     # Half-open handshakes are dropped by the server's handshake timeout at the latest.

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 sys.path.insert(0, ROOT)
 from benchmarks.emulation import link_hosts  # noqa: E402
-from benchmarks.peers import torch_compare  # noqa: E402
+from benchmarks.peers import torch_compare, torch_report  # noqa: E402
 
 sys.path.remove(ROOT)
 
@@ -120,9 +120,9 @@ def _run(column, link, s_per_epoch, record=None, totals=None):
 
 
 def test_the_table_has_link_columns_only_with_link_runs():
-    plain = torch_compare.report_table([_run("torch-ddp", None, 30.0)], 0.85, "t")
+    plain = torch_report.report_table([_run("torch-ddp", None, 30.0)], 0.85, "t")
     assert "MB/step" not in plain
-    table = torch_compare.report_table(
+    table = torch_report.report_table(
         [_run("torch-1p", None, 20.0),
          _run("torch-ddp", "100mbit", 30.0, RUN, [{"tx": 7_000_000, "rx": 2_500_000},
                                                   {"tx": 2_500_000, "rx": 7_000_000}])],

@@ -2,7 +2,7 @@
 misconfigured peers are refused with errors that name the fix.
 
 Certificates are made here with ``cryptography`` (in the ``test`` extra), so the tests
-need no ``openssl`` binary; only the README's openssl commands are checked with one.
+need no ``openssl`` binary; only the openssl commands of docs/security.md are checked with one.
 """
 
 from __future__ import annotations
@@ -485,12 +485,12 @@ def test_cli_flags_start_a_tls_cluster(pki, session_dir, no_leaks, no_tls_env, m
         proc.stderr.close()
 
 
-# -- the README's openssl commands make files DDLF accepts -----------------------------------
+# -- the openssl commands of docs/security.md make files DDLF accepts ------------------------
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl binary")
-def test_readme_openssl_commands_make_a_working_set(tmp_path):
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    section = readme.split("### TLS", 1)[1]
+def test_the_security_page_openssl_commands_make_a_working_set(tmp_path):
+    with open(os.path.join(ROOT, "docs", "security.md")) as f:
+        page = f.read()
+    section = page.split("## TLS", 1)[1]
     commands = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     assert commands.count("openssl ") == 3
     subprocess.run(["bash", "-euc", commands], cwd=tmp_path, check=True, capture_output=True,

@@ -75,3 +75,6 @@ def test_readme_names_the_tests_its_test_command_skips_and_how_to_include_them()
     assert install, "the browser test's skip no longer says how to install Chromium"
     assert "tests/test_dashboard_browser.py" in quick and install.group(0) in quick
     assert "tests/test_netns.py" in quick and "root" in quick
+    with open(os.path.join(_REPO, "tests", "ssh_hosts.py"), encoding="utf-8") as f:
+        sshd = re.search(r"apt-get install [\w-]+", f.read())
+    assert sshd and "tests/test_deploy_ssh.py" in quick and sshd.group(0) in quick

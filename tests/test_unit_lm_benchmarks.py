@@ -1,4 +1,5 @@
-"""lm_compare.py's and lm_emu.py's bookkeeping (issue 32 §4), without torch or a cluster:
+"""benchmarks/training/lm_compare.py's (its table: lm_report.py) and
+benchmarks/emulation/lm_emu.py's bookkeeping (issue 32 §4), without torch or a cluster:
 the figures of a run (a target *loss*, reached going down), the ratios the issue's
 targets are judged by, the budget's steps and the tables."""
 
@@ -8,18 +9,15 @@ import os
 
 import pytest
 
-_BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-
 
 @pytest.fixture
 def bench(monkeypatch):
     # The scripts set OMP_NUM_THREADS on import (before numpy and torch load): keep ours.
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    monkeypatch.syspath_prepend(_BENCH)
-    import lm_compare
-    import lm_emu
+    from benchmarks.emulation import lm_emu
+    from benchmarks.training import lm_compare, lm_report
 
-    return lm_compare, lm_emu
+    return lm_compare, lm_report, lm_emu
 
 
 def _run(column, seed, losses, train_s, tokens=1000):
@@ -30,31 +28,31 @@ def _run(column, seed, losses, train_s, tokens=1000):
 
 
 def test_the_target_is_a_loss_reached_from_above(bench):
-    lm_compare, _ = bench
-    f = lm_compare.figures(_run("torch-1p", 0, [3.0, 2.2, 1.9, 1.8], 40.0), 2.0)
+    _, lm_report, _ = bench
+    f = lm_report.figures(_run("torch-1p", 0, [3.0, 2.2, 1.9, 1.8], 40.0), 2.0)
     assert f["epochs_to_target"] == 0.75 and f["time_to_target"] == 30.0
     assert f["s_per_epoch"] == 40.0 and f["tokens_per_s"] == 25.0 and f["final_loss"] == 1.8
-    assert lm_compare.figures(_run("torch-1p", 0, [3.0, 2.5], 10.0), 2.0)["time_to_target"] \
+    assert lm_report.figures(_run("torch-1p", 0, [3.0, 2.5], 10.0), 2.0)["time_to_target"] \
         is None
 
 
 def test_ratios_are_per_seed_against_the_single_process_and_ddp(bench):
-    lm_compare, _ = bench
+    _, lm_report, _ = bench
     results = [_run("torch-1p", 0, [3.0, 1.9], 100.0), _run("torch-ddp", 0, [3.0, 1.9], 200.0),
                _run("ddlf-default", 0, [3.0, 1.9], 80.0), _run("torch-1p", 1, [3.0, 1.9], 90.0),
                {"column": "ddlf-default", "seed": 1, "lr": 1e-3, "loadavg": 1.0,
                 "error": "boom"}]
-    lines = lm_compare.ratio_lines(results, 2.0)
+    lines = lm_report.ratio_lines(results, 2.0)
     assert lines[0] == "ddlf-default / torch-1p, time to the target: 0.80x (target <= 1.0x)"
     assert "+0.0 %" in lines[1]
     assert lines[2].startswith("ddlf-default / torch-ddp, time to the target: 0.40x")
-    table = lm_compare.report_table(results, 2.0, "t")
+    table = lm_report.report_table(results, 2.0, "t")
     assert "| ddlf-default | 0.001 | 80.0 |" in table and "1 failed: boom" in table
     assert "epochs to 2.0000" in table
 
 
 def test_the_budget_in_steps_and_an_estimate(bench):
-    lm_compare, lm_emu = bench
+    lm_compare, _, lm_emu = bench
     assert lm_compare.steps_for(1000, 32, 1.0) == (31, 31)
     assert lm_compare.steps_for(1000, 64, 0.5) == (15, 8)
     args = type("A", (), {"size": "small", "epochs": 1.0, "select": False})()
@@ -66,7 +64,7 @@ def test_the_budget_in_steps_and_an_estimate(bench):
 
 
 def test_the_emulated_table_gives_efficiency_against_k_1(bench):
-    _, lm_emu = bench
+    _, _, lm_emu = bench
 
     def run(k, times_losses):
         rows = [{"round": i + 1, "epoch": (i + 1) / len(times_losses), "time_s": t,

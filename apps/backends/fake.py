@@ -17,7 +17,10 @@ checkpoints, runs on it in unit tests in well under a second a run
 
 Faults are injected by the test: :meth:`FakeBackend.kill` ends an actor from outside
 (``kill -9``), and ``fail_when=`` (a predicate on ``(actor, method, calls so far)``) kills
-an actor right before a chosen call runs, as a trainer dying mid-round would.
+an actor right before a chosen call runs, as a trainer dying mid-round would; for method
+``"__init__"``, before its constructor runs, as a process killed while starting (its
+calls then fail with an ``ActorDiedError`` without ``cause``: nothing raised). The
+predicate runs on the actor's thread and may block, to hold an actor back.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ class FakeActor:
                  node: str, group: Any = None, bundle: int = 0, cpus: float = 0.0):
         self._backend = backend
         self.cls = cls
+        self.args = args                          # what __init__ gets (a trainer's slot...)
         self.node = node
         self.group = group
         self.bundle = bundle
@@ -172,6 +176,12 @@ class FakeActor:
                     self._backend._changed.wait()
             if self.group.removed and self.dead is None:
                 self.dead = ActorDiedError("its placement group was removed")
+        if self.dead is None and self._backend.fail_when is not None:
+            self.calls["__init__"] = 1
+            if self._backend.fail_when(self, "__init__", 1):
+                # Its process died while starting: nothing raised, so no cause.
+                self.dead = ActorDiedError("the actor's process died while starting "
+                                           "(injected fault)")
         try:
             # One constructor at a time: a real actor builds in a process of its own, and a
             # trainer's __init__ parses code (its dataset's identity) with ast, which

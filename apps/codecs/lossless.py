@@ -3,7 +3,7 @@
 ``lz4`` and ``zstd`` compress each tensor's bytes on their own, so a tensor is never
 copied into one big buffer first; a tensor that does not shrink is sent as it is. On
 float32 weights and deltas they save little (random low mantissa bits do not compress;
-see ``benchmarks/README.md``); they pay off on tensors with many repeated values, such
+see ``docs/benchmarks/training.md``, "Codecs"); they pay off on tensors with many repeated values, such
 as zeros.
 """
 

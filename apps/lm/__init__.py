@@ -28,7 +28,7 @@ from .sizes import SIZES, count_params
 __all__ = ["gpt_tiny", "gpt_tiny_torch", "GptModelFn", "SIZES", "FRAMEWORKS", "generate",
            "count_params", "steps_per_trainer"]
 
-# The framework a GPT trains on when none is named (benchmarks/lm_frameworks.py,
+# The framework a GPT trains on when none is named (benchmarks/training/lm_frameworks.py,
 # docs/language-models.md): at one thread, a trainer's, PyTorch and Keras on TF are within
 # the spread (Keras 1.08x per CPU second); at two, PyTorch is 1.13x per CPU second and
 # uses both cores where TF used 1.16; PyTorch starts 3x faster.

@@ -44,6 +44,7 @@ from .machine import Machine, RunContext
 from .orders import Call, Checkpoint, EmitRow, Lose, NeedTrainers, Note, Order, SetTimer, Stop
 from .plan import Plan
 from .pool import TrainerPool, default_trainer_cls
+from .rates import check_trainers_rate
 from .slots import LOSS_ERRORS, Slot, SlotState
 from .wire import Wire
 
@@ -184,6 +185,7 @@ class Driver:
                                     trainer_cls=self.trainer_cls)
             self.pool.start()
             check_framework(self.config, self.pool.live()[0].about)
+            check_trainers_rate(self.options, self.pool.live()[0].about)
             if isinstance(self.dataset, datasets.TextDataset):   # its ids fit the model
                 self.dataset.check_model(self.pool.live()[0].about)
             _say_gpu_note(self.config, [s.info for s in self.pool.live()])
@@ -507,4 +509,9 @@ class Driver:
                    if k in saved and saved.get(k) != now.get(k)
                    and k not in ("callbacks", "progress", "checkpoint_dir")]
         text = f"from {ckpt.path} (round {ckpt.round})"
+        if not ckpt.optimizer_states:
+            # Said once, here: a model without optimizer state (plain SGD, a TrainerActor
+            # subclass without get_optimizer_state) resumes bit-equal all the same.
+            text += ("; it holds no optimizer state (the trainers reported none), so each "
+                     "trainer goes on with the optimizer its model was built with")
         return text + (f"; settings changed: {', '.join(changed)}" if changed else "")

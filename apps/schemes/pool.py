@@ -11,6 +11,15 @@ half-placed. With ``workers=(lo, hi)`` the other ``hi − lo`` slots get a one-b
 each, which the head places whenever CPUs appear (a node joining, another run ending);
 their trainers then join the run at its next round.
 
+A trainer whose process dies while it starts (SIGKILL, the OOM killer, a preempted or
+lost node: nothing raised) is a fault like a loss mid-run: a new trainer is started in
+its slot, up to ``START_TRIES`` times in a row, and once the run has ``min_workers``
+live it goes on without that slot, which joins when its trainer is up. An ``__init__``
+that raises (``model_fn`` or the dataset) is an error in the user's code: at the run's
+start it fails the run at once (``TrainerStartError``, with the remote traceback); a
+replacement's gives its slot up. ``result.events`` tells the two apart
+(``trainer_died_starting``, ``trainer_start_failed``).
+
 A lost trainer is replaced at once in its own bundle. If only its process died, the
 bundle's CPU is free again on the same node and the replacement starts there in tens of
 milliseconds. If its node died, the head places the bundle again elsewhere (as Ray
@@ -35,13 +44,15 @@ from .slots import LOSS_ERRORS, Slot, SlotState
 
 __all__ = ["TrainerPool", "Slot", "SlotState", "TrainerStartError", "check_dataset",
            "start_trainers", "stop_trainers", "describe_trainers", "LOSS_ERRORS",
-           "default_trainer_cls"]
+           "default_trainer_cls", "START_TRIES"]
 
 log = logging.getLogger("ddlf_actors.train")
 
-# A replacement that dies while starting, not in __init__ (its node died again...), is
-# started again up to this many times in a row before its slot is given up.
-_START_RETRIES = 3
+# A slot's trainer whose process dies while starting, with nothing raised in __init__
+# (killed, out of memory, its node lost), is started this many times in a row before
+# the slot is given up: a model that cannot fit in a node's memory fails in bounded time,
+# not forever (Ray bounds an actor's restarts with max_restarts the same way).
+START_TRIES = 4
 
 
 def check_dataset(dataset) -> None:
@@ -109,18 +120,22 @@ class TrainerPool:
             "scheduling_strategy" in options or "node_id" in options)
 
     # -- start and stop --------------------------------------------------------------------
-    def start(self) -> None:
-        """Place and build the first trainers; raise if they cannot all start.
+    def start(self, need: int | None = None) -> None:
+        """Place and build the first trainers; return once ``need`` of them are live
+        (default ``min_workers``) and the rest are live too or being started again.
 
-        Raises ``UnschedulableError`` (naming the demand) when the first
-        ``config.start_workers`` trainers cannot be reserved, ``TrainerStartError`` when one
-        of them fails in ``__init__``, ``ValueError`` for a dataset that cannot work.
+        A first trainer whose process dies while starting is started again in its slot
+        (``START_TRIES`` in a row); one still starting once ``need`` are live joins later
+        (:meth:`poll`). Raises ``UnschedulableError`` (naming the demand) when the first
+        ``config.start_workers`` trainers cannot be reserved, ``TrainerStartError`` when
+        one of them raises in ``__init__`` or too few can start, ``ValueError`` for a
+        dataset that cannot work.
         """
         check_dataset(self.dataset)
         if self._adopted is not None:
             self.slots = [Slot(j, handle=t, owned=False, ready_ref=t.describe.remote())
                           for j, t in enumerate(self._adopted)]
-            self._wait_started(self.slots)
+            self._wait_started(self.slots, len(self.slots))
             return
         cfg = self.config
         if isinstance(self.dataset, datasets.PartitionedDataset) and \
@@ -135,7 +150,8 @@ class TrainerPool:
                 self.slots.append(Slot(j, group=self._spare_group() if self._reserve else None))
             for slot in self.slots:
                 self._create(slot)
-            self._wait_started(self.slots[:first])
+            self._wait_started(self.slots[:first],
+                               min(cfg.min_trainers, first) if need is None else need)
             # Spare slots already placed start with the rest rather than a round later.
             placed = [s for s in self.slots[first:] if self._group_placed(s.group)]
             self.poll(block_for=placed, timeout=cfg.placement_timeout_s)
@@ -230,17 +246,14 @@ class TrainerPool:
         slot.starts += 1
 
     def _settle(self, slot: Slot) -> bool:
-        """A STARTING slot's describe() is back: LIVE (True), or failed (False)."""
+        """A STARTING slot's describe() is back: LIVE (True), started again (its process
+        died while starting) or given up (False)."""
         try:
             slot.info = self.backend.get(slot.ready_ref)
         except LOSS_ERRORS as e:
-            if getattr(e, "cause", None) is None and slot.start_failures < _START_RETRIES \
-                    and slot.owned:
-                slot.start_failures += 1   # it died starting (its node?): try again
-                self._create(slot)
-                return False
-            slot.state = SlotState.FAILED
-            self.emit(EventKind.TRAINER_START_FAILED, slot, str(e).strip()[:500])
+            if not self._died_starting(slot, e):   # __init__ raised: the slot is given up
+                slot.state = SlotState.FAILED
+                self.emit(EventKind.TRAINER_START_FAILED, slot, str(e).strip()[:500])
             return False
         slot.ready_ref = None
         slot.state = SlotState.LIVE
@@ -249,18 +262,63 @@ class TrainerPool:
         self.emit(EventKind.TRAINER_JOINED, slot, f"{how}, pid {slot.info.get('pid')}")
         return True
 
-    def _wait_started(self, slots: list[Slot]) -> None:
-        """Wait until ``slots`` are built; turn a failed ``__init__`` into a clear error."""
-        for slot in slots:
-            try:
-                slot.info = self.backend.get(slot.ready_ref)
-            except ActorDiedError as e:
-                raise TrainerStartError(
-                    f"trainer {slot.index} failed to start (building the model with model_fn "
-                    f"or loading the dataset raised):\n{e}") from e
-            slot.ready_ref = None
-            slot.state = SlotState.LIVE
-            slot.starts = max(slot.starts, 1)
+    def _died_starting(self, slot: Slot, error: BaseException) -> bool:
+        """``slot``'s trainer is gone before it finished starting. If its process died
+        (nothing raised in ``__init__``: ``error.cause`` is None) and the slot is ours, that
+        is a fault: recorded, and a new trainer started in the slot, or the slot given up
+        (FAILED) after ``START_TRIES`` in a row; True. False for an ``__init__`` that
+        raised, or a trainer the caller passed in: the caller decides."""
+        if getattr(error, "cause", None) is not None or not slot.owned:
+            return False
+        slot.start_failures += 1
+        tries = slot.start_failures
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        what = (f"its process died while starting, try {tries} of {START_TRIES} (nothing "
+                f"raised: killed, out of memory, or its node lost): {first}"[:300])
+        self.emit(EventKind.TRAINER_DIED_STARTING, slot, what)
+        if tries < START_TRIES:
+            self._create(slot)
+        else:
+            slot.state = SlotState.FAILED
+            self.emit(EventKind.TRAINER_START_FAILED, slot,
+                      f"its process died while starting {tries} times in a row: slot given up")
+        return True
+
+    def _wait_started(self, slots: list[Slot], need: int) -> None:
+        """Wait until ``slots`` are built, or until ``need`` of them are live and each of
+        the others is being started again after its process died (it joins later).
+
+        Raises ``TrainerStartError``: at once when an ``__init__`` raised (the remote
+        traceback in its text), or when a slot is given up and fewer than ``need`` can
+        still be live."""
+        waiting = list(slots)
+        while waiting:
+            ready, _ = self.backend.wait([s.ready_ref for s in waiting], num_returns=1)
+            done = set(ready)
+            for slot in [s for s in waiting if s.ready_ref in done]:
+                try:
+                    slot.info = self.backend.get(slot.ready_ref)
+                except LOSS_ERRORS as e:
+                    if not self._died_starting(slot, e):
+                        self.emit(EventKind.TRAINER_START_FAILED, slot, str(e).strip()[:500])
+                        raise start_error(slot.index, e) from e
+                    if slot.state is SlotState.FAILED:
+                        waiting.remove(slot)
+                        possible = [s for s in slots if s.state is not SlotState.FAILED]
+                        if len(possible) < need:
+                            raise start_error(slot.index, e, tries=slot.start_failures) from e
+                    continue
+                slot.ready_ref = None
+                slot.state = SlotState.LIVE
+                slot.starts = max(slot.starts, 1)
+                if slot.start_failures:   # the trainer that took the place of one that died
+                    self.emit(EventKind.TRAINER_JOINED, slot,
+                              f"replacement, pid {slot.info.get('pid')}")
+                slot.start_failures = 0
+                waiting.remove(slot)
+            if len([s for s in slots if s.state is SlotState.LIVE]) >= need:
+                # Enough to train: a slot whose trainer died starting joins when it is up.
+                waiting = [s for s in waiting if s.start_failures == 0]
 
     def _reserve_group(self, k: int):
         """A placement group of ``k`` bundles, reserved; or ``UnschedulableError``."""
@@ -340,14 +398,29 @@ def stop_trainers(trainers) -> None:
 
 
 def describe_trainers(trainers, backend=None) -> list[dict]:
-    """Wait until every trainer is built; turn a failed ``__init__`` into a clear error."""
+    """Wait until every trainer is built; turn a failed start into a clear error."""
     backend = backend or backends.select()
     infos = []
     for j, t in enumerate(trainers):
         try:
             infos.append(backend.get(t.describe.remote()))
         except ActorDiedError as e:
-            raise TrainerStartError(
-                f"trainer {j} failed to start (building the model with model_fn or loading "
-                f"the dataset raised):\n{e}") from e
+            raise start_error(j, e) from e
     return infos
+
+
+def start_error(slot: int, error: BaseException, tries: int = 1) -> TrainerStartError:
+    """The error for slot ``slot``'s trainer that did not start: ``error`` (an
+    ``ActorDiedError``) has a ``cause`` when its ``__init__`` raised; without one its
+    process died, ``tries`` times in a row."""
+    cause = getattr(error, "cause", None)
+    if cause is not None:
+        return TrainerStartError(
+            f"trainer {slot} failed to start: building the model with model_fn or loading "
+            f"the dataset raised (an error in that code, so the run stops rather than try "
+            f"again):\n{error}", slot=slot, tries=1, died=False, cause=cause)
+    return TrainerStartError(
+        f"trainer {slot}'s process died while starting ({tries} tries in a row), and nothing "
+        "raised: it was killed (SIGKILL, the OOM killer: are the model and the dataset too "
+        "large for the node's memory?) or its node was lost, and too few trainers could "
+        f"start without it. The last try: {error}", slot=slot, tries=tries, died=True)

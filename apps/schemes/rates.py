@@ -18,7 +18,9 @@ import math
 
 import numpy as np
 
-__all__ = ["evaluate", "k_multiplier", "InnerRate", "steps_in"]
+from ..options import ConfigError
+
+__all__ = ["evaluate", "k_multiplier", "InnerRate", "steps_in", "check_trainers_rate"]
 
 
 def evaluate(rate, step: int) -> float:
@@ -84,3 +86,23 @@ class InnerRate:
         if self.scale_with_k:
             rate *= k_multiplier(round_index, k, self.warmup_rounds)
         return rate
+
+
+def check_trainers_rate(options, info: dict) -> None:
+    """Refuse, by name and before the first round, a setting that sets the trainers' rate
+    when they have none the run can set: ``info`` (a trainer's ``describe()``) reports
+    ``learning_rate`` None. That is a ``TrainerActor`` subclass without the
+    ``get_learning_rate``/``set_learning_rate`` hooks (its model needs no adapter), or a
+    model whose optimizer carries its own schedule. Raises :class:`ConfigError`."""
+    if info.get("learning_rate") is not None:
+        return
+    why = ("the trainers report no learning rate the run can set (their get_learning_rate() "
+           "returned None: a TrainerActor subclass that does not override get_learning_rate "
+           "and set_learning_rate, or an optimizer built with a schedule of its own)")
+    if getattr(options, "lr_schedule", None) is not None:
+        raise ConfigError("lr_schedule=", f"sets the trainers' rate each round, but {why}: "
+                          "leave lr_schedule= out, or give the trainer class those hooks")
+    if getattr(options, "lr_scaling", None) == "inner":
+        raise ConfigError("lr_scaling='inner'", f"scales the trainers' rate by K, but {why}: "
+                          "use lr_scaling='outer' (the outer step's rate), or give the "
+                          "trainer class those hooks")

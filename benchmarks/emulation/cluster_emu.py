@@ -20,7 +20,8 @@ Every mode takes ``--node-cpus C`` (each trainer node capped at C CPUs, see belo
 ``--model`` (``paper_cnn``, ``wide_cnn`` or ``wide_cnn:<f1>-<f2>-<dense>``, from
 ``apps/models.py``) and ``--rounds-per-epoch auto`` (DDLF's default, ~16 local steps).
 
-The hosts come from ``tests/netns_cluster.py`` (``NetnsHosts``: one namespace per host,
+The hosts, links, caps and teardown are the emulation harness's (``harness.py``). The
+hosts come from ``tests/netns_cluster.py`` (``NetnsHosts``: one namespace per host,
 each joined to one bridge by a veth pair): host 0 runs the head, hosts 1..K a 1-CPU node
 each, host K+1 the driver. Every server binds its host's address only. ``NetnsHosts.shape``
 puts a token-bucket qdisc on both ends of every veth, so each host has a full-duplex link
@@ -76,171 +77,19 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 for _p in (os.path.join(ROOT, "tests"), ROOT):   # netns_cluster; benchmarks.* from the checkout
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-# tbf's bucket must hold the largest GSO packet a veth hands it (up to 64 KB), and enough
-# for the rate at the kernel's timer granularity.
-BURST = {"1gbit": "1mb", "100mbit": "256kb"}
+from benchmarks.emulation import emu_streaming  # noqa: E402
+from benchmarks.emulation.harness import load_results, model_fn, run  # noqa: E402
+
 CODECS = ["none", "lz4", "fp16", "int8", "topk:0.01"]
 TARGET = 0.85
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- the parent (root namespace): hosts, links, CPU caps, processes -----------------------------
-
-def run(plan: dict) -> list:
-    """Build the hosts (and the nodes' cgroups), run the driver with ``plan``, shape the
-    links and read the caps when it asks; return the driver's results. Everything is torn
-    down however this ends (see :func:`teardown`)."""
-    from netns_cluster import NetnsHosts
-
-    from benchmarks.emulation.cpu_caps import CpuGroups
-    from ddlf_actors.runtime.wire.auth import generate_token
-
-    k = plan["k"]
-    # DDLF_SHM=0: the namespaces share one /dev/shm and one boot id, so DDLF would take
-    # them for one host and pass every object of 1 MiB or more through shared memory,
-    # past the shaped links. Without it, every byte between hosts crosses a veth.
-    env = {"DDLF_AUTH_TOKEN": generate_token(), "OMP_NUM_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2", "DDLF_SHM": "0",
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.path.join(ROOT, "tests"),
-                                                     os.environ.get("PYTHONPATH")) if p)}
-    hosts = NetnsHosts(k + 2)
-    groups = None
-    results: list = []
-    try:
-        ctl, nodes = None, [None] * k
-        if plan["node_cpus"] is not None:
-            groups = CpuGroups(f"ddlf-emu-{os.getpid()}", weight=plan["priority"])
-            ctl = groups.child("ctl", None)   # head and driver: uncapped
-            nodes = [groups.child(f"node{i}", plan["node_cpus"]) for i in range(1, k + 1)]
-        log(f"emu: namespaces {' '.join(hosts.ns)}, bridge {hosts.bridge}, cgroups "
-            f"{groups.run.path if groups else 'none'}")
-        hosts.up()
-        info = start_cluster(hosts, env, ctl, nodes)
-        log(f"emu: up, {k} node(s) at {plan['node_cpus'] or 'uncapped'} CPU each")
-        driver = subprocess.Popen(
-            [*(ctl.prefix() if ctl else []), *hosts.prefix(k + 1), sys.executable,
-             os.path.abspath(__file__), "_driver", info["address"], json.dumps(plan)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
-        hosts.procs.append(driver)
-        snaps: dict = {}
-
-        def reply(text: str) -> None:
-            driver.stdin.write(text + "\n")
-            driver.stdin.flush()
-
-        for line in driver.stdout:
-            kind, _, body = line.rstrip("\n").partition(" ")
-            if kind == "RATE":
-                hosts.shape(body, BURST.get(body, "1mb"))
-                log(f"links: {body} each way on all {k + 2} hosts")
-                reply("OK")
-            elif kind == "SNAP":   # caps mode: each node's CPU seconds now
-                snaps[body] = snapshot(nodes)
-                reply("OK")
-            elif kind == "CAP":    # caps mode: lift ("none") or restore the caps
-                for g in nodes:
-                    if g is not None:
-                        g.limit(None if body == "none" else plan["node_cpus"])
-                reply("OK")
-            elif kind == "RESULT":
-                results.append(json.loads(body))
-                r = results[-1]
-                if plan.get("partial"):
-                    # A grid of hours keeps each run as it ends: one cut short (a
-                    # deadline, Ctrl-C) still has its finished runs, one JSON per line.
-                    with open(plan["partial"], "a") as f:
-                        f.write(json.dumps(r) + "\n")
-                if plan["mode"] == "caps":
-                    r["snaps"] = snaps
-                    r["groups"] = [None if g is None else g.pids() for g in nodes]
-                else:
-                    log(f"  {r['rate']:>8} {r['codec']:<10} done in {r['total_s']:.1f} s")
-            else:
-                log(f"driver: {line.rstrip()}")
-        code = driver.wait()
-        if code != 0:
-            raise RuntimeError(f"the driver exited with status {code} (its errors are above)")
-        return results
-    finally:
-        teardown(hosts, groups)
-
-
-def start_cluster(hosts, env: dict, ctl, nodes: list) -> dict:
-    """The head in host 0 (in the ``ctl`` group) and a 1-CPU node in hosts 1..K, each
-    started inside its own group (``nodes[i]``, or none); returns the head's info. The
-    processes are in ``hosts.procs``, so ``hosts.down()`` stops them."""
-    from ddlf_actors.runtime.process import start_child
-
-    proc, info = start_child(
-        ["ddlf_actors.runtime.head", "--host", hosts.ips[0], "--port", "0",
-         "--stdin-lifeline"], "head", prefix=[*(ctl.prefix() if ctl else []), *hosts.prefix(0)],
-        env=env, new_session=False)
-    hosts.procs.append(proc)
-    for i, group in enumerate(nodes, start=1):
-        node, _ = start_child(
-            ["ddlf_actors.runtime.node", "--address", info["address"], "--host", hosts.ips[i],
-             "--num-cpus", "1", "--stdin-lifeline"], "node",
-            prefix=[*(group.prefix() if group else []), *hosts.prefix(i)], env=env,
-            new_session=False)
-        hosts.procs.append(node)
-    return info
-
-
-def snapshot(nodes: list) -> dict:
-    """Each node group's CPU seconds and throttle counts, with the time."""
-    return {"t": time.monotonic(),
-            "cpu_s": [None if g is None else g.usage() for g in nodes],
-            "throttled": [None if g is None else g.throttled() for g in nodes]}
-
-
-def teardown(hosts, groups) -> list:
-    """Stop the processes (by pid), delete the namespaces and the bridge, remove the
-    cgroups (ending anything left in them); then check that nothing is left. Signals are
-    ignored meanwhile, so a second Ctrl-C cannot cut the teardown short; every step is
-    bounded. Returns what is left (also logged): empty when all went."""
-    sigs = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
-    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
-    try:
-        hosts.down()
-        if groups is not None:
-            groups.close()
-        left = leftovers(hosts, groups)
-        for item in left:
-            log(f"emu: LEFT BEHIND: {item}")
-        if not left:
-            log("emu: torn down, nothing left (namespaces, bridge, cgroups, processes)")
-        return left
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-def leftovers(hosts, groups) -> list:
-    """What this run created and is still there."""
-    out = []
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    present = {line.split()[0] for line in names.splitlines() if line.strip()}
-    out += [f"namespace {ns}" for ns in hosts.ns if ns in present]
-    if subprocess.run(["ip", "link", "show", "dev", hosts.bridge],
-                      capture_output=True).returncode == 0:
-        out.append(f"bridge {hosts.bridge}")
-    if groups is not None and os.path.exists(groups.run.path):
-        out.append(f"cgroup {groups.run.path}")
-    out += [f"process {p.pid}" for p in hosts.procs if p.poll() is None]
-    return out
 
 
 # -- the driver (its own namespace) --------------------------------------------------------------
@@ -254,32 +103,9 @@ def small_test_set():
     return (x, y), (xt[:500], yt[:500])
 
 
-def model_fn(spec: str):
-    """``paper_cnn``, ``wide_cnn`` or ``wide_cnn:<f1>-<f2>-<dense>`` (apps/models.py), as a
-    callable the trainers unpickle by reference."""
-    import functools
-
-    from ddlf_actors.apps import models
-
-    name, _, arg = spec.partition(":")
-    if name not in ("paper_cnn", "wide_cnn") or (arg and name != "wide_cnn"):
-        raise SystemExit(f"--model {spec!r}: use paper_cnn, wide_cnn or "
-                         "wide_cnn:<filters1>-<filters2>-<dense>")
-    if not arg:
-        return getattr(models, name)
-    f1, f2, dense = (int(v) for v in arg.split("-"))
-    return functools.partial(models.wide_cnn, filters=(f1, f2), dense=dense)
-
-
 def driver(address: str, plan: dict) -> None:
     if plan["mode"] in ("streaming", "scaling"):
-        from benchmarks.emulation import emu_streaming
-
         return emu_streaming.driver(address, plan)
-    if plan["mode"] == "lm":   # lm_emu.py: the GPT on fortunes (issue 32)
-        import lm_emu
-
-        return lm_emu.driver(address, plan)
     if plan["mode"] == "allreduce":
         return allreduce_driver(address, plan)
     if plan["mode"] == "caps":
@@ -406,17 +232,6 @@ def allreduce_driver(address: str, plan: dict) -> None:
         stop_trainers(trainers)
         ddlf.shutdown()
 
-
-def load_results(path: str) -> list:
-    """The runs of a ``--json`` file, or of the ``.partial.jsonl`` a run writes as it goes;
-    either may be gzipped (``.gz``: how ``benchmarks/results/`` keeps them)."""
-    import gzip
-
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        if path.removesuffix(".gz").endswith(".jsonl"):
-            return [json.loads(line) for line in f if line.strip()]
-        return json.load(f)["results"]
 
 
 def _spec(text: str):
@@ -577,8 +392,6 @@ def main(argv=None) -> int:
     ks = [int(k) for k in (a.ks or ("1,2,4" if a.mode == "scaling" else "2,4,8")).split(",")]
     k = a.k or (4 if a.mode == "streaming" else 2)
     if streamed:
-        from benchmarks.emulation import emu_streaming
-
         settings = (a.setting.split(",") if a.mode == "scaling" else
                     a.settings.split(",") if a.settings else emu_streaming.STREAMING)
         for name in settings:
@@ -632,9 +445,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGHUP, _interrupted)
     load = os.getloadavg()[0]
     if a.mode in ("allreduce", "scaling"):
-        results = [r for k in ks for r in run({**plan, "k": k})]
+        results = [r for k in ks for r in run({**plan, "k": k}, os.path.abspath(__file__))]
     else:
-        results = run(plan)
+        results = run(plan, os.path.abspath(__file__))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"plan": plan, "results": results}, f, indent=1)

@@ -1,6 +1,6 @@
 """``cluster_emu.py streaming`` and ``scaling`` (issue 23 section 4): overlapped and
 streamed averaging against blocking sync on emulated links, and how time to the target
-scales with K. The parent's side (hosts, links, caps) is ``cluster_emu.run``; this module
+scales with K. The parent's side (hosts, links, caps) is ``harness.run``; this module
 holds what the driver runs there and the tables the parent prints.
 
     sudo python benchmarks/emulation/cluster_emu.py streaming [--k 4] [--rates 1gbit,100mbit]
@@ -76,7 +76,7 @@ def driver(address: str, plan: dict) -> None:
     """Every (rate, seed, setting) of ``plan`` on one cluster of K trainers, printing one
     ``RESULT`` line per run; seeds interleaved, so a change of load shows as spread."""
     import ddlf_actors as ddlf
-    from benchmarks.emulation.cluster_emu import model_fn
+    from benchmarks.emulation.harness import model_fn
     from ddlf_actors.apps import TrainConfig, train
     from ddlf_actors.apps.callbacks import Callback
     from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers

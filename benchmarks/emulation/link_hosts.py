@@ -9,12 +9,12 @@ rate-limited veth links, each host capped at ``host_cpus`` CPUs (root only).
         ...
         hosts.end_run()     # every process of this run gone, hosts kept for the next run
     finally:
-        hosts.close()       # cluster_emu.teardown: processes, namespaces, bridge, cgroups
+        hosts.close()       # harness.teardown: processes, namespaces, bridge, cgroups
 
-It reuses the pieces of ``cluster_emu.py`` (``tests/netns_cluster.NetnsHosts`` for the
-namespaces, the bridge and the ``tc ... tbf`` shaping, ``cpu_caps.CpuGroups`` for the caps,
-``cluster_emu.BURST`` and ``cluster_emu.teardown`` for the bounded, complete teardown)
-without changing them. Host i is namespace ``hosts.ns[i]`` at ``hosts.ips[i]``; its link
+It reuses the emulation harness: ``tests/netns_cluster.NetnsHosts`` for the namespaces,
+the bridge and the ``tc ... tbf`` shaping, ``cpu_caps.CpuGroups`` for the caps, and
+``harness.BURST`` and ``harness.teardown`` (``harness.py``) for the bounded, complete
+teardown. Host i is namespace ``hosts.ns[i]`` at ``hosts.ips[i]``; its link
 to the bridge is full duplex at the rate both ways, as a machine's link to its switch, so
 traffic from A to B crosses A's uplink and B's downlink. There is no netem here: the
 links add a rate and no delay.
@@ -302,9 +302,9 @@ class LinkHosts:
         self.ddlf_procs, self.run_procs = [], []
 
     def close(self) -> list:
-        """End the run, then ``cluster_emu.teardown``: namespaces, bridge, cgroups, with
+        """End the run, then ``harness.teardown``: namespaces, bridge, cgroups, with
         the check that nothing is left (returned, and logged)."""
-        from benchmarks.emulation import cluster_emu
+        from benchmarks.emulation import harness
 
         old = {sig: signal.signal(sig, signal.SIG_IGN)
                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -313,10 +313,10 @@ class LinkHosts:
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-        return cluster_emu.teardown(self.hosts, self.groups)
+        return harness.teardown(self.hosts, self.groups)
 
 
 def _burst(rate: str) -> str:
-    from benchmarks.emulation import cluster_emu
+    from benchmarks.emulation import harness
 
-    return cluster_emu.BURST.get(rate, "1mb")
+    return harness.BURST.get(rate, "1mb")

@@ -44,7 +44,8 @@ import numpy as np  # noqa: E402
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
     sys.path.insert(0, _ROOT)
-from benchmarks.peers import torch_compare as tc  # noqa: E402
+from benchmarks.peers import torch_common as tc  # noqa: E402
+from benchmarks.peers.torch_compare import ALG6  # noqa: E402
 
 COLUMNS = ("alone", "alone-adapter", "pair", "ddlf-alg6")
 LR = 0.03
@@ -147,7 +148,7 @@ def ddlf_child(args) -> None:
                             functools.partial(tc.split_dataset, "val", args.limit, 1),
                             workers=2, master_epochs=1, batch_size=tc.BATCH, seed=args.seed,
                             progress=False, optimizer=functools.partial(tc.sgd, lr=LR),
-                            **tc.ALG6)
+                            **ALG6)
     finally:
         ddlf.shutdown()
     row = result.history[-1]

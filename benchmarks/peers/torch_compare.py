@@ -105,14 +105,9 @@ import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
-from datetime import timedelta  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if _ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
@@ -123,11 +118,33 @@ from benchmarks.emulation.link_hosts import (  # noqa: E402
     RATES,
     LinkMeter,
     counter_delta,
-    link_figures,
-    torchrun_node_cmd,
+)
+from benchmarks.peers.torch_common import (  # noqa: E402
+    BATCH,
+    Timeline,
+    build,
+    child_flags,
+    eval_marks,
+    evaluate,
+    load_split,
+    log,
+    order,
+    parse_child,
+    relay_epochs,
+    sgd,
+    split_dataset,
+    start_in,
+    wait_all,
+)
+from benchmarks.peers.torch_ddp import linked_ddp, run_ddp, run_ddp_rank  # noqa: E402
+from benchmarks.peers.torch_report import choose, report_table  # noqa: E402
+from benchmarks.peers.torchft_diloco import (  # noqa: E402
+    linked_diloco,
+    run_diloco,
+    run_diloco_replica,
+    serve_lighthouse,
 )
 
-BATCH = 32
 GRID = (0.01, 0.03, 0.1)
 TUNED = ("torch-1p", "torch-1p-1t", "torch-ddp", "torchft-diloco", "ddlf-torch-default",
          "ddlf-torch-alg6", "ddlf-torch-ring", "ddlf-torch-ring-int4")
@@ -152,92 +169,6 @@ RING = _setting("allreduce")
 RING_INT4 = _setting("allreduce+overlap+codec")
 # --link: these run across the two emulated hosts; the single-process ones stay as they are.
 LINKED = ("torch-ddp", "torchft-diloco") + DDLF
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# -- data, model, evaluation (in the training processes) --------------------------------------
-
-
-def load_split(split: str, limit: int | None, eval_limit: int | None):
-    """``(x, y, x_eval, y_eval)``: ``val`` trains on the first 50,000 training images and
-    evaluates on the last 10,000; ``test`` trains on all 60,000 and evaluates on the test
-    set. ``limit``/``eval_limit`` keep the first so many of each (smoke runs)."""
-    from ddlf_actors.apps import datasets
-
-    (x, y), (xt, yt) = datasets.load("fashion-mnist")
-    if split == "val":
-        x, y, xt, yt = x[:50_000], y[:50_000], x[50_000:], y[50_000:]
-    if limit:
-        x, y = x[:limit], y[:limit]
-    if eval_limit:
-        xt, yt = xt[:eval_limit], yt[:eval_limit]
-    return (np.ascontiguousarray(x), np.ascontiguousarray(y, dtype=np.int64),
-            np.ascontiguousarray(xt), np.ascontiguousarray(yt, dtype=np.int64))
-
-
-def build(seed: int):
-    import torch
-
-    from ddlf_actors.apps import models
-
-    torch.manual_seed(seed)
-    return models.paper_cnn_torch()
-
-
-def order(seed: int, epoch: int, n: int) -> np.ndarray:
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def evaluate(model, x, y, threads: int | None = None) -> tuple[float, float]:
-    """``(loss, accuracy)`` through the adapter (eval mode, no grad); with ``threads``,
-    at that many intra-op threads for the while."""
-    import torch
-
-    from ddlf_actors.apps.frameworks.torch import TorchAdapter
-
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        return TorchAdapter(model).evaluate(x, y)   # default loss: cross-entropy
-    finally:
-        torch.set_num_threads(before)
-
-
-class Timeline:
-    """Training time with evaluations taken out, and the evaluations' results."""
-
-    def __init__(self):
-        self.train_s = 0.0
-        self.rows: list = []
-        self._since = time.perf_counter()
-
-    def pause(self) -> None:
-        self.train_s += time.perf_counter() - self._since
-
-    def resume(self) -> None:
-        self._since = time.perf_counter()
-
-    def record(self, epoch: float, loss: float, acc: float, eval_s: float) -> None:
-        self.rows.append({"epoch": round(epoch, 4), "train_s": self.train_s,
-                          "test_loss": loss, "test_accuracy": acc, "eval_s": eval_s})
-        log(f"  epoch {epoch:6.3f}  train {self.train_s:7.1f} s  acc {acc:.4f}")
-
-
-def eval_marks(steps_per_epoch: int, evals: int) -> set:
-    """Steps (1-based, within an epoch) after which to evaluate: ``evals`` evenly spaced,
-    the epoch's end included."""
-    every = max(1, math.ceil(steps_per_epoch / evals))
-    return set(range(every, steps_per_epoch, every)) | {steps_per_epoch}
-
-
-def sgd(params, lr: float):
-    import torch
-
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 # -- torch-1p ---------------------------------------------------------------------------------
@@ -280,246 +211,8 @@ def run_single(args, threads: int = 2) -> dict:
 # -- torch-ddp (each rank runs this under torchrun) -------------------------------------------
 
 
-def run_ddp_rank(args) -> None:
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ddlf_actors.apps.frameworks.torch import TorchAdapter
-
-    TorchAdapter.configure_threads(1)
-    t0 = time.perf_counter()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
-    model = build(args.seed)
-    ddp = DDP(model)   # broadcasts rank 0's weights (the same seed built the same anyway)
-    opt = sgd(ddp.parameters(), args.lr)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    steps = len(x) // (BATCH * world)
-    marks = eval_marks(steps, args.evals_per_epoch)
-    meter = LinkMeter()   # --link: this host's interface (nothing otherwise)
-    dist.barrier()
-    ready_s = time.perf_counter() - t0
-    meter.start()
-    tl = Timeline()
-    for epoch in range(args.epochs):
-        idx = torch.from_numpy(order(args.seed, epoch, len(x)))
-        ddp.train()
-        for step in range(1, steps + 1):
-            g = (step - 1) * BATCH * world + rank * BATCH   # rank's half of global batch
-            b = idx[g:g + BATCH]
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(ddp(xt[b]), yt[b]).backward()   # the all-reduce is in here
-            opt.step()
-            if step in marks:
-                tl.pause()
-                dist.barrier()
-                if rank == 0:
-                    e0 = time.perf_counter()
-                    loss, acc = evaluate(model, xe, ye, threads=args.eval_threads)
-                    tl.record(epoch + step / steps, loss, acc, time.perf_counter() - e0)
-                dist.barrier()
-                ddp.train()
-                tl.resume()
-    meter.stop()
-    if rank == 0:   # one all-reduce of the gradients per step (one bucket: 2 MB < 25 MB)
-        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows,
-                          "link": meter.record(args.epochs * steps, args.epochs * steps)}),
-              flush=True)
-    dist.destroy_process_group()
-
-
-def run_ddp(args) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", os.path.abspath(__file__), "--ddp-rank", *child_flags(args)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=args.timeout)
-    return parse_child(proc, "torchrun")
-
-
-# -- torchft-diloco ---------------------------------------------------------------------------
-
-
-def store_barrier(store, name: str, world: int) -> None:
-    if store.add(name, 1) == world:
-        store.set(name + "/go", "1")
-    store.wait([name + "/go"], timedelta(seconds=600))
-
-
-def run_diloco_replica(args) -> None:
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torchft import Manager, ProcessGroupGloo
-    from torchft.local_sgd import DiLoCo
-
-    from ddlf_actors.apps.frameworks.torch import TorchAdapter
-
-    TorchAdapter.configure_threads(1)
-    t0 = time.perf_counter()
-    rank, world = args.diloco_replica, 2
-    x, y, xe, ye = load_split(args.split, args.limit, args.eval_limit)
-    model = build(args.seed)
-    inner = sgd(model.parameters(), args.lr)
-    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-    # --link: this replica's host address (its store and manager are reached from the
-    # other host) and host A's for the barrier store; else all on the loopback.
-    host = args.host_ip or "localhost"
-    own_store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
-    shared = dist.TCPStore(args.barrier_addr or "localhost", args.barrier_port,
-                           is_master=False, timeout=timedelta(seconds=600))
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=120)), min_replica_size=2,
-        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
-                                    inner.load_state_dict(sd["inner"])),
-        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=str(rank), store_addr=host, store_port=own_store.port, rank=0,
-        world_size=1, lighthouse_addr=args.lighthouse, hostname=host,
-        # Both replicas build the same initial weights from the seed, so no step-0 sync
-        # (torchft's advice for that case). It would also fail across --link's hosts: a
-        # healing replica fetches the weights from http://<hostname>:port, and the
-        # namespaces share one hostname, which each resolves to its own loopback.
-        init_sync=False,
-        use_async_quorum=False, timeout=timedelta(seconds=120),
-        quorum_timeout=timedelta(seconds=120), connect_timeout=timedelta(seconds=60))
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    steps = len(x) // (BATCH * world)
-    quarter = steps / args.evals_per_epoch
-    meter = LinkMeter()
-    store_barrier(shared, "ready", world)
-    ready_s = time.perf_counter() - t0
-    meter.start()
-    tl = Timeline()
-    n_evals, due = 0, quarter
-    done = 0   # inner steps over all epochs
-    try:
-        with DiLoCo(manager, [model], inner, outer, sync_every=args.sync_every,
-                    pin_memory=False):
-            for epoch, step in diloco_steps(args.epochs, steps, args.sync_every):
-                if step == 1:
-                    idx = torch.from_numpy(order(args.seed, epoch, len(x)))
-                    model.train()
-                g = (step - 1) * BATCH * world + rank * BATCH
-                b = idx[g:g + BATCH]
-                inner.zero_grad(set_to_none=True)
-                F.cross_entropy(model(xt[b]), yt[b]).backward()
-                inner.step()   # every sync_every-th step also syncs (a post hook)
-                done += 1
-                # The global model exists right after a sync: evaluate it at the first
-                # sync past each quarter epoch (both replicas decide alike, from counts).
-                if done % args.sync_every or done < due:
-                    continue
-                while due <= done:
-                    due += quarter
-                n_evals += 1
-                tl.pause()
-                # Each replica's weights' CRC: right after a sync both hold the global model.
-                shared.set(f"eval{n_evals}/crc{rank}", str(weights_crc(model)))
-                store_barrier(shared, f"eval{n_evals}a", world)
-                if rank == 0:
-                    e0 = time.perf_counter()
-                    loss, acc = evaluate(model, xe, ye, threads=args.eval_threads)
-                    tl.record(done / steps, loss, acc, time.perf_counter() - e0)
-                    crcs = {shared.get(f"eval{n_evals}/crc{r}") for r in range(world)}
-                    tl.rows[-1]["replicas_equal"] = len(crcs) == 1
-                store_barrier(shared, f"eval{n_evals}b", world)
-                model.train()
-                tl.resume()
-    finally:
-        manager.shutdown(wait=False)
-    meter.stop()
-    if rank == 0:
-        print(json.dumps({"startup_s": ready_s, "train_s": tl.train_s, "timeline": tl.rows,
-                          "link": meter.record(done, done // args.sync_every)}), flush=True)
-
-
-def weights_crc(model) -> int:
-    import zlib
-
-    crc = 0
-    for t in model.state_dict().values():
-        crc = zlib.crc32(t.detach().numpy().tobytes(), crc)
-    return crc
-
-
-def diloco_steps(epochs: int, steps: int, sync_every: int):
-    """``(epoch, step)`` for ``epochs`` epochs of ``steps``, then on into the next epoch's
-    order up to the next sync: the last evaluation is of a global model, at the first
-    sync at or after the last epoch's end (its row says at which epoch)."""
-    done = 0
-    for epoch in range(epochs + 1 + sync_every // max(1, steps)):
-        for step in range(1, steps + 1):
-            if done >= epochs * steps and done % sync_every == 0:
-                return
-            yield epoch, step
-            done += 1
-
-
-def run_diloco(args) -> dict:
-    try:
-        import torch.distributed as dist
-        from torchft._torchft import LighthouseServer
-    except ImportError as e:
-        return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
-    barrier = dist.TCPStore("localhost", 0, world_size=3, is_master=True,
-                            wait_for_workers=False)
-    procs, files = [], []
-    try:
-        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-        for r in range(2):
-            cmd = [sys.executable, os.path.abspath(__file__), "--diloco-replica", str(r),
-                   "--lighthouse", lighthouse.address(), "--barrier-port", str(barrier.port),
-                   *child_flags(args)]
-            # Output to files, not pipes: torchft logs ~1.3 KB to stderr a sync, and while
-            # this waited on replica 0, replica 1's undrained pipe filled at 64 KiB (about
-            # 48 syncs: the 50,000-image split) and blocked it mid-quorum, replica 0 with it.
-            proc, pair = start_to_files(subprocess.Popen, cmd, env=env)
-            procs.append(proc)
-            files.append(pair)
-        outs = wait_all(procs, files, args.timeout, ["replica 0", "replica 1"])
-        relay_epochs(outs[0].stderr)   # to this child's stderr, which run_column relays
-        return parse_child(outs[0], "replica 0", other=outs[1])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        for out, err in files:
-            out.close()
-            err.close()
-        lighthouse.shutdown()
-
-
-def serve_lighthouse(args) -> None:
-    """``--link``'s torchft-diloco: the lighthouse and the barrier store in host A; prints
-    their ports (one JSON line) and serves until stdin closes (the parent ends the run)."""
-    import torch.distributed as dist
-    from torchft._torchft import LighthouseServer
-
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
-    barrier = dist.TCPStore(args.host_ip, 0, world_size=3, is_master=True,
-                            wait_for_workers=False)
-    # address() names this machine's hostname, which the other namespace resolves to its
-    # own loopback: the parent advertises host A's address with this port instead.
-    port = int(lighthouse.address().rstrip("/").rsplit(":", 1)[1])
-    print(json.dumps({"lighthouse_port": port, "barrier_port": barrier.port}), flush=True)
-    try:
-        sys.stdin.read()
-    finally:
-        lighthouse.shutdown()
-
-
 # -- DDLF's columns: train_sync on an embedded cluster of 2 one-CPU trainers -----------------
 
-
-def split_dataset(split: str, limit: int | None, eval_limit: int | None):
-    """The trainers' dataset: ``load_split``'s arrays as ``((x, y), (x_eval, y_eval))``."""
-    x, y, xe, ye = load_split(split, limit, eval_limit)
-    return (x, y), (xe, ye)
 
 
 def keras_cnn(seed: int):
@@ -629,54 +322,6 @@ def run_keras_column(args, column: str) -> dict:
 # -- the parent: columns in processes, interleaved --------------------------------------------
 
 
-def child_flags(args) -> list:
-    flags = ["--seed", str(args.seed), "--lr", repr(args.lr), "--epochs", str(args.epochs),
-             "--split", args.split, "--evals-per-epoch", str(args.evals_per_epoch),
-             "--sync-every", str(args.sync_every), "--timeout", str(args.timeout),
-             "--eval-threads", str(args.eval_threads)]
-    if args.limit:
-        flags += ["--limit", str(args.limit)]
-    if args.eval_limit:
-        flags += ["--eval-limit", str(args.eval_limit)]
-    return flags
-
-
-def parse_child(proc, what: str, other=None) -> dict:
-    lines = [ln for ln in (proc.stdout or "").splitlines() if ln.startswith("{")]
-    if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    errs = [p for p in (proc, other) if p is not None and p.returncode != 0] or [proc]
-    tail = "; ".join((p.stderr or "").strip().splitlines()[-1][:240] if (p.stderr or "").strip()
-                     else f"exit {p.returncode}, no output" for p in errs)
-    return {"error": f"{what}: {tail}"}
-
-
-def wait_all(procs: list, files: list, timeout: float, names: list) -> list:
-    """Wait for every process (bounded by ``timeout`` in all); their outputs, read from
-    the temporary files they wrote, as ``CompletedProcess``es. A process still running
-    at the deadline is reported as timed out (its caller ends it: ``run_diloco``'s
-    ``finally``, ``LinkHosts.end_run``)."""
-    deadline = time.monotonic() + timeout
-    outs = []
-    for p, (fo, fe), name in zip(procs, files, names):
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-            code = p.returncode
-        except subprocess.TimeoutExpired:
-            code = -1
-        fo.seek(0)
-        fe.seek(0)
-        out, err = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
-        if code != 0:   # its last words in the parent's log; the table gets the last line
-            tail = err.strip().splitlines()[-15:]
-            log(f"{name} exited {code}; its last lines:\n" + "\n".join("    " + ln
-                                                                      for ln in tail))
-            if code == -1:
-                err += f"\ntimeout after {timeout:.0f} s (last: {tail[-1] if tail else '-'})"
-        outs.append(subprocess.CompletedProcess(p.args, code, out, err))
-    return outs
-
-
 def run_column_here(args) -> dict:
     column = args.column
     if column == "torch-1p":
@@ -684,9 +329,9 @@ def run_column_here(args) -> dict:
     if column == "torch-1p-1t":
         return run_single(args, threads=1)
     if column == "torch-ddp":
-        return run_ddp(args)
+        return run_ddp(args, os.path.abspath(__file__))
     if column == "torchft-diloco":
-        return run_diloco(args)
+        return run_diloco(args, os.path.abspath(__file__))
     if column.startswith("ddlf-"):
         return run_ddlf_column(args, column)
     return run_keras_column(args, column)
@@ -697,11 +342,6 @@ def run_args(args, seed: int, lr: float | None, split: str, eval_threads: int):
     return argparse.Namespace(**{**vars(args), "seed": seed, "lr": lr, "split": split,
                                  "eval_threads": eval_threads})
 
-
-def relay_epochs(err: str) -> None:
-    for line in err.splitlines():
-        if line.startswith("  epoch"):
-            log(line)
 
 
 def run_column(args, column: str, seed: int, lr: float | None, split: str,
@@ -763,9 +403,9 @@ def run_linked(args, column: str, hosts) -> dict:
     before = hosts.counters()
     try:
         if column == "torch-ddp":
-            result = linked_ddp(args, hosts)
+            result = linked_ddp(args, hosts, os.path.abspath(__file__))
         elif column == "torchft-diloco":
-            result = linked_diloco(args, hosts)
+            result = linked_diloco(args, hosts, os.path.abspath(__file__))
         else:
             result = linked_ddlf(args, column, hosts)
         after = hosts.counters()
@@ -776,65 +416,6 @@ def run_linked(args, column: str, hosts) -> dict:
     finally:
         hosts.end_run()
 
-
-def start_to_files(popen, cmd: list, **kw):
-    """``popen(cmd)`` with its stdout and stderr in temporary files (no pipe to drain, so
-    no child blocks on a full one while another is waited on): ``(process, files)``, the
-    files as :func:`wait_all` reads them."""
-    fo, fe = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-    return popen(cmd, stdout=fo, stderr=fe, **kw), (fo, fe)
-
-
-def start_in(hosts, i: int, cmd: list, **kw):
-    """``cmd`` in host i, its output in temporary files."""
-    return start_to_files(lambda c, **k: hosts.popen(i, c, **k), cmd, **kw)
-
-
-def linked_ddp(args, hosts) -> dict:
-    """torchrun on each host (``--nnodes 2 --node-rank i``, one process of one thread),
-    the static rendezvous on host A's agent's TCP store, gloo over the veths."""
-    script = [os.path.abspath(__file__), "--ddp-rank", *child_flags(args)]
-    started = [start_in(hosts, i, torchrun_node_cmd(i, hosts.ips[0], script))
-               for i in (0, 1)]
-    outs = wait_all([p for p, _ in started], [f for _, f in started], args.timeout,
-                    ["torchrun on host A", "torchrun on host B"])
-    relay_epochs(outs[0].stderr)
-    return parse_child(outs[0], "torchrun on host A", other=outs[1])
-
-
-def linked_diloco(args, hosts) -> dict:
-    """A lighthouse and the barrier store in host A, replica 0 in host A, replica 1 in
-    host B; the replicas' stores, managers and gloo groups on their hosts' addresses."""
-    import select
-
-    try:
-        import torchft  # noqa: F401
-    except ImportError as e:
-        return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
-    me = os.path.abspath(__file__)
-    # The lighthouse logs every quorum (several lines a sync, thousands a run): to a file,
-    # shown only if it fails to start.
-    lh_err = tempfile.TemporaryFile()
-    lh = hosts.popen(0, [sys.executable, me, "--lighthouse-server", "--host-ip",
-                         hosts.ips[0]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                     stderr=lh_err)
-    ready, _, _ = select.select([lh.stdout], [], [], 120)
-    line = lh.stdout.readline().decode() if ready else ""
-    if not line.startswith("{"):
-        lh_err.seek(0)
-        tail = lh_err.read().decode(errors="replace").strip().splitlines()[-15:]
-        log("the lighthouse's last lines:\n" + "\n".join("    " + ln for ln in tail))
-        return {"error": f"the lighthouse did not start in host A (exit {lh.poll()})"}
-    ports = json.loads(line)
-    started = [start_in(hosts, r, [
-        sys.executable, me, "--diloco-replica", str(r), "--lighthouse",
-        f"http://{hosts.ips[0]}:{ports['lighthouse_port']}", "--barrier-addr", hosts.ips[0],
-        "--barrier-port", str(ports["barrier_port"]), "--host-ip", hosts.ips[r],
-        *child_flags(args)]) for r in (0, 1)]
-    outs = wait_all([p for p, _ in started], [f for _, f in started], args.timeout,
-                    ["replica 0 (host A)", "replica 1 (host B)"])
-    relay_epochs(outs[0].stderr)
-    return parse_child(outs[0], "replica 0 (host A)", other=outs[1])
 
 
 def linked_ddlf(args, column: str, hosts) -> dict:
@@ -847,100 +428,6 @@ def linked_ddlf(args, column: str, hosts) -> dict:
     relay_epochs(out.stderr)
     return parse_child(out, column)
 
-
-# -- figures and tables -----------------------------------------------------------------------
-
-
-def figures(r: dict, target: float) -> dict:
-    rows = r.get("timeline") or []
-    if not rows:
-        return {}
-    epochs = rows[-1]["epoch"]
-    hit = next((row for row in rows if row["test_accuracy"] >= target), None)
-    return {"s_per_epoch": r["train_s"] / epochs if epochs else None,
-            "epochs_to_target": hit["epoch"] if hit else None,
-            "time_to_target": hit["train_s"] if hit else None,
-            "final_acc": rows[-1]["test_accuracy"], "epochs": epochs,
-            "replicas_differ": sum(1 for row in rows if row.get("replicas_equal") is False),
-            "startup_s": r.get("startup_s"), "link_mb": link_mb(r.get("link_total")),
-            **link_figures(r.get("link"), r.get("link_rate"))}
-
-
-def link_mb(totals: list | None) -> float | None:
-    """MB host A's link carried over a whole run, both directions, start-up included (two
-    hosts: B's link carries the same bytes); None for a run not across the hosts."""
-    return (totals[0]["tx"] + totals[0]["rx"]) / 1e6 if totals else None
-
-
-def _med(values: list, fmt: str, missing_text: str = "not reached") -> str:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return missing_text if values else "-"
-    med = statistics.median(vals)
-    missing = f" ({len(values) - len(vals)} not)" if len(vals) < len(values) else ""
-    if len(vals) == 1:
-        return format(med, fmt) + missing
-    return f"{format(med, fmt)} [{format(min(vals), fmt)}-{format(max(vals), fmt)}]{missing}"
-
-
-def report_table(results: list, target: float, title: str) -> str:
-    """The medians [min-max] per (column, lr); with ``--link``, also host A's link: the MB
-    it carried over the whole run, and over the timed training the MB per local step and
-    per exchange (all-reduce, sync or round), both directions, and the seconds per step
-    its busier direction needs at the rate (a lower bound)."""
-    linked = any(r.get("link_rate") for r in results)
-    lines = [title, "",
-             f"| column | lr | s/epoch | epochs to {target} | time to {target} (s) | "
-             "acc after last epoch | epochs | start-up (s) | "
-             + ("link | link MB (run) | MB/step | MB/exchange | wire s/step | "
-                if linked else "")
-             + "load avg per run |",
-             "|---|---|---|---|---|---|---|---|" + ("---|" * 5 if linked else "") + "---|"]
-    by_col: dict = {}
-    for r in results:
-        by_col.setdefault((r["column"], r.get("lr")), []).append(r)
-    for (column, lr), runs in by_col.items():
-        loads = " ".join(f"{r['loadavg']:.1f}" for r in runs)
-        bad = [r for r in runs if "timeline" not in r]
-        if bad and len(bad) == len(runs):
-            why = bad[0].get("unavailable") or bad[0].get("error")
-            lines.append(f"| {column} | {lr if lr is not None else '-'} | {why} | | | | | | "
-                         + ("| | | | | " if linked else "") + f"{loads} |")
-            continue
-        figs = [figures(r, target) for r in runs if "timeline" in r]
-        lines.append(
-            f"| {column} | {lr} | {_med([f['s_per_epoch'] for f in figs], '.1f')} | "
-            f"{_med([f['epochs_to_target'] for f in figs], '.2f')} | "
-            f"{_med([f['time_to_target'] for f in figs], '.1f')} | "
-            f"{_med([f['final_acc'] for f in figs], '.4f')} | "
-            f"{_med([f['epochs'] for f in figs], '.2f')} | "
-            f"{_med([f['startup_s'] for f in figs], '.1f')} | "
-            + (f"{runs[0].get('link_rate') or '-'} | "
-               f"{_med([f['link_mb'] for f in figs], '.1f', '-')} | "
-               f"{_med([f.get('mb_per_step') for f in figs], '.3f', '-')} | "
-               f"{_med([f.get('mb_per_exchange') for f in figs], '.2f', '-')} | "
-               f"{_med([f.get('wire_s_per_step') for f in figs], '.3f', '-')} | "
-               if linked else "")
-            + f"{loads} |"
-            + (f" ({len(bad)} failed: {bad[0].get('error')})" if bad else "")
-            + (f" (replicas differed at {sum(f['replicas_differ'] for f in figs)} "
-               "evaluations)" if any(f["replicas_differ"] for f in figs) else ""))
-    return "\n".join(lines)
-
-
-def choose(results: list, target: float) -> dict:
-    """Per column, the rate that reached ``target`` on validation in the fewest epochs
-    (ties and no crossing: the best accuracy after the last epoch)."""
-    best: dict = {}
-    for r in results:
-        if "timeline" not in r:
-            continue
-        f = figures(r, target)
-        key = (f["epochs_to_target"] if f["epochs_to_target"] is not None else math.inf,
-               -f["final_acc"])
-        if r["column"] not in best or key < best[r["column"]][0]:
-            best[r["column"]] = (key, r["lr"])
-    return {c: {"lr": lr} for c, (_, lr) in best.items()}
 
 
 def main(argv=None) -> int:
@@ -960,7 +447,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--omp-wait-policy", choices=("default", "passive"), default="default",
                    help="passive: OMP_WAIT_POLICY=PASSIVE in every run (torch's OpenMP "
-                        "threads sleep instead of spinning; see benchmarks/README.md)")
+                        "threads sleep instead of spinning; see docs/benchmarks/peers.md)")
     p.add_argument("--json", help="also write every run here")
     p.add_argument("--link", choices=("none", *RATES), default="none",
                    help="run the distributed columns across two emulated hosts (network "

@@ -36,7 +36,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -44,9 +43,21 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from importlib import metadata  # noqa: E402
 
 import numpy as np  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
+    sys.path.insert(0, _ROOT)
+
+from benchmarks.runtime.microbench_report import (  # noqa: E402
+    build_rows,
+    build_tls_rows,
+    fmt,
+    machine_info,
+    print_table,
+    print_tls_table,
+)
 
 N_FLOATS = 25_000_000  # 100 MB of float32
 BIG_BYTES = N_FLOATS * 4
@@ -433,131 +444,6 @@ def run_phase(name: str, cfg: Config, workloads=None, label: str | None = None) 
     return results
 
 
-# -- report ----------------------------------------------------------------------------------
-
-
-def fmt(v: float) -> str:
-    if v >= 100:
-        return f"{v:,.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    if v >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3g}"
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def machine_info() -> dict:
-    try:
-        from ddlf_actors import __version__ as ddlf_version
-    except Exception:
-        ddlf_version = _version("ddlf-actors")
-    return {
-        "cpus": NCPU,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "ddlf": ddlf_version,
-        "ray": _version("ray"),
-        "numpy": np.__version__,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-    }
-
-
-def build_rows(results: dict) -> list:
-    rows = []
-    for _, wl_rows in WORKLOADS:
-        for row, unit in wl_rows:
-            d = results.get("DDLF", {}).get(row)
-            r = results.get("Ray", {}).get(row)
-            entry = {"workload": row, "unit": unit,
-                     "ddlf": d.get("value") if d else None, "ray": r.get("value") if r else None,
-                     "ddlf_error": d.get("error") if d else None,
-                     "ray_error": r.get("error") if r else None, "ratio": None}
-            if entry["ddlf"] is not None and entry["ray"]:
-                entry["ratio"] = entry["ddlf"] / entry["ray"]
-            rows.append(entry)
-    return rows
-
-
-def print_table(rows: list, machine: dict, ray_note: str) -> None:
-    w_name, w_val = 36, 24
-
-    def cell(value, error, unit):
-        if error is not None:  # the exception's type here, its message under the table
-            text = f"error: {error.split(':', 1)[0]}"
-            return text if len(text) <= w_val else text[:w_val - 3] + "..."
-        if value is None:
-            return "-"
-        return f"{fmt(value)} {unit}"
-
-    print()
-    print(f"DDLF vs Ray microbenchmark -- {machine['cpus']} CPUs, Python {machine['python']}, "
-          f"ddlf {machine['ddlf']}, ray {machine['ray'] or 'not installed'} ({ray_note}), "
-          f"numpy {machine['numpy']}, OMP_NUM_THREADS={machine['omp_num_threads']}")
-    print(f"platform: {machine['platform']}")
-    head = f"{'workload':<{w_name}} | {'DDLF':>{w_val}} | {'Ray':>{w_val}} | {'DDLF/Ray':>8}"
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        print(f"{r['workload']:<{w_name}} | {cell(r['ddlf'], r['ddlf_error'], r['unit']):>{w_val}}"
-              f" | {cell(r['ray'], r['ray_error'], r['unit']):>{w_val}} | {ratio:>8}")
-    print("-" * len(head))
-    print("DDLF/Ray > 1 means DDLF is faster, except in rows measured in s or x ideal (lower is "
-          "better; x ideal is elapsed / (work / CPUs), 1.0 being perfect spreading).")
-    errs = [(fw, r["workload"], r[key]) for r in rows
-            for fw, key in (("DDLF", "ddlf_error"), ("Ray", "ray_error")) if r[key]]
-    if errs:
-        print("\nErrors:")
-        for fw, row, msg in errs:
-            print(f"  {fw} / {row}: {msg}")
-
-
-def build_tls_rows(results: dict) -> list:
-    rows = []
-    for _, wl_rows in TLS_WORKLOADS:
-        for row, unit in wl_rows:
-            d = results.get("DDLF", {}).get(row) or {}
-            t = results.get("DDLF TLS", {}).get(row) or {}
-            entry = {"workload": row, "unit": unit, "plain": d.get("value"),
-                     "tls": t.get("value"), "plain_error": d.get("error"),
-                     "tls_error": t.get("error"), "ratio": None}
-            if entry["plain"] and entry["tls"] is not None:
-                entry["ratio"] = entry["tls"] / entry["plain"]
-            rows.append(entry)
-    return rows
-
-
-def print_tls_table(rows: list) -> None:
-    w_name, w_val = 36, 18
-
-    def cell(value, error, unit):
-        if error is not None:
-            return f"error: {error.split(':', 1)[0]}"[:w_val]
-        return "-" if value is None else f"{fmt(value)} {unit}"
-
-    print()
-    print("DDLF plain vs DDLF with mutual TLS (--tls; same run, same machine)")
-    head = f"{'workload':<{w_name}} | {'DDLF plain':>{w_val}} | {'DDLF TLS':>{w_val}} | {'TLS/plain':>9}"
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}x" if r["ratio"] is not None else "-"
-        print(f"{r['workload']:<{w_name}} | {cell(r['plain'], r['plain_error'], r['unit']):>{w_val}}"
-              f" | {cell(r['tls'], r['tls_error'], r['unit']):>{w_val}} | {ratio:>9}")
-    print("-" * len(head))
-    print("TLS/plain below 1 is what encryption costs (TLS 1.3, AES-256-GCM with OpenSSL here).")
-    errs = [(r["workload"], r["tls_error"]) for r in rows if r["tls_error"]]
-    for row, msg in errs:
-        print(f"  DDLF TLS / {row}: {msg}")
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smoke run: short measurements (~20 s)")
@@ -586,9 +472,9 @@ def main(argv=None) -> dict:
             ray_note = "same run"
             results["Ray"] = run_phase("ray", cfg)
 
-    rows = build_rows(results)
+    rows = build_rows(results, WORKLOADS)
     print_table(rows, machine, ray_note)
-    tls_rows = build_tls_rows(results) if a.tls else None
+    tls_rows = build_tls_rows(results, TLS_WORKLOADS) if a.tls else None
     if tls_rows is not None:
         print_tls_table(tls_rows)
     total = time.perf_counter() - t_start

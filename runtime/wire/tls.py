@@ -39,7 +39,8 @@ _ENV_NAMES = (ENV_CERT, ENV_KEY, ENV_CA)
 _FLAG_NAMES = ("--tls-cert", "--tls-key", "--tls-ca")
 
 # One command that makes a usable set, quoted in errors so the fix is one copy away.
-_HOWTO = "see 'TLS' in DDLF's README for the three openssl commands that make a CA and a certificate"
+_HOWTO = ("see 'TLS' in DDLF's docs/security.md for the three openssl commands that make a CA "
+          "and a certificate")
 
 
 @dataclass(frozen=True)

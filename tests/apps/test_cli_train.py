@@ -11,24 +11,13 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 pytest.importorskip("keras")
 from helpers_modules.clusters import no_leaked_processes  # noqa: E402
-
-from ddlf_actors.apps import datasets  # noqa: E402
-
-
-def _write_fake_fashion_mnist(directory, n_train=400, n_test=100, seed=0):
-    """IDX files in the exact on-disk format; classes differ by mean brightness."""
-    rng = np.random.default_rng(seed)
-    for prefix, n in (("train", n_train), ("t10k", n_test)):
-        y = rng.integers(0, 10, n).astype(np.uint8)
-        x = np.clip(rng.normal(y[:, None, None] * 25.0, 30.0, (n, 28, 28)), 0, 255)
-        datasets.write_idx(os.path.join(directory, f"{prefix}-images-idx3-ubyte.gz"),
-                           x.astype(np.uint8))
-        datasets.write_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte.gz"), y)
+from helpers_modules.fake_data import (  # noqa: E402
+    write_fake_fashion_mnist as _write_fake_fashion_mnist,
+)
 
 
 def _ddlf_train(*args, timeout=300, env=None):

@@ -24,6 +24,7 @@ from helpers_modules.numpy_trainer import (
     hard_blobs_dataset,
     softmax_model_fn,
 )
+from helpers_modules.readme_trainer import ReadmeTrainer, readme_model_fn
 
 import ddlf_actors as ddlf
 from ddlf_actors import ray_session
@@ -131,6 +132,20 @@ def test_allreduce_on_ray_equals_sync(ray_cluster):
     assert [r["round"] for r in ring.history] == [1, 2, 3, 4]
     assert all(r["ring_bytes"] > 0 for r in ring.history)
     for a, b in zip(ring.weights, sync.weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_readmes_subclass_trains_on_ray(ray_cluster):
+    """The README's TrainerActor subclass, with no framework adapter
+    (test_readme_hooks.py's contract), on Ray actors: the weights of the in-process run,
+    bit for bit."""
+    options = dict(workers=2, master_epochs=2, rounds_per_epoch=2, trainer_cls=ReadmeTrainer,
+                   overlap=True, progress=False, seed=7)
+    on_ray = train_sync(readme_model_fn(), hard_blobs_dataset, backend="ray", **options)
+    in_process = train_sync(readme_model_fn(), hard_blobs_dataset, backend=FakeBackend(),
+                            **options)
+    assert on_ray.framework is None and on_ray.history[-1]["test_accuracy"] > 0.5
+    for a, b in zip(on_ray.weights, in_process.weights):
         np.testing.assert_array_equal(a, b)
 
 

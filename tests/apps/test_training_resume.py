@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 import pytest
 from helpers_modules.checkpointing_driver import MODEL, RUN
-from helpers_modules.numpy_trainer import hard_blobs_dataset
+from helpers_modules.numpy_trainer import MomentumTrainer, hard_blobs_dataset, momentum_model_fn
 from helpers_modules.util import wait_for, wait_gone
 
 from ddlf_actors.apps import checkpoint, train_async, train_sync
@@ -88,3 +88,22 @@ def test_async_driver_sigkilled_then_resumed_continues(train_cluster, tmp_path):
     assert [r["epoch"] for r in resumed.history] == [1, 2, 3]
     assert sum(r["samples"] for r in resumed.history) == 3 * 600
     assert resumed.history[-1]["test_accuracy"] > 0.5
+
+
+@pytest.mark.timeout(300)
+def test_an_overlapped_run_continued_with_more_epochs_is_bit_equal(train_cluster, tmp_path):
+    """Issue 29: a seeded overlap=True run trained 2 epochs with checkpoints, then resumed
+    with master_epochs=3, ends with the weights of a 3-epoch run never stopped (trainers
+    with momentum, so their optimizer state is continued too)."""
+    run = dict(workers=2, rounds_per_epoch=2, trainer_cls=MomentumTrainer, progress=False,
+               seed=7, overlap=True)
+    model = momentum_model_fn()
+    train_sync(model, hard_blobs_dataset, checkpoint_dir=str(tmp_path), master_epochs=2,
+               **run)
+    resumed = train_sync(model, hard_blobs_dataset, resume=str(tmp_path), master_epochs=3,
+                         **run)
+    whole = train_sync(model, hard_blobs_dataset, master_epochs=3, **run)
+    assert [r["round"] for r in resumed.history] == list(range(1, 7))
+    for a, b in zip(whole.weights, resumed.weights):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.history[-1]["test_loss"] == whole.history[-1]["test_loss"]

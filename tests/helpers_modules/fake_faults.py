@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["dies"]
+__all__ = ["dies", "dies_starting"]
 
 
 def dies(slot: int, method: str, call: int):
@@ -17,4 +17,22 @@ def dies(slot: int, method: str, call: int):
             fired.append(actor)
             return True
         return False
+    return fail_when
+
+
+def dies_starting(slot: int, times: int, hold=None):
+    """A ``fail_when``: slot ``slot``'s first ``times`` trainers die while starting (their
+    process killed in ``__init__``: nothing raised). With ``hold`` (a
+    ``threading.Event``), the next one waits for it before it starts, so a test decides
+    when it can join. ``fail_when.tries`` counts the trainers the slot had."""
+    def fail_when(actor, name, n):
+        if name != "__init__" or len(actor.args) < 3 or actor.args[2] != slot:
+            return False
+        fail_when.tries += 1
+        if fail_when.tries <= times:
+            return True
+        if hold is not None:
+            hold.wait(30)
+        return False
+    fail_when.tries = 0
     return fail_when

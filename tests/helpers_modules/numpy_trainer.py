@@ -482,3 +482,68 @@ class HangsInCollective(NumpyTrainer):
             else:
                 time.sleep(float(os.environ.get("DDLF_TEST_HANG_S", "2")))
         return super().ring_send(right, tag, phase, step, chunk)
+
+
+class SigkillInInit(NumpyTrainer):
+    """SIGKILLs its own process in ``__init__``, right after building its model (as the
+    OOM killer or a preempted machine would while a trainer starts), once per run: the
+    marker ``init-killed`` in ``DDLF_TEST_KILL_DIR`` makes its replacement start normally.
+    ``DDLF_TEST_KILL_SLOT`` (default 1) is the slot whose first trainer dies; each
+    ``fit`` sleeps ``DDLF_TEST_FIT_SLEEP`` seconds."""
+
+    def build_model(self, model_fn):
+        import os
+        import signal
+
+        model = super().build_model(model_fn)
+        where = os.environ.get("DDLF_TEST_KILL_DIR")
+        if where and self._ddlf_index == int(os.environ.get("DDLF_TEST_KILL_SLOT", "1")):
+            try:
+                fd = os.open(os.path.join(where, "init-killed"),
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return model
+
+    def fit(self, x, y, epochs, batch_size):
+        import os
+        import time
+
+        time.sleep(float(os.environ.get("DDLF_TEST_FIT_SLEEP", "0")))
+        return super().fit(x, y, epochs, batch_size)
+
+
+class KillsItself:
+    """A ``model_fn`` whose process SIGKILLs itself every time it runs, after writing
+    ``try-<pid>`` into ``directory`` (the test counts the tries): a model that never fits
+    in memory, as the OOM killer sees it."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def __call__(self):
+        import os
+        import signal
+
+        with open(os.path.join(self.directory, f"try-{os.getpid()}"), "w") as f:
+            f.write("")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RaisesInModelFn:
+    """A ``model_fn`` that raises ``ZeroDivisionError`` every time, after writing
+    ``try-<pid>`` into ``directory``."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def __call__(self):
+        import os
+
+        with open(os.path.join(self.directory, f"try-{os.getpid()}"), "w") as f:
+            f.write("")
+        return 1 / 0

@@ -92,7 +92,7 @@ def torch_variant(cls: type) -> type:
 
 # Made at import, so a worker process finds each by name when it unpickles the class.
 _VARIANTS = (nt.SigkillOnce, nt.DiesInRoundTwo, nt.SigkillInCollective, nt.GatedTrainer,
-             nt.SlowFirstTrainer, nt.ConstantDeltaTrainer)
+             nt.SlowFirstTrainer, nt.ConstantDeltaTrainer, nt.SigkillInInit)
 for _cls in _VARIANTS:
     globals()[f"{_cls.__name__}Torch"] = type(f"{_cls.__name__}Torch", (_cls,), {
         "adapter_cls": None, "__module__": __name__,

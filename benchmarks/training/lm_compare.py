@@ -1,10 +1,10 @@
 """The GPT on Debian's fortunes on 2 real cores, side by side (issue 32 §4): one tuned
 process, torch DDP, torchft's DiLoCo and DDLF's defaults, all in PyTorch.
 
-    python benchmarks/lm_compare.py --select --choices lm_choices.json   # 1. choose lr
-    python benchmarks/lm_compare.py --choices lm_choices.json             # 2. the table
-    python benchmarks/lm_compare.py --size tiny --context 64 --epochs 0.02 --seeds 0 \\
-        --eval-windows 64                                                 # a smoke run
+    python benchmarks/training/lm_compare.py --select --choices lm_choices.json   # 1. lr
+    python benchmarks/training/lm_compare.py --choices lm_choices.json           # 2. the table
+    python benchmarks/training/lm_compare.py --size tiny --context 64 --epochs 0.02 \\
+        --seeds 0 --eval-windows 64                                              # a smoke run
 
 The protocol of ``train_compare.py`` (issue 21 §1), for text:
 
@@ -43,7 +43,8 @@ ddlf-default    ``train(lm.GptModelFn(ds, ...), ds, workers=2)`` on an embedded 
 
 The model is ``--size small`` (6.1 M parameters; ``tiny`` for smoke runs) with windows of
 ``--context`` 128 bytes (the byte tokenizer). The run's helpers (processes, timelines,
-DiLoCo's step plan, the table's medians) are ``torch_compare.py``'s.
+the table's medians) are ``torch_compare.py``'s (``peers/torch_common.py``,
+``torchft_diloco.py``, ``torch_report.py``); the table and ratios are ``lm_report.py``.
 
 Durations: ``small`` trains at 1,892 tokens per CPU second on one thread here
 (``lm_frameworks.py --size small``; about 3,600 tokens/s on 2 idle cores, 2,000 counted
@@ -68,8 +69,16 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
+    sys.path.insert(0, _ROOT)
+
 import numpy as np  # noqa: E402
-import torch_compare as tc  # noqa: E402
+
+from benchmarks.peers import torch_common as tc  # noqa: E402
+from benchmarks.peers.torch_compare import ddlf_timeline  # noqa: E402
+from benchmarks.peers.torchft_diloco import store_barrier, weights_crc  # noqa: E402
+from benchmarks.training.lm_report import figures, ratio_lines, report_table  # noqa: E402
 
 BATCH = 32
 GRID = (3e-4, 1e-3, 3e-3)
@@ -252,7 +261,7 @@ def run_diloco_replica(args) -> None:
         quorum_timeout=timedelta(seconds=300), connect_timeout=timedelta(seconds=60))
     every = args.sync_every
     quarter = per_epoch / args.evals_per_epoch
-    tc.store_barrier(shared, "ready", world)
+    store_barrier(shared, "ready", world)
     ready = time.perf_counter() - t0
     tl = tc.Timeline()
     done, n_evals, due = 0, 0, quarter
@@ -273,15 +282,15 @@ def run_diloco_replica(args) -> None:
                         due += quarter
                     n_evals += 1
                     tl.pause()
-                    shared.set(f"eval{n_evals}/crc{rank}", str(tc.weights_crc(model)))
-                    tc.store_barrier(shared, f"eval{n_evals}a", world)
+                    shared.set(f"eval{n_evals}/crc{rank}", str(weights_crc(model)))
+                    store_barrier(shared, f"eval{n_evals}a", world)
                     if rank == 0:
                         e0 = time.perf_counter()
                         loss, acc = evaluate(model, xe, ye, args.eval_threads)
                         tl.record(done / per_epoch, loss, acc, time.perf_counter() - e0)
                         crcs = {shared.get(f"eval{n_evals}/crc{r}") for r in range(world)}
                         tl.rows[-1]["replicas_equal"] = len(crcs) == 1
-                    tc.store_barrier(shared, f"eval{n_evals}b", world)
+                    store_barrier(shared, f"eval{n_evals}b", world)
                     model.train()
                     tl.resume()
                 else:
@@ -357,7 +366,7 @@ def run_ddlf(args) -> dict:
                                                / args.evals_per_epoch)))
     finally:
         ddlf.shutdown()
-    tl = tc.ddlf_timeline(result.history)
+    tl = ddlf_timeline(result.history)
     return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
             "tokens_per_epoch": len(x) * args.context,
             "settings": {k: v for k, v in result.options.to_json().items()
@@ -414,75 +423,6 @@ def run_one(args, column: str, seed: int, lr: float, split: str) -> dict:
     result["run_s"] = time.monotonic() - t0
     log(f"  {column} seed {seed}: {result['run_s']:.0f} s in all")
     return {**base, **result}
-
-
-def figures(r: dict, target: float | None) -> dict:
-    rows = r.get("timeline") or []
-    if not rows:
-        return {}
-    epochs = rows[-1]["epoch"]
-    hit = None if target is None else next((x for x in rows if x["test_loss"] <= target),
-                                           None)
-    per_epoch = r["train_s"] / epochs if epochs else None
-    return {"s_per_epoch": per_epoch,
-            "tokens_per_s": r["tokens_per_epoch"] / per_epoch if per_epoch else None,
-            "epochs_to_target": hit["epoch"] if hit else None,
-            "time_to_target": hit["train_s"] if hit else None,
-            "final_loss": rows[-1]["test_loss"], "epochs": epochs,
-            "startup_s": r.get("startup_s")}
-
-
-def report_table(results: list, target: float | None, title: str) -> str:
-    med = tc._med
-    goal = "the target" if target is None else f"{target:.4f}"
-    lines = [title, "", f"| column | lr | s/epoch | tokens/s | epochs to {goal} | "
-             f"time to {goal} (s) | loss after the budget | epochs | start-up (s) | "
-             "load avg per run |", "|---|---|---|---|---|---|---|---|---|---|"]
-    groups: dict = {}
-    for r in results:
-        groups.setdefault((r["column"], r["lr"]), []).append(r)
-    for (column, lr), runs in groups.items():
-        loads = " ".join(f"{r['loadavg']:.1f}" for r in runs)
-        ok = [r for r in runs if "timeline" in r]
-        if not ok:
-            why = runs[0].get("unavailable") or runs[0].get("error")
-            lines.append(f"| {column} | {lr} | {why} | | | | | | | {loads} |")
-            continue
-        figs = [figures(r, target) for r in ok]
-        lines.append(
-            f"| {column} | {lr} | {med([f['s_per_epoch'] for f in figs], '.1f')} | "
-            f"{med([f['tokens_per_s'] for f in figs], ',.0f')} | "
-            f"{med([f['epochs_to_target'] for f in figs], '.3f')} | "
-            f"{med([f['time_to_target'] for f in figs], '.1f')} | "
-            f"{med([f['final_loss'] for f in figs], '.4f')} | "
-            f"{med([f['epochs'] for f in figs], '.3f')} | "
-            f"{med([f['startup_s'] for f in figs], '.1f')} | {loads} |"
-            + (f" ({len(runs) - len(ok)} failed: {runs[-1].get('error')})"
-               if len(ok) < len(runs) else ""))
-    return "\n".join(lines)
-
-
-def ratio_lines(results: list, target: float | None) -> list:
-    """DDLF's defaults against the single process and DDP, per seed: the issue's targets
-    (time to the target loss <= 1.0x and <= 0.7x; the loss after the budget within 2 %)."""
-    by = {(r["column"], r["seed"]): figures(r, target) for r in results if "timeline" in r}
-    out = []
-    for other, goal in (("torch-1p", 1.0), ("torch-ddp", 0.7)):
-        ratios, losses = [], []
-        for (column, seed), f in by.items():
-            g = by.get((other, seed))
-            if column != "ddlf-default" or not g:
-                continue
-            if f["time_to_target"] and g["time_to_target"]:
-                ratios.append(f["time_to_target"] / g["time_to_target"])
-            losses.append(f["final_loss"] / g["final_loss"] - 1)
-        if ratios:
-            out.append(f"ddlf-default / {other}, time to the target: "
-                       f"{', '.join(f'{x:.2f}x' for x in ratios)} (target <= {goal}x)")
-        if losses:
-            out.append(f"ddlf-default / {other}, loss after the budget: "
-                       f"{', '.join(f'{100 * x:+.1f} %' for x in losses)}")
-    return out
 
 
 def estimate(args, columns: list, seeds: list) -> float:

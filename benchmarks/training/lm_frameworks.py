@@ -1,9 +1,9 @@
 """Tokens per second of the GPT (``gpt_tiny`` in Keras on TensorFlow, ``gpt_tiny_torch``)
 on this machine's CPU: which framework a language model trains on by default.
 
-    python benchmarks/lm_frameworks.py [--frameworks torch,keras] [--threads 1,2]
-                                       [--size tiny] [--context 128] [--batch 32]
-                                       [--steps 60] [--reps 3]
+    python benchmarks/training/lm_frameworks.py [--frameworks torch,keras] [--threads 1,2]
+                                                [--size tiny] [--context 128] [--batch 32]
+                                                [--steps 60] [--reps 3]
 
 One process per measurement (thread pools are fixed at first use; TensorFlow and torch
 in one process would share the cores), started by this script with ``--child``; the

@@ -1,38 +1,39 @@
 """The GPT on emulated nodes (issue 32 §4, the scaling issue's harness): K = 1, 2, 4
 trainer nodes of 0.5 CPU, links of 100 Mbit/s and 1 Gbit/s, time to a target loss.
 
-    sudo python benchmarks/lm_emu.py [--ks 1,2,4] [--rates 100mbit,1gbit] \\
+    sudo python benchmarks/emulation/lm_emu.py [--ks 1,2,4] [--rates 100mbit,1gbit] \\
         [--settings sync,allreduce+overlap+codec] [--seeds 1,2,3] [--epochs 1] \\
         [--target 1.9] [--size small] [--context 128] [--json lm_emu.json]
-    sudo python benchmarks/lm_emu.py --ks 1,2 --rates 1gbit --settings sync --seeds 1 \\
-        --size tiny --context 64 --max-rounds 4                          # a smoke run
-    python benchmarks/lm_emu.py --estimate [...]                         # the grid's hours
+    sudo python benchmarks/emulation/lm_emu.py --ks 1,2 --rates 1gbit --settings sync \\
+        --seeds 1 --size tiny --context 64 --max-rounds 4                # a smoke run
+    python benchmarks/emulation/lm_emu.py --estimate [...]               # the grid's hours
 
-``cluster_emu.run`` builds the hosts (one network namespace each, a ``tc tbf`` link of the
-rate both ways, each trainer node in a cgroup of ``--node-cpus``), starts a head and K
-nodes, and runs this module's :func:`driver` in the driver's host, which trains
-``lm.GptModelFn`` (PyTorch, ``--size``) on Debian's fortunes (byte tokens, windows of
-``--context``) with each setting of ``emu_streaming.SETTINGS`` (``sync``: DDLF's defaults;
-``allreduce+overlap+codec``: its setting for slow links, int4 with error feedback), seeds
-interleaved, evaluating on the validation split 4 times an epoch. Every run starts from
-the same initial weights; the cosine of every run decays over its own steps.
+The emulation harness (``harness.run``) builds the hosts (one network namespace each, a
+``tc tbf`` link of the rate both ways, each trainer node in a cgroup of ``--node-cpus``),
+starts a head and K nodes, and runs this script's :func:`driver` in the driver's host
+(``lm_emu.py _driver ADDRESS PLAN``), which trains ``lm.GptModelFn`` (PyTorch, ``--size``)
+on Debian's fortunes (byte tokens, windows of ``--context``) with each setting of
+``emu_streaming.SETTINGS`` (``sync``: DDLF's defaults; ``allreduce+overlap+codec``: its
+setting for slow links, int4 with error feedback), seeds interleaved, evaluating on the
+validation split 4 times an epoch. Every run starts from the same initial weights; the
+cosine of every run decays over its own steps.
 
 Per (link, setting, K): the median time to ``--target`` (a validation loss: the tuned
-single process's after one epoch, from ``lm_compare.py --select``'s choices, or given),
-the efficiency T1/(K·TK) against the same setting at K = 1 (the tuned K = 1 is a trainer
-alone: no other trainer to wait for, its link idle), utilization, the loss after the
-budget and seconds per epoch. The issue's targets: K = 4 at 100 Mbit/s reaches the target
-at >= 70 % efficiency and in <= 1.0x torchft DiLoCo's time under the same links.
+single process's after one epoch, from ``training/lm_compare.py --select``'s choices, or
+given), the efficiency T1/(K·TK) against the same setting at K = 1 (the tuned K = 1 is a
+trainer alone: no other trainer to wait for, its link idle), utilization, the loss after
+the budget and seconds per epoch. The issue's targets: K = 4 at 100 Mbit/s reaches the
+target at >= 70 % efficiency and in <= 1.0x torchft DiLoCo's time under the same links.
 
 **Not built here**: the data-parallel (DDP) and torchft DiLoCo columns across K emulated
-hosts. ``link_hosts.py`` emulates two hosts (``torch_compare.py --link``); K = 4 needs its
-hosts generalised to K. Until then the DiLoCo comparison is at K = 2 through
+hosts. ``link_hosts.py`` emulates two hosts (``peers/torch_compare.py --link``); K = 4
+needs its hosts generalised to K. Until then the DiLoCo comparison is at K = 2 through
 ``torch_compare.py``'s harness, and this table holds DDLF's columns.
 
 Durations: a ``small`` GPT trainer at 0.5 CPU makes about 950 tokens/s (half of the 1,892
-tokens per CPU second ``lm_frameworks.py --size small`` measured), so one epoch (2.29 M
-tokens) takes ~40 min at K = 1, ~20 at K = 2, ~10 at K = 4 when the links keep up; the
-default grid (2 rates x 2 settings x 3 seeds x K = 1, 2, 4, one epoch) is about 18 h,
+tokens per CPU second ``training/lm_frameworks.py --size small`` measured), so one epoch
+(2.29 M tokens) takes ~40 min at K = 1, ~20 at K = 2, ~10 at K = 4 when the links keep up;
+the default grid (2 rates x 2 settings x 3 seeds x K = 1, 2, 4, one epoch) is about 18 h,
 ``--epochs 0.25`` about 5 h. ``--estimate`` prints a grid's time.
 """
 
@@ -46,11 +47,13 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+for _p in (os.path.join(ROOT, "tests"), ROOT):   # netns_cluster; benchmarks.* from the checkout
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
-import cluster_emu  # noqa: E402
-import emu_streaming  # noqa: E402
+from benchmarks.emulation import cluster_emu, emu_streaming  # noqa: E402
+from benchmarks.emulation.harness import run  # noqa: E402
 
 # tokens/s of one trainer at 0.5 CPU: half of lm_frameworks.py's tokens per CPU second at
 # one thread (tiny 8,766; small 1,892: results/lm_frameworks*_2026-11-28.json).
@@ -60,7 +63,7 @@ TOKENS = 2_291_436   # fortunes' training split, bytes
 
 def driver(address: str, plan: dict) -> None:
     """Every (rate, seed, setting) of ``plan`` on one cluster of K trainers, one
-    ``RESULT`` line per run (``cluster_emu.run`` reads them)."""
+    ``RESULT`` line per run (``harness.run`` reads them)."""
     import ddlf_actors as ddlf
     from ddlf_actors.apps import TrainConfig, datasets, lm, train
     from ddlf_actors.apps.callbacks import Callback
@@ -219,8 +222,9 @@ def main(argv=None) -> int:
     if target is None and a.choices:
         with open(a.choices) as f:
             target = json.load(f).get("target_loss")
-    from cpu_caps import cgroup_unavailable
     from netns_cluster import netns_unavailable
+
+    from benchmarks.emulation.cpu_caps import cgroup_unavailable
 
     why = netns_unavailable() or cgroup_unavailable()
     if why:
@@ -230,7 +234,7 @@ def main(argv=None) -> int:
         plan["partial"] = a.json + ".partial.jsonl"
     signal.signal(signal.SIGTERM, cluster_emu._interrupted)
     signal.signal(signal.SIGHUP, cluster_emu._interrupted)
-    results = [r for k in ks for r in cluster_emu.run({**plan, "k": k})]
+    results = [r for k in ks for r in run({**plan, "k": k}, os.path.abspath(__file__))]
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"plan": plan, "results": results}, f, indent=1)
@@ -243,4 +247,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) > 3 and sys.argv[1] == "_driver":   # harness.run, in the driver's host
+        driver(sys.argv[2], json.loads(sys.argv[3]))
+    else:
+        sys.exit(main())

@@ -1,0 +1,144 @@
+"""benchmarks/report.py: the results page's headline tables come from benchmarks/results/
+and nowhere else. Generation is deterministic, the page in the repository is what the
+results give, and --check fails when either side changes without the other."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks import report  # noqa: E402
+
+sys.path.remove(ROOT)
+SCRIPT = os.path.join(ROOT, "benchmarks", "report.py")
+
+
+@pytest.fixture
+def copies(tmp_path):
+    """Copies of the results folder, the results page and the front page, to change freely."""
+    results = tmp_path / "results"
+    shutil.copytree(report.RESULTS, results)
+    page = tmp_path / "README.md"
+    shutil.copy(report.PAGE, page)
+    shutil.copy(report.FRONT, tmp_path / "FRONT.md")
+    return results, page
+
+
+def _run(page, results, *flags) -> subprocess.CompletedProcess:
+    """report.py on the copies only (never the repository's pages)."""
+    return subprocess.run([sys.executable, SCRIPT, *flags, "--page", str(page), "--front",
+                           str(page.parent / "FRONT.md"), "--results", str(results)],
+                          capture_output=True, text=True, timeout=120, cwd=os.sep)
+
+
+def _check(page, results) -> subprocess.CompletedProcess:
+    return _run(page, results, "--check")
+
+
+def test_generation_is_deterministic_and_reads_only_the_results_folder(copies):
+    results, _page = copies
+    once = report.generate()
+    assert report.generate() == once
+    assert report.generate(str(results)) == once   # the same files elsewhere: the same page
+    assert once.startswith(report.BEGIN) and once.endswith(report.END)
+
+
+def test_the_pages_in_the_repository_are_what_the_results_give():
+    proc = subprocess.run([sys.executable, SCRIPT, "--check"], capture_output=True, text=True,
+                          timeout=120, cwd=os.sep)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_check_fails_when_a_number_on_the_page_is_edited_by_hand(copies):
+    results, page = copies
+    text = page.read_text()
+    assert "| 7.5 [7.1–7.6] |" in text   # ddlf-torch-default's s/epoch, from its three runs
+    page.write_text(text.replace("| 7.5 [7.1–7.6] |", "| 6.5 [6.1–6.6] |", 1))
+    proc = _check(page, results)
+    assert proc.returncode == 1
+    assert "-| **ddlf-torch-default** | 0.01 | 6.5 [6.1–6.6]" in proc.stdout
+    assert "python benchmarks/report.py" in proc.stderr
+
+
+def test_check_fails_when_a_raw_result_changes_and_the_page_follows_it(copies):
+    results, page = copies
+    name = results / "torch_compare_final_2026-11-27c.json"
+    runs = json.loads(name.read_text())
+    for r in runs:
+        if r["column"] == "torch-ddp":
+            r["train_s"] *= 2          # every DDP run took twice as long
+    name.write_text(json.dumps(runs))
+    assert _check(page, results).returncode == 1
+    # Rewriting the page from the changed results puts the new median in the table.
+    proc = _run(page, results)
+    assert proc.returncode == 0, proc.stderr
+    assert "| torch-ddp (2 × 1 thread, gloo) | 0.03 | 23.3 [23.3–23.5] |" in page.read_text()
+    assert _check(page, results).returncode == 0
+
+
+def test_gzipped_grids_are_read_as_they_are(copies):
+    results, page = copies
+    name = results / "streaming_k4_100mbit_5ep_2026-11-27.json.gz"
+    with gzip.open(name, "rt") as f:
+        data = json.load(f)
+    for r in data["results"]:
+        if r["codec"] == "sync+codec":
+            r["rows"] = r["rows"][:2]   # cut short: it never reaches the target
+    with gzip.open(name, "wt") as f:
+        json.dump(data, f)
+    part = report.generate(str(results))
+    assert "| sync+codec (blocking, `int4:ef`) | 3 |" in part
+    assert "216.0, 3/3" not in part and _check(page, results).returncode == 1
+
+
+def test_a_transcribed_table_says_so_and_headlines_must_be_newest_first(copies):
+    results, _page = copies
+    part = report.generate(str(results))
+    micro = part[part.index("The runtime against Ray"):]
+    assert "**Transcribed, not raw:**" in micro
+    assert "**Transcribed, not raw:**" not in part[:part.index("The runtime against Ray")]
+    manifest = results / "headlines.json"
+    doc = json.loads(manifest.read_text())
+    doc["headlines"].reverse()
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="newest first"):
+        report.generate(str(results))
+
+
+def test_splice_replaces_only_the_generated_part_and_needs_the_markers():
+    page = f"# Title\nbefore\n{report.BEGIN}\nold\n{report.END}\nafter\n"
+    new = report.splice(page, f"{report.BEGIN}\nnew\n{report.END}")
+    assert new == f"# Title\nbefore\n{report.BEGIN}\nnew\n{report.END}\nafter\n"
+    with pytest.raises(ValueError, match="marker"):
+        report.splice("# no markers\n", "x")
+
+
+def test_the_front_page_summary_is_filled_from_the_tables_and_checked_too(copies):
+    results, page = copies
+    summary = report.generate_summary(str(results))
+    assert "**0.40×** the time" in summary            # DDLF-torch / DDP, from the torch table
+    assert "{{" not in summary
+    front = page.parent / "FRONT.md"
+    front.write_text(front.read_text().replace("**0.40×** the time", "**0.30×** the time", 1))
+    proc = _check(page, results)
+    assert proc.returncode == 1 and "FRONT.md differs" in proc.stderr
+    # A summary line naming a figure no table computes is an error, not a blank.
+    manifest = results / "headlines.json"
+    doc = json.loads(manifest.read_text())
+    doc["summary"].append("{{torch-2core.no-such-ratio}}")
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(KeyError, match="no-such-ratio"):
+        report.generate_summary(str(results))
+
+
+def test_anchors_are_github_s():
+    assert report.anchor("Slow links: 4 nodes of half a CPU at 100 Mbit/s (2026-11-27)") == \
+        "slow-links-4-nodes-of-half-a-cpu-at-100-mbits-2026-11-27"
