@@ -168,10 +168,9 @@ class SyncMachine(Machine):
                 got, self.ahead = self._issue(self.round_no + 2)
                 orders += got
             elif self.open is not None and self.stream is not None:
-                # No round carries this outer step: publish it anyway, as handing out round
-                # round_no + 2 would have. A checkpoint of a later round then holds it, so
-                # a run resumed from there with more epochs hands that round out with the
-                # global an uninterrupted longer run sent (bit-equal), not an older one.
+                # No round carries this outer step: publish it anyway, so a checkpoint of a
+                # later round holds it and a run resumed with more epochs hands that round
+                # out with the global a longer run sent (bit-equal), not an older one.
                 self.stream.publish(self.w)
         return orders
 
