@@ -30,7 +30,7 @@ from .outer import OuterOptimizer
 from .rates import InnerRate, steps_in
 from .streaming import FragmentOuter
 
-__all__ = ["RoundOptions", "Rounds", "default_rounds", "STEPS_PER_ROUND"]
+__all__ = ["RoundOptions", "Rounds", "default_rounds", "STEPS_PER_ROUND", "outer_for_k"]
 
 # Local steps per trainer per round that rounds_per_epoch aims at when left out.
 STEPS_PER_ROUND = 16
@@ -42,13 +42,28 @@ def default_rounds(per_trainer: float, batch_size: int, steps: int = STEPS_PER_R
     return max(1, round(per_trainer / (batch_size * steps)))
 
 
+def outer_for_k(k: int) -> dict:
+    """The outer step's defaults that depend on the run's ``k`` trainers (``docs/
+    training.md``, "The defaults, by K and by link"): with one trainer there is nothing to
+    average, so no outer step (the lone trainer's own trajectory, not a momentum on it,
+    which made accuracy jump between rounds); with K >= 2, ``RoundOptions.DEFAULTS``'."""
+    if k <= 1:
+        return {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
+    return {}
+
+
 @dataclasses.dataclass
 class RoundOptions(SchemeOptions):
     """Averaging in rounds, with an outer optimizer (sync, allreduce)."""
 
     rounds_per_epoch: int | None = option(
         None, check=int_at_least(1),
-        help="average this many times per epoch (default: about 16 local steps per round)")
+        help="average this many times per epoch (default: about steps_per_round local "
+             "steps per round)")
+    steps_per_round: int | None = option(
+        None, check=int_at_least(1),
+        help="local steps per trainer per round, which sizes rounds_per_epoch when that is "
+             "left out (default 16)")
     eval_every: int | None = option(
         None, check=int_at_least(1),
         help="evaluate every N rounds and the last (default: once per epoch)")
@@ -58,7 +73,7 @@ class RoundOptions(SchemeOptions):
              "lr_scaling='outer'); a number or a schedule of the round")
     outer_momentum: float | None = option(
         None, check=number_in(0.0, 1.0, high_open=True),
-        help="momentum of the outer step (default 0.9)")
+        help="momentum of the outer step (default 0.8; none with one trainer)")
     nesterov: bool | None = option(None, check=boolean, help="Nesterov outer momentum "
                                    "(default on)")
     lr_scaling: str | None = option(
@@ -83,13 +98,15 @@ class RoundOptions(SchemeOptions):
 
     # Chosen on a validation split (benchmarks/training/explore_defaults.py; docs/training.md, "the
     # defaults"): rounds of about STEPS_PER_ROUND local steps (rounds_per_epoch, from the
-    # data's size) and DiLoCo's outer step, Nesterov momentum 0.9 at rate 0.7 with no K
-    # rule (so no warm-up), one evaluation per epoch (eval_every). With paper_cnn's Adam
-    # they reached 0.85 validation accuracy in the fewest epochs tried; the outer momentum
-    # also speeds up a user's Adam at 1e-3 and plain SGD (and slows SGD with momentum: see
-    # the docs). The rounds are filled in once the data's size is known. Rounds are not
-    # streamed (overlap, fragments: streaming.py) unless asked.
-    DEFAULTS: ClassVar[dict] = {"outer_lr": 0.7, "outer_momentum": 0.9, "nesterov": True,
+    # data's size) and DiLoCo's outer step, Nesterov at rate 0.7 with no K rule (so no
+    # warm-up), one evaluation per epoch (eval_every). With paper_cnn's Adam they reached
+    # 0.85 validation accuracy in the fewest epochs tried; the outer momentum also speeds
+    # up a user's Adam at 1e-3 and plain SGD (and slows SGD with momentum: see the docs).
+    # Its 0.8 (DiLoCo's 0.9 before) was chosen with wide_cnn at K = 2, 4 and 8 (issue 30):
+    # fewer epochs to the target at every K. One trainer takes no outer step
+    # (outer_for_k). The rounds are filled in once the data's size is known. Rounds are
+    # not streamed (overlap, fragments: streaming.py) unless asked.
+    DEFAULTS: ClassVar[dict] = {"outer_lr": 0.7, "outer_momentum": 0.8, "nesterov": True,
                                 "lr_scaling": "none", "overlap": False, "fragments": 1}
 
     def defaults(self, config) -> dict:
@@ -98,6 +115,7 @@ class RoundOptions(SchemeOptions):
         otherwise); with ``lr_scaling='inner'`` the outer rate is 1 (the K rule acts on the
         trainers); with ``lr_scaling='none'`` there is nothing to warm up."""
         out = dict(self.DEFAULTS)
+        out.update(outer_for_k(config.workers))
         if self.outer_momentum == 0:
             out["nesterov"] = False
             if self.outer_lr is None:
@@ -109,6 +127,10 @@ class RoundOptions(SchemeOptions):
         return out
 
     def validate(self, config) -> None:
+        if self.rounds_per_epoch is not None and self.steps_per_round is not None:
+            raise ConfigError(f"steps_per_round={self.steps_per_round}",
+                              f"and rounds_per_epoch={self.rounds_per_epoch} both size the "
+                              "rounds: give one of them")
         if self.warmup_rounds and self.lr_scaling == "none":
             raise ConfigError(f"warmup_rounds={self.warmup_rounds}",
                               "ramps up the linear scaling rule for K: set lr_scaling='outer' "
@@ -127,7 +149,8 @@ class RoundOptions(SchemeOptions):
         fill: dict[str, Any] = {}
         rounds = self.rounds_per_epoch
         if rounds is None:
-            rounds = fill["rounds_per_epoch"] = default_rounds(per_trainer, config.batch_size)
+            rounds = fill["rounds_per_epoch"] = default_rounds(
+                per_trainer, config.batch_size, self.steps_per_round or STEPS_PER_ROUND)
         # With fragments a round syncs 1/F of the model: F times the rounds, each a 1/F of
         # the steps (eval_every and warmup_rounds count these rounds).
         rounds *= self.fragments or 1

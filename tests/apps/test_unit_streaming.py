@@ -395,7 +395,7 @@ def test_a_stopped_overlapped_run_returns_the_weights_of_its_last_row(scheme):
     weights, though round 2 (and with allreduce its collective) ran on meanwhile."""
     blocking = _train(rounds_per_epoch=3, eval_every=1, target_accuracy=0.3)
     overlapped = _train(scheme=scheme, rounds_per_epoch=3, eval_every=1, target_accuracy=0.3,
-                        overlap=True, outer_momentum=0.9)
+                        overlap=True)
     assert len(blocking.history) == len(overlapped.history) == 1
     for a, b in zip(blocking.weights, overlapped.weights):
         np.testing.assert_array_equal(a, b)
