@@ -69,8 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                           "Debian corpus) or text:PATH (your UTF-8 files, a glob)")
     run.add_argument("--data-dir", help="where the dataset's files are (default: the lookup "
                                         "order of datasets.load)")
-    run.add_argument("--scheme", default="sync",
-                     help="a registered scheme: " + ", ".join(_scheme_names()) + " (default sync)")
+    run.add_argument("--scheme", default="auto",
+                     help="a registered scheme: " + ", ".join(_scheme_names()) + " (default auto: the ring, its rounds and codec chosen from K, the model and a probe of the links)")
     run.add_argument("--workers", default="2",
                      help="trainers: K, or MIN:MAX for an elastic run that starts with MIN "
                           "and grows as CPUs appear")
@@ -260,11 +260,16 @@ def _check_args(args) -> None:
     from .schemes import registry
     from .schemes.api import split_options
 
+    given = _scheme_options(args)
+    if args.scheme == "auto":   # a setting only another scheme reads names that scheme
+        from .schemes.auto import named_by
+
+        pair = args.compression is not None and "," in args.compression
+        args.scheme = named_by({**given, "compression": ("", "") if pair else None}) or "auto"
     try:
         scheme = registry.get(args.scheme)
     except registry.UnknownSchemeError as e:
         raise _UsageError(f"--scheme {args.scheme}: {e}") from None
-    given = _scheme_options(args)
     for name in given:
         if name not in scheme.Options.names():
             raise _UsageError(f"{_flag(name)} does not apply to --scheme {args.scheme}; it "
@@ -442,8 +447,9 @@ def _run(args) -> int:
     report.write_history(result.history, args.out)
     what = "PyTorch" if args.framework == "torch" else f"Keras on {args.keras_backend}" \
         if args.keras_backend else "Keras"
+    scheme = result.settings.get("scheme") or args.scheme   # auto: the scheme it chose
     report.plot_history(result.history, os.path.join(args.out, "training.png"),
-                        f"DDLF {args.scheme}, {label}, K={args.workers}, {what}")
+                        f"DDLF {scheme}, {label}, K={args.workers}, {what}")
     # The adapter of the model's framework writes it in that framework's format.
     adapter = frameworks.for_model(result.model)
     adapter.save(result.model, os.path.join(args.out, adapter.model_file))
@@ -452,10 +458,12 @@ def _run(args) -> int:
     if text:
         saved += lm_cli.finish(args, result, model_fn, dataset)
     workers = args.workers if isinstance(args.workers, int) else "{}-{}".format(*args.workers)
-    print(f"\n{args.scheme} on {label}, {workers} trainers ({what}): trainers ready in "
+    print(f"\n{scheme} on {label}, {workers} trainers ({what}): trainers ready in "
           f"{result.startup_s:.1f} s, trained in {result.history[-1]['time_s']:.1f} s, "
           f"{total:.1f} s in all. Wrote {', '.join(saved)}, history.csv, history.json, "
           f"training.png to {args.out}/")
+    if result.settings.get("auto"):
+        print(result.settings["auto"]["line"])
     if args.tensorboard:
         print(f"TensorBoard logs in {args.tensorboard}/ (tensorboard --logdir {args.tensorboard})")
     if result.stopped_early:

@@ -73,6 +73,7 @@ class EventKind(str, enum.Enum):
     WAITING = "waiting_for_trainers"               # fewer than min_workers are left
     RESUMED = "resumed"                            # the run continued from a checkpoint
     CHECKPOINT = "checkpoint"                      # a checkpoint was written
+    SETTINGS = "settings"                          # what scheme="auto" chose, and why
 
 
 class RunEvent(TypedDict):

@@ -49,6 +49,9 @@ class TrainResult:
     framework: str | None = None
     # What the run trained on (a TextDataset's tokenizer is what generate() needs).
     dataset: Any = dataclasses.field(default=None, repr=False)
+    # The scheme the run was, the settings it ran with, and what scheme="auto" chose and
+    # why ({"scheme", "compression", "options", "auto": {..., "line"} or None}).
+    settings: dict = dataclasses.field(default_factory=dict)
     _model: Any = dataclasses.field(default=None, repr=False)
 
     @property

@@ -38,6 +38,7 @@ from .frameworks.heap import keep_freed_memory
 from .frameworks.threads import limit_threads
 from .schemes.allreduce import AllreduceTrainer
 from .schemes.downpour import DownpourTrainer
+from .schemes.probe import ProbeTrainer
 from .wire import WireMethods
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
@@ -48,7 +49,7 @@ def _node_id() -> str | None:
     return backends.here().node_id()
 
 
-class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer):
+class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer, ProbeTrainer):
     """Holds a model built by ``model_fn()`` and a dataset loaded once.
 
     ``dataset`` is a registered name (``"fashion-mnist"``), a callable returning

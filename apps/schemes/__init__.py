@@ -5,7 +5,9 @@
 - ``allreduce``: the trainers average among themselves over a ring, with the same
   outer optimizer as sync (``allreduce.py``);
 - ``easgd``: elastic averaging SGD (``easgd.py``);
-- ``downpour``: Downpour SGD (``downpour.py``).
+- ``downpour``: Downpour SGD (``downpour.py``);
+- ``auto``, ``train()``'s default: ``allreduce`` with its steps per round and codec chosen
+  from K, the model's size and a start-up probe of the trainers (``auto.py``).
 
 Each is a state machine (``machine.py``) that one driver loop runs over a backend
 (``driver.py``). A new scheme is one module with its options and its machine, and one
@@ -16,6 +18,7 @@ from . import registry
 from .allreduce import AllreduceMachine, AllreduceOptions, CollectiveError, WeightsLostError
 from .api import resolve_options, split_options, train, train_allreduce, train_async, train_sync
 from .asynchronous import AsyncMachine, AsyncOptions
+from .auto import AutoMachine, AutoOptions
 from .downpour import DownpourMachine, DownpourOptions
 from .driver import Driver
 from .easgd import EasgdMachine, EasgdOptions
@@ -31,10 +34,11 @@ register("async", AsyncMachine)
 register("allreduce", AllreduceMachine)
 register("easgd", EasgdMachine)
 register("downpour", DownpourMachine)
+register("auto", AutoMachine)
 
 __all__ = ["train", "train_sync", "train_async", "train_allreduce", "register", "registry",
            "resolve_options", "split_options", "Machine", "Driver", "SyncMachine",
            "SyncOptions", "AsyncMachine", "AsyncOptions", "AllreduceMachine",
            "AllreduceOptions", "EasgdMachine", "EasgdOptions", "DownpourMachine",
-           "DownpourOptions", "OuterOptimizer", "TrainerPool", "TrainerStartError",
+           "DownpourOptions", "AutoMachine", "AutoOptions", "OuterOptimizer", "TrainerPool", "TrainerStartError",
            "TooFewTrainersError", "UnknownSchemeError", "WeightsLostError", "CollectiveError"]

@@ -7,7 +7,7 @@ import difflib
 from ..config import TrainConfig
 from ..options import ConfigError, SchemeOptions
 from ..result import TrainResult
-from . import registry
+from . import auto, registry
 from .driver import Driver
 
 __all__ = ["train", "train_sync", "train_async", "train_allreduce", "split_options",
@@ -56,11 +56,13 @@ def resolve_options(scheme: str, **options) -> tuple[TrainConfig, SchemeOptions]
     return config, opts.resolve(config)
 
 
-def train(model_fn, dataset, scheme: str = "sync", *, trainers=None, initial_weights=None,
+def train(model_fn, dataset, scheme: str = "auto", *, trainers=None, initial_weights=None,
           resume=None, **options) -> TrainResult:
     """Train ``model_fn()`` data-parallel with the scheme registered as ``scheme``.
 
-    ``scheme``: ``"sync"`` (the default), ``"async"``, ``"allreduce"``, ``"easgd"``,
+    ``scheme``: ``"auto"`` (the default: ``allreduce`` with its steps per round and codec
+    chosen from K, the model's size and a start-up probe of the trainers; ``auto.py``),
+    ``"sync"``, ``"async"``, ``"allreduce"``, ``"easgd"``,
     ``"downpour"``, or any name in ``registry.names()``. ``options`` are the fields of
     :class:`TrainConfig` and of the scheme's options dataclass (``SyncOptions`` ...); a
     scheme setting left out takes the scheme's default, and one the scheme does not read
@@ -74,6 +76,8 @@ def train(model_fn, dataset, scheme: str = "sync", *, trainers=None, initial_wei
     """
     if resume is not None and options.get("checkpoint_dir") is None:
         options["checkpoint_dir"] = resume
+    if scheme == "auto":   # an explicit setting of another scheme wins over auto's choice
+        scheme = auto.named_by(options) or scheme
     caller = f"train_{scheme}" if scheme in ("sync", "async", "allreduce") else "train"
     config, scheme_options = split_options(scheme, options, caller=caller)
     driver = Driver(registry.get(scheme), model_fn, dataset, config, scheme_options, trainers)

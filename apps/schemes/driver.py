@@ -106,6 +106,31 @@ def _say_gpu_note(config: TrainConfig, infos: list) -> None:
         log.info(note)
 
 
+def run_settings(scheme: str, config: TrainConfig, machine: Machine, choice) -> dict:
+    """What ``result.settings`` records: the scheme and every setting it ran with, and what
+    ``auto`` chose and why (``choice``, or None)."""
+    return {"scheme": scheme, "compression": config.compression,
+            "options": machine.options.to_json(),
+            "auto": None if choice is None else {**choice.to_json(),
+                                                 "line": choice.line(config.workers)}}
+
+
+def resume_detail(ckpt: checkpoint.Checkpoint, config: TrainConfig, options) -> str:
+    """The ``resumed`` event's text: from where, and what changed since."""
+    saved = {**ckpt.meta.get("config", {}), **ckpt.meta.get("options", {})}
+    now = {**config.to_json(), **options.to_json()}
+    changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now)
+               if k in saved and saved.get(k) != now.get(k)
+               and k not in ("callbacks", "progress", "checkpoint_dir")]
+    text = f"from {ckpt.path} (round {ckpt.round})"
+    if not ckpt.optimizer_states:
+        # Said once, here: a model without optimizer state (plain SGD, a TrainerActor
+        # subclass without get_optimizer_state) resumes bit-equal all the same.
+        text += ("; it holds no optimizer state (the trainers reported none), so each "
+                 "trainer goes on with the optimizer its model was built with")
+    return text + (f"; settings changed: {', '.join(changed)}" if changed else "")
+
+
 class Run:
     """The state callbacks see: ``scheme``, ``config``, ``total_rows``, ``rows_done`` (rows
     already in the history when training began, as after a resume), ``events`` and a
@@ -134,7 +159,9 @@ class Driver:
         self.model_fn = model_fn
         self.dataset = dataset
         self.config = config
+        self.given = options            # as the caller gave them (auto keeps these)
         self.options = options.resolve(config)
+        self.choice = None              # what scheme="auto" chose (auto.Choice)
         self.trainer_cls = config.trainer_cls or default_trainer_cls()
         self._adopted = list(trainers) if trainers is not None else None
         self.clock = clock
@@ -189,6 +216,8 @@ class Driver:
             if isinstance(self.dataset, datasets.TextDataset):   # its ids fit the model
                 self.dataset.check_model(self.pool.live()[0].about)
             _say_gpu_note(self.config, [s.info for s in self.pool.live()])
+            if self.name == "auto":
+                self._resolve_auto(ckpt)
             machine = self.machine = self._make_machine(self.pool.live())
             if ckpt is not None:
                 weights = self._restore(ckpt)
@@ -215,7 +244,9 @@ class Driver:
             for cb in self.callbacks:
                 cb.on_train_begin(run)
             if ckpt is not None:
-                self.emit(EventKind.RESUMED, None, self._resume_detail(ckpt))
+                self.emit(EventKind.RESUMED, None, resume_detail(ckpt, self.config, machine.options))
+            if self.choice is not None:
+                self.emit(EventKind.SETTINGS, None, self.choice.line(self.config.workers))
             result = None
             try:
                 weights = self._loop(machine.start(weights, self.pool.live(), self.clock()))
@@ -232,7 +263,8 @@ class Driver:
                     checkpoint=self.last_checkpoint,
                     checkpoint_s=self.writer.blocked_s if self.writer else 0.0,
                     checkpoint_write_s=self.writer.write_s if self.writer else 0.0,
-                    checkpoint_cpu_s=self.writer.write_cpu_s if self.writer else 0.0)
+                    checkpoint_cpu_s=self.writer.write_cpu_s if self.writer else 0.0,
+                    settings=run_settings(self.name, self.config, machine, self.choice))
             except DDLFError as e:
                 if getattr(e, "resume_hint", False):
                     raise type(e)(f"{e} {self._resume_hint()}") from e
@@ -248,6 +280,16 @@ class Driver:
                 self.pool.stop()
             if started_session:
                 self.backend.shutdown()
+
+    def _resolve_auto(self, ckpt) -> None:
+        """``scheme="auto"``: become a run of the scheme ``auto.resolve`` chose."""
+        from . import auto
+
+        choice, self.machine_cls, self.options, self.config = auto.resolve(
+            self.given, self.config, self.options, self.backend, self._the_pool().live(),
+            ckpt.meta.get("auto") if ckpt is not None else None)
+        self.choice, self.name = choice, choice.scheme
+        (print if self.config.progress else log.info)(f"ddlf: {choice.line(self.config.workers)}")
 
     # -- what exists while run() runs --------------------------------------------------------
     def _the_pool(self) -> TrainerPool:
@@ -435,6 +477,8 @@ class Driver:
             "config": self.config.to_json(), "options": machine.options.to_json(),
             "fingerprint": self.fingerprint, "position": order.position, "wire": order.wire,
         }
+        if self.choice is not None:   # a resumed auto run takes this, not a new probe
+            meta["auto"] = self.choice.to_json()
         if self.writer is None:
             raise RuntimeError("a Checkpoint order in a run without checkpoint_dir: a bug in "
                                "the scheme's machine (checkpoint_due is False there)")
@@ -501,17 +545,3 @@ class Driver:
         machine.wire.restore(meta.get("wire"), ckpt.arrays)
         machine.restore(ckpt)
         return [np.array(w, copy=True) for w in ckpt.weights]
-
-    def _resume_detail(self, ckpt: checkpoint.Checkpoint) -> str:
-        saved = {**ckpt.meta.get("config", {}), **ckpt.meta.get("options", {})}
-        now = {**self.config.to_json(), **self._the_machine().options.to_json()}
-        changed = [f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(now)
-                   if k in saved and saved.get(k) != now.get(k)
-                   and k not in ("callbacks", "progress", "checkpoint_dir")]
-        text = f"from {ckpt.path} (round {ckpt.round})"
-        if not ckpt.optimizer_states:
-            # Said once, here: a model without optimizer state (plain SGD, a TrainerActor
-            # subclass without get_optimizer_state) resumes bit-equal all the same.
-            text += ("; it holds no optimizer state (the trainers reported none), so each "
-                     "trainer goes on with the optimizer its model was built with")
-        return text + (f"; settings changed: {', '.join(changed)}" if changed else "")

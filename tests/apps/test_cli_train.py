@@ -88,7 +88,9 @@ def test_ddlf_train_run_framework_torch_writes_model_pt(tmp_path):
                            "--data-dir", str(data), "--workers", "2", "--master-epochs", "2",
                            "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ddlf sync" in proc.stderr
+    # The default scheme, auto, ran the ring and said so on one line.
+    assert "ddlf allreduce" in proc.stderr
+    assert "auto: allreduce ring of 2" in proc.stdout + proc.stderr
     # A PyTorch run loads no TensorFlow anywhere: not a line of it on the terminal.
     assert not [m for m in map(_TF_LINE.match, proc.stderr.splitlines()) if m], proc.stderr
     assert "(PyTorch)" in proc.stdout and "Wrote model.pt, history.csv" in proc.stdout

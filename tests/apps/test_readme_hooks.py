@@ -222,12 +222,15 @@ class _KillOneTrainer(Callback):
 
 
 @pytest.mark.timeout(300)
-def test_a_trainer_killed_from_outside_is_replaced_on_a_cluster(train_cluster, tmp_path):
+@pytest.mark.parametrize("scheme", ["sync", "auto"])   # auto: train()'s default, the ring
+def test_a_trainer_killed_from_outside_is_replaced_on_a_cluster(train_cluster, tmp_path,
+                                                                scheme):
     killer = _KillOneTrainer(str(tmp_path))
-    result = train(RecordsPid(MODEL, str(tmp_path)), hard_blobs_dataset, "sync",
+    result = train(RecordsPid(MODEL, str(tmp_path)), hard_blobs_dataset, scheme,
                    trainer_cls=ReadmeTrainer, rounds_per_epoch=2, min_workers=2,
                    callbacks=[killer], **RUN)
     assert killer.killed is not None
+    assert result.settings["scheme"] == ("allreduce" if scheme == "auto" else "sync")
     assert len(_kinds(result, "trainer_lost")) == 1
     assert len(_kinds(result, "trainer_joined")) == 1
     assert len(os.listdir(tmp_path)) == 3          # two trainers, one replacement

@@ -1,0 +1,263 @@
+"""``scheme="auto"``, the default of ``train()`` and ``ddlf-train run``: DDLF picks the
+scheme, the steps per round and the codec from K, the model's size and a probe of the
+trainers' step time and links, then runs that scheme.
+
+The rules (each measured; ``docs/training.md``, "The defaults, by K and by link"):
+
+- **The ring, never the star.** With K ≥ 2 trainers the run is ``allreduce``: the
+  trainers average among themselves, every trainer sends ``2(K−1)/K`` of the model a
+  round whatever K is, and nothing goes through the driver's one link (the star, ``sync``,
+  sends K copies down it every round). With one trainer it is ``allreduce`` too: a ring
+  of one sends nothing, and the outer step is off (``rounds.py``'s K rule), so a lone
+  trainer trains exactly as one process would.
+- **A round's communication costs at most a tenth of its compute.** The probe gives the
+  step time ``t``, the slowest ring link's bandwidth and latency, and what each codec costs
+  to encode the model; a round of H steps with codec c takes ``ring(c) = 2(K−1)/K · M ·
+  ratio(c) / bandwidth + 2(K−1) · latency + encode(c)`` on top of ``H·t``. ``auto`` takes
+  the first rung of :data:`LADDER` (fewest steps per round, then the least lossy codec)
+  with ``ring(c) ≤ 0.1 · H·t``, so a trainer computes at least ~90 % of the time. When no
+  rung fits (a link far too slow for the model), the last rung runs with ``overlap=True``,
+  which hides a round's ring behind the next round's steps.
+- **An explicit option always wins.** A ``compression=`` or ``rounds_per_epoch=`` given
+  is kept, and what is left is chosen around it; with both given there is no probe.
+- **A setting only another scheme reads names that scheme.** ``backup_workers=1`` (or
+  a ``(down, up)`` codec pair, which only the star sends) runs ``sync``, as asked, instead
+  of refusing the setting: :func:`named_by`.
+- **A probe that fails** (it did not finish within ``probe_timeout_s``, a link dropped)
+  falls back to :data:`SAFE` and says so; it never hangs the run.
+
+What was chosen and why is one line (:meth:`Choice.line`): ``ddlf-train run`` prints it, the
+run's events hold it, and ``result.settings`` records it. A resumed run takes the choice
+its checkpoint recorded instead of probing again, so it continues bit-equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from ..options import SchemeOptions, boolean, number_in, option
+from . import probe
+from .allreduce import AllreduceMachine, AllreduceOptions
+from .machine import Machine
+from .probe import Probe
+from .rounds import STEPS_PER_ROUND
+
+__all__ = ["AutoOptions", "AutoMachine", "Choice", "choose", "LADDER", "SAFE", "BUDGET",
+           "CODEC_RATIO", "ring_seconds", "codec_ratio", "probe_codecs", "resolve",
+           "named_by"]
+
+# What a codec leaves of the bytes (its payload over float32's, to the first digit).
+CODEC_RATIO: dict[str | None, float] = {None: 1.0, "fp16": 0.5, "int8:ef": 0.26,
+                                        "int4:ef": 0.14}
+# (steps per round, codec), in order of preference: the least lossy codec first, then
+# more steps per round. A codec costs little (int4 with error feedback: 0.04 points after
+# 3 epochs), where 32 steps a round instead of 16 took 25 % more epochs to the target at
+# K = 4 (docs/training.md, "The defaults, by K and by link").
+LADDER: tuple[tuple[int, str | None], ...] = (
+    (16, None), (16, "fp16"), (16, "int8:ef"), (16, "int4:ef"), (32, "int8:ef"),
+    (32, "int4:ef"), (64, "int4:ef"))
+# The share of a round's compute its ring may take.
+BUDGET = 0.10
+# Without a probe: what is never far off on an ordinary LAN or a slow link.
+SAFE = (STEPS_PER_ROUND, "int8:ef")
+
+
+@dataclasses.dataclass
+class AutoOptions(AllreduceOptions):
+    """``allreduce``'s settings, each kept when given, and the probe's."""
+
+    scheme: ClassVar[str] = "auto"
+
+    probe: bool | None = option(
+        None, check=boolean,
+        help="measure the trainers' step time and links at the start (default on); off: "
+             "choose from K alone (16 steps a round, int8:ef between trainers)")
+    probe_timeout_s: float | None = option(
+        None, check=number_in(0.0, float("inf"), low_open=True, high_open=True),
+        help="give the start-up probe at most this long (default 20 s), then fall back")
+
+    DEFAULTS: ClassVar[dict] = {**AllreduceOptions.DEFAULTS, "probe": True,
+                                "probe_timeout_s": 20.0}
+
+
+class AutoMachine(Machine):
+    """Stands for ``auto`` in the registry: the driver replaces it, before the run starts,
+    with the machine of the scheme :func:`choose` picked."""
+
+    name = "auto"
+    Options = AutoOptions
+    wire_modes = AllreduceMachine.wire_modes
+
+    def __init__(self, ctx):   # pragma: no cover - the driver never builds it
+        raise RuntimeError("scheme='auto' is resolved by the driver before a machine is made "
+                           "(a bug in DDLF, please report it)")
+
+
+@dataclasses.dataclass
+class Choice:
+    """What ``auto`` runs: ``scheme``, the scheme's ``options`` to set (the given ones
+    included), ``compression``, and ``reason``, the figures behind it."""
+
+    scheme: str
+    steps: int
+    compression: Any
+    overlap: bool
+    reason: str
+    probe: dict | None = None
+    explicit: tuple = ()
+
+    def line(self, k: int) -> str:
+        codec = "no codec" if self.compression is None else f"{self.compression} per hop"
+        what = (f"allreduce ring of {k}" if k > 1 else "one trainer, no traffic")
+        extra = ", overlapped" if self.overlap else ""
+        given = f" ({', '.join(self.explicit)} as given)" if self.explicit else ""
+        return f"auto: {what}, {self.steps} local steps a round, {codec}{extra}{given}: {self.reason}"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Choice:
+        data = dict(data)
+        data["explicit"] = tuple(data.get("explicit") or ())
+        return cls(**data)
+
+
+def codec_ratio(codec: Any) -> float | None:
+    """What ``codec`` leaves of float32's bytes; None for one this table does not know (a
+    given codec, whose cost is then not predicted)."""
+    if codec is None:
+        return 1.0
+    name = str(codec).split(":")[0]
+    base = {"none": 1.0, "lz4": 1.0, "zstd": 1.0, "fp16": CODEC_RATIO["fp16"],
+            "int8": CODEC_RATIO["int8:ef"], "int4": CODEC_RATIO["int4:ef"]}
+    return base.get(name)
+
+
+def ring_seconds(k: int, model_bytes: float, codec: str | None, bandwidth: float,
+                 latency: float, encode_s: dict) -> float:
+    """One ring collective's seconds for a model of ``model_bytes`` (float32) with ``codec``:
+    the bytes every member sends, the ``2(K−1)`` hops' latency, and (lossy codecs) the
+    encoding and decoding of the ``2(K−1)/K`` of the vector that passes through it."""
+    share = 2 * (k - 1) / k
+    ratio = codec_ratio(codec)
+    wire = share * model_bytes * (1.0 if ratio is None else ratio) / bandwidth
+    work = 0.0 if codec is None else share * float(encode_s.get(codec, 0.0))
+    return wire + 2 * (k - 1) * latency + work
+
+
+def choose(k: int, model_bytes: float, probe: Probe | None, *, compression: Any = None,
+           steps: int | None = None) -> Choice:
+    """The settings for K trainers of a model of ``model_bytes``, from ``probe`` (None or
+    failed: :data:`SAFE`), keeping a given ``compression`` or ``steps`` (per round)."""
+    explicit = tuple(n for n, v in (("compression", compression), ("steps", steps))
+                     if v is not None)
+    if k == 1:
+        return Choice("allreduce", steps or STEPS_PER_ROUND, compression, False,
+                      "K = 1 sends nothing, and the outer step is off", None, explicit)
+    if probe is None or probe.failed or probe.step_s is None or not probe.bandwidth_Bps:
+        why = ("the probe is off (probe=False)" if probe is None else
+               f"the start-up probe failed: {probe.failed}; these need no measurement")
+        return Choice("allreduce", steps or SAFE[0],
+                      SAFE[1] if compression is None else compression, False, why,
+                      None if probe is None else probe.to_json(), explicit)
+    t = probe.step_s
+    bw, lat = probe.bandwidth_Bps, probe.latency_s or 0.0
+    rungs = [(h, c) for h, c in LADDER if (steps is None or h == steps)
+             and (compression is None or c == compression)]
+    if not rungs:   # a given setting the ladder does not hold: fill in the other one
+        rungs = [(steps or h, compression if compression is not None else c)
+                 for h, c in LADDER]
+    figures = (f"K = {k}, a {model_bytes / 1e6:.1f} MB model, a step of {1000 * t:.1f} ms, "
+               f"the slowest link {bw / 1e6:.0f} MB/s")
+    for h, c in rungs:
+        ring = ring_seconds(k, model_bytes, c, bw, lat, probe.encode_s)
+        if ring <= BUDGET * h * t:
+            return Choice("allreduce", h, c, False,
+                          f"{figures}: its ring takes {ring:.3f} s a round, "
+                          f"{100 * ring / (h * t):.0f} % of the round's compute",
+                          probe.to_json(), explicit)
+    # Nothing within budget: the rung that computes the largest share of the time; its
+    # ring overlaps the next round's steps when even that share is under a half.
+    def share(rung):
+        h, c = rung
+        return h * t / (h * t + ring_seconds(k, model_bytes, c, bw, lat, probe.encode_s))
+
+    h, c = max(rungs, key=share)
+    ring = ring_seconds(k, model_bytes, c, bw, lat, probe.encode_s)
+    overlap = share((h, c)) < 0.5
+    return Choice("allreduce", h, c, overlap,
+                  f"{figures}: no setting keeps its ring under {100 * BUDGET:.0f} % of a "
+                  f"round's compute; the best takes {ring:.3f} s a round, "
+                  f"{100 * ring / (h * t):.0f} % of it"
+                  + (", so rounds overlap (the ring runs while the next round trains)"
+                     if overlap else ""), probe.to_json(), explicit)
+
+
+def resolve(given: SchemeOptions, config, options: SchemeOptions, backend, live: list,
+            recorded: dict | None):
+    """What an ``auto`` run becomes: ``(choice, machine class, its options resolved, the
+    config with the chosen codec)``. ``given``: the options as the caller gave them (what
+    is explicit); ``options``: resolved; ``live``: the started trainers' slots;
+    ``recorded``: the choice a checkpoint holds (a resumed run takes it, no probe)."""
+    from . import registry
+
+    assert isinstance(given, AutoOptions) and isinstance(options, AutoOptions)
+    info = live[0].about
+    k = config.workers
+    steps = given.steps_per_round
+    if given.rounds_per_epoch is not None:   # rounds given: their steps, for the line
+        steps = max(1, round(info["num_train"] / k / config.batch_size
+                             / given.rounds_per_epoch))
+    if recorded:
+        choice = Choice.from_json(recorded)
+    else:
+        found = None
+        explicit = config.compression is not None and steps is not None
+        if k > 1 and options.probe and not explicit:
+            found = probe.measure(backend, [s.handle for s in live], config.batch_size,
+                                  probe_codecs(config.compression),
+                                  timeout_s=float(options.probe_timeout_s or 20.0))
+        choice = choose(k, float(info["weights_bytes"]), found,
+                        compression=config.compression, steps=steps)
+    machine_cls = registry.get(choice.scheme)
+    target = machine_cls.Options
+    fields = {n: getattr(given, n) for n in target.names() if hasattr(given, n)}
+    if fields.get("rounds_per_epoch") is None and fields.get("steps_per_round") is None:
+        fields["steps_per_round"] = choice.steps
+    if choice.overlap and fields.get("overlap") is None:
+        fields["overlap"] = True
+    if config.compression is None and choice.compression is not None:
+        config = dataclasses.replace(config, compression=choice.compression)
+    return choice, machine_cls, target(**fields).resolve(config), config
+
+
+def probe_codecs(compression: Any) -> list:
+    """The codecs whose cost the probe measures: the ladder's, or the one given."""
+    if compression is not None:
+        return [] if codec_ratio(compression) == 1.0 else [str(compression)]
+    return [c for c in dict.fromkeys(c for _, c in LADDER) if c is not None]
+
+
+def named_by(options: dict) -> str | None:
+    """The scheme an ``auto`` run's ``options`` name, or None when ``auto`` reads them all:
+    the first registered scheme that reads every setting ``auto`` does not (so
+    ``backup_workers=`` names ``sync``), and ``sync`` for a ``(down, up)`` codec pair, which
+    only the star sends. None too when no scheme reads them all: the usual refusal follows,
+    naming who reads what."""
+    from ..config import TrainConfig
+    from . import registry
+
+    compression = options.get("compression")
+    pair = isinstance(compression, (tuple, list)) and len(compression) == 2
+    others = [n for n in options
+              if n not in TrainConfig.names() and n not in AutoOptions.names()]
+    if not others:
+        return "sync" if pair else None
+    for name in registry.names():
+        if name != "auto" and all(n in registry.get(name).Options.names() for n in others):
+            if pair and name != "sync":
+                continue
+            return name
+    return None

@@ -1,0 +1,151 @@
+"""``scheme="auto"``: the choice from a probe (pure), and runs on the in-process backend:
+the probe, an explicit option winning, a probe that fails, and a resumed run keeping its
+choice."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from helpers_modules.numpy_trainer import NumpyTrainer, softmax_model_fn
+
+from ddlf_actors.apps import train
+from ddlf_actors.apps.backends.fake import FakeBackend
+from ddlf_actors.apps.schemes import auto
+from ddlf_actors.apps.schemes.probe import Probe, link_figures
+from ddlf_actors.apps.schemes.rounds import outer_for_k
+
+MB = 1e6
+
+
+def _probe(step_s=0.05, bandwidth=125 * MB, latency=1e-4, encode=0.02):
+    return Probe(step_s=step_s, bandwidth_Bps=bandwidth, latency_s=latency,
+                 encode_s={c: encode for c in auto.probe_codecs(None)})
+
+
+# -- choose(): the rules, from figures ---------------------------------------------------------
+def test_one_trainer_sends_nothing_and_needs_no_probe():
+    c = auto.choose(1, 20 * MB, None)
+    assert (c.scheme, c.compression, c.overlap) == ("allreduce", None, False)
+    assert "K = 1" in c.reason
+
+
+def test_a_fast_link_keeps_the_model_uncompressed():
+    # 2 MB over 1 GB/s: 2 ms a round against 16 x 50 ms of compute.
+    c = auto.choose(4, 2 * MB, _probe(bandwidth=1000 * MB))
+    assert (c.steps, c.compression, c.overlap) == (16, None, False)
+
+
+def test_a_slower_link_takes_the_first_rung_within_the_budget():
+    probe = _probe(bandwidth=125 * MB)          # 1 Gbit/s
+    c = auto.choose(4, 20 * MB, probe)
+    ring = auto.ring_seconds(4, 20 * MB, c.compression, 125 * MB, 1e-4, probe.encode_s)
+    assert ring <= auto.BUDGET * c.steps * probe.step_s
+    # and no earlier rung would have fitted
+    for h, codec in auto.LADDER[:auto.LADDER.index((c.steps, c.compression))]:
+        earlier = auto.ring_seconds(4, 20 * MB, codec, 125 * MB, 1e-4, probe.encode_s)
+        assert earlier > auto.BUDGET * h * probe.step_s
+
+
+def test_a_link_far_too_slow_overlaps_the_best_rung():
+    c = auto.choose(4, 20 * MB, _probe(bandwidth=1 * MB))
+    assert c.overlap and c.compression == "int4:ef" and c.steps == 64
+    assert "overlap" in c.reason
+
+
+def test_explicit_settings_win():
+    c = auto.choose(4, 20 * MB, _probe(bandwidth=1 * MB), compression="fp16")
+    assert c.compression == "fp16" and "compression" in c.explicit
+    c = auto.choose(4, 20 * MB, _probe(bandwidth=1000 * MB), steps=8)
+    assert c.steps == 8 and c.compression is None
+
+
+def test_a_failed_probe_falls_back_and_says_why():
+    c = auto.choose(4, 20 * MB, Probe(failed="2 of its 9 measurements did not finish"))
+    assert (c.steps, c.compression) == auto.SAFE
+    assert "did not finish" in c.reason and "probe failed" in c.reason
+
+
+def test_link_figures_split_latency_from_bandwidth():
+    bw, lat = link_figures([1000, 1_001_000], [0.001, 0.011])
+    assert lat == pytest.approx(0.001) and bw == pytest.approx(1e8)
+
+
+def test_the_outer_step_is_off_for_one_trainer():
+    from ddlf_actors.apps.schemes.api import resolve_options
+
+    assert outer_for_k(1) == {"outer_lr": 1.0, "outer_momentum": 0.0, "nesterov": False}
+    _, one = resolve_options("allreduce", workers=1)
+    _, four = resolve_options("allreduce", workers=4)
+    assert (one.outer_lr, one.outer_momentum, one.nesterov) == (1.0, 0.0, False)
+    assert four.nesterov is True and four.outer_momentum > 0
+    # An explicit setting wins over the K rule.
+    _, given = resolve_options("allreduce", workers=1, outer_momentum=0.5)
+    assert given.outer_momentum == 0.5
+
+
+# -- runs on the in-process backend -----------------------------------------------------------
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1024, 64)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0).astype(np.int64)
+    return (x, y), (x[:256], y[:256])
+
+
+def _run(**options):
+    return train(softmax_model_fn(), _data, workers=options.pop("workers", 2), master_epochs=1,
+                 batch_size=16, trainer_cls=options.pop("trainer_cls", NumpyTrainer),
+                 backend=FakeBackend(), progress=False, seed=3, **options)
+
+
+def test_train_defaults_to_auto_and_records_its_choice():
+    result = _run()
+    s = result.settings
+    assert s["scheme"] == "allreduce" and s["auto"]["line"].startswith("auto: allreduce ring of 2")
+    assert s["auto"]["probe"]["step_s"] > 0 and s["auto"]["probe"]["bandwidth_Bps"] > 0
+    assert any(e["kind"] == "settings" for e in result.events)
+    assert result.history[-1]["test_accuracy"] > 0.5
+
+
+def test_explicit_options_skip_the_probe_and_are_kept():
+    result = _run(compression="fp16", steps_per_round=4)
+    s = result.settings
+    assert s["compression"] == "fp16" and s["options"]["steps_per_round"] == 4
+    assert s["auto"]["probe"] is None and set(s["auto"]["explicit"]) == {"compression", "steps"}
+
+
+class StuckLinkTrainer(NumpyTrainer):
+    """A trainer whose link probe never answers in time (a link that dropped)."""
+
+    def probe_link(self, right, sizes=(), timeout_s=10.0):
+        time.sleep(1.5)
+        raise TimeoutError("the link dropped")
+
+
+def test_a_probe_that_does_not_finish_falls_back_without_hanging():
+    t = time.perf_counter()
+    result = _run(trainer_cls=StuckLinkTrainer, probe_timeout_s=0.5)
+    assert time.perf_counter() - t < 60
+    line = result.settings["auto"]["line"]
+    assert "probe failed" in line and "did not finish within 0.5 s" in line
+    assert result.settings["compression"] == auto.SAFE[1]
+
+
+def test_a_resumed_auto_run_keeps_its_choice(tmp_path):
+    first = _run(checkpoint_dir=str(tmp_path))
+    again = train(softmax_model_fn(), _data, workers=2, master_epochs=2, batch_size=16,
+                  trainer_cls=NumpyTrainer, backend=FakeBackend(), progress=False,
+                  resume=str(tmp_path))
+    assert again.settings["auto"]["line"] == first.settings["auto"]["line"]
+    assert again.settings["auto"]["probe"] == first.settings["auto"]["probe"]
+
+
+def test_a_setting_only_another_scheme_reads_names_that_scheme():
+    from ddlf_actors.apps.schemes.auto import named_by
+
+    assert named_by({"workers": 2, "steps_per_round": 8}) is None
+    assert named_by({"backup_workers": 1}) == "sync"
+    assert named_by({"compression": ("fp16", "int8:ef")}) == "sync"
+    assert named_by({"alpha": 0.5, "tau": 4}) == "easgd"
+    assert named_by({"no_such_option": 1}) is None   # the usual TypeError follows
