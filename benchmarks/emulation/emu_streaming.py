@@ -61,22 +61,13 @@ def options_for(name: str, codec: str, fragments: int) -> tuple[str, dict]:
     return scheme, {k: fill.get(v, v) if isinstance(v, str) else v for k, v in opts.items()}
 
 
-def eval_every(scheme_options: dict, k: int, num_train: int, batch: int,
-               evals_per_epoch: int) -> int:
-    """Rounds between evaluations for ``evals_per_epoch`` per epoch (at least one round)."""
-    from ddlf_actors.apps.schemes.rounds import default_rounds
-
-    rounds = scheme_options.get("rounds_per_epoch") or default_rounds(num_train / k, batch)
-    rounds *= scheme_options.get("fragments", 1)
-    return max(1, rounds // evals_per_epoch)
-
-
 # -- the driver (its own namespace) --------------------------------------------------------------
 def driver(address: str, plan: dict) -> None:
     """Every (rate, seed, setting) of ``plan`` on one cluster of K trainers, printing one
     ``RESULT`` line per run; seeds interleaved, so a change of load shows as spread."""
     import ddlf_actors as ddlf
     from benchmarks.emulation.harness import model_fn
+    from benchmarks.protocol import cadence
     from ddlf_actors.apps import TrainConfig, train
     from ddlf_actors.apps.callbacks import Callback
     from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
@@ -106,7 +97,8 @@ def driver(address: str, plan: dict) -> None:
             for seed in plan["seeds"]:
                 for name in plan["settings"]:
                     scheme, opts = options_for(name, plan["codec"], plan["fragments"])
-                    every = eval_every(opts, k, num_train, 32, plan["evals_per_epoch"])
+                    every = cadence.eval_every(scheme, opts, k, num_train,
+                                               plan["evals_per_epoch"])["eval_every"]
                     load = os.getloadavg()[0]
                     t0 = time.perf_counter()
                     result = train(build, dataset, scheme, trainers=trainers,
@@ -241,19 +233,34 @@ def scaling_table(results: list, target: float) -> str:
     return "\n".join(out)
 
 
+def round_seconds(scheme: str, opts: dict, k: int, mbit: float, work: float,
+                  model_mb: float = 20.4) -> float:
+    """A round's seconds by a plain model: ``work`` seconds of compute; a blocking sync
+    round also waits for K weight copies down and K deltas up through the driver's link
+    one after the other, an overlapped one for the larger of its compute and one
+    direction (the link is full duplex); an allreduce member sends 2(K−1)/K of the model
+    over its own link (``auto``: the ring with int8, what it takes on slow links). A codec
+    divides the bytes by 7.5 (int4)."""
+    ratio = 7.5 if opts.get("compression") else 1.0
+    if scheme in ("allreduce", "auto"):
+        if scheme == "auto" and not opts.get("compression"):
+            ratio = 3.9
+        return work + 2 * (k - 1) / k * model_mb * 8 / mbit / ratio
+    if opts.get("overlap"):
+        return max(work, k * model_mb * 8 / mbit / ratio)
+    return work + 2 * k * model_mb * 8 / mbit / ratio
+
+
 def estimate(plan: dict, ks: list[int], settings: list[str]) -> float:
     """Seconds a grid should take, by a plain model of issue 23's workload (README,
     ``link_workload.py``): 1.1 s of compute per 32 steps at 0.5 CPU, DDLF's default rounds
-    (``STEPS_PER_ROUND``), fragments F times as many of 1/F the steps; a blocking
-    sync round also waits for K weight copies down and K deltas up through the driver's
-    link one after the other, an overlapped one for the larger of its compute and one
-    direction (the link is full duplex); an allreduce member sends 2(K−1)/K of the model
-    over its own link. Codecs divide the bytes by 7.5 (int4). Times 1.3 (evaluations, and
-    what the K = 2 smoke runs took beyond the model: 0-35 % a round), 15 s a run (its
-    first round) and 2 minutes per cluster to start."""
+    (``STEPS_PER_ROUND``), fragments F times as many of 1/F the steps, each round as
+    :func:`round_seconds`. Times 1.3 (evaluations, and what the K = 2 smoke runs took
+    beyond the model: 0-35 % a round), 15 s a run (its first round) and 2 minutes per
+    cluster to start."""
     from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND
 
-    model_mb, compute = 20.4, 1.1     # compute: seconds per 32 steps of batch 32
+    compute = 1.1     # seconds per 32 steps of batch 32
     total = 0.0
     for k in ks:
         total += 120
@@ -261,17 +268,10 @@ def estimate(plan: dict, ks: list[int], settings: list[str]) -> float:
             mbit = 1000.0 if rate.startswith("1g") else 100.0
             for name in settings:
                 scheme, opts = options_for(name, plan["codec"], plan["fragments"])
-                ratio = 7.5 if "compression" in opts else 1.0
                 steps = 60000 / k / 32                       # per trainer per epoch
                 rounds = opts.get("rounds_per_epoch") or max(1, round(steps / STEPS_PER_ROUND))
                 work = compute * steps / 32 / rounds         # compute per round
-                if scheme == "allreduce":
-                    link = 2 * (k - 1) / k * model_mb * 8 / mbit / ratio
-                    per_round = work + link
-                elif opts.get("overlap"):
-                    per_round = max(work, k * model_mb * 8 / mbit / ratio)
-                else:
-                    per_round = work + 2 * k * model_mb * 8 / mbit / ratio
+                per_round = round_seconds(scheme, opts, k, mbit, work)
                 total += (1.3 * plan["epochs"] * rounds * per_round + 15) * len(plan["seeds"])
     return total
 

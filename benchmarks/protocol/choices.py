@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .curves import divergence, first_crossing
 from .stats import summarize
@@ -104,12 +104,15 @@ def write_choices(path: str, tables: Mapping[str, Sequence[dict]], meta: dict) -
     return doc
 
 
-def read_choices(path: str, columns: Sequence[str]) -> dict[str, dict]:
+def read_choices(path: str, columns: Sequence[str],
+                 command: Callable[[Sequence[str], str], str] = select_command
+                 ) -> dict[str, dict]:
     """``{column: chosen candidate}`` for ``columns`` (each of which has a grid).
 
-    Raises :class:`ChoicesMissing` naming the ``--select`` command when the file is
-    missing or has no usable choice for one of them."""
-    cmd = select_command(columns, path)
+    Raises :class:`ChoicesMissing` naming the ``--select`` command (``command(columns,
+    path)``: ``train_compare.py``'s unless given) when the file is missing or has no
+    usable choice for one of them."""
+    cmd = command(columns, path)
     if not columns:
         return {}
     if not os.path.exists(path):
@@ -129,5 +132,5 @@ def read_choices(path: str, columns: Sequence[str]) -> dict[str, dict]:
             out[c] = entry["chosen"]
     if missing:
         raise ChoicesMissing(f"{path} has no choice for {', '.join(missing)}; run:\n  "
-                             f"{select_command([m.split(' ')[0] for m in missing], path)}")
+                             f"{command([m.split(' ')[0] for m in missing], path)}")
     return out

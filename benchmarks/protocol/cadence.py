@@ -1,0 +1,55 @@
+"""How often a DDLF run is evaluated: ``eval_every`` in rounds for a number of evaluations
+per epoch, from the scheme's own sizing of its rounds.
+
+A scheme that averages in rounds (``sync``, ``allreduce``, and ``auto``, which resolves to
+one of them) evaluates every ``eval_every`` rounds; how many rounds an epoch has is the
+scheme's to decide (``rounds.default_rounds``: about 16 local steps each, unless told
+otherwise). :func:`rounds_per_epoch` asks the scheme, through its options' own
+``resolve`` and ``for_data``, instead of writing the rule again here, so a benchmark keeps
+its evaluations per epoch when a default changes. A scheme that decides its rounds only
+once the run has started (``auto``'s start-up probe) may end with other rounds than this
+predicts: compare with the evaluations per epoch the run made
+(``curves.evals_per_epoch``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+__all__ = ["default_scheme", "rounds_per_epoch", "eval_every"]
+
+
+def default_scheme() -> str:
+    """The scheme ``train(model_fn, dataset)`` runs when given none."""
+    from ddlf_actors.apps import train
+
+    return inspect.signature(train).parameters["scheme"].default
+
+
+def rounds_per_epoch(scheme: str | None, options: dict, workers: int, num_train: int,
+                     batch_size: int = 32) -> int | None:
+    """Rounds per epoch a run of ``scheme`` (None: the default) with ``options`` makes on
+    ``num_train`` samples split over ``workers`` trainers, as the scheme sizes them; None
+    for a scheme that does not count in rounds."""
+    from ddlf_actors.apps.schemes import split_options
+
+    config, opts = split_options(scheme or default_scheme(),
+                                 {**options, "workers": workers, "batch_size": batch_size})
+    opts = opts.resolve(config).for_data(config, [{"num_train": num_train,
+                                                   "partitioned": False}])
+    if "rounds_per_epoch" not in opts.names():
+        return None
+    return opts.plan_rounds()
+
+
+def eval_every(scheme: str | None, options: dict, workers: int, num_train: int,
+               evals_per_epoch: int, batch_size: int = 32) -> dict:
+    """``{"eval_every": n}`` for at least ``evals_per_epoch`` evaluations per epoch (every
+    round when an epoch has fewer rounds), or ``{}`` for a scheme without ``eval_every``."""
+    from ddlf_actors.apps.schemes import registry
+
+    name = scheme or default_scheme()
+    if "eval_every" not in registry.get(name).Options.names():
+        return {}
+    rounds = rounds_per_epoch(scheme, options, workers, num_train, batch_size) or 1
+    return {"eval_every": max(1, rounds // evals_per_epoch)}
