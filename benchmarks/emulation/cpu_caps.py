@@ -122,7 +122,8 @@ class CpuGroup:
 
     def usage(self) -> float:
         """CPU seconds of the group's processes: v2's ``cpu.stat`` (every process that was
-        in it), else the sum over the processes in it now (psutil)."""
+        in it), else the sum over the processes in it now (psutil), each with the children
+        it has reaped: a trainer that ended counts in its forkserver's figures."""
         if self.v2:
             with open(os.path.join(self.path, "cpu.stat")) as f:
                 stats = dict(line.split() for line in f if line.strip())
@@ -133,7 +134,7 @@ class CpuGroup:
         for pid in self.pids():
             try:
                 t = psutil.Process(pid).cpu_times()
-                total += t.user + t.system
+                total += t.user + t.system + t.children_user + t.children_system
             except psutil.Error:
                 pass   # exited between the listing and now
         return total

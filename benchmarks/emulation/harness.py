@@ -27,8 +27,8 @@ for _p in (os.path.join(ROOT, "tests"), ROOT):   # netns_cluster; benchmarks.* f
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-__all__ = ["BURST", "run", "start_cluster", "snapshot", "teardown", "leftovers", "model_fn",
-           "load_results", "log"]
+__all__ = ["BURST", "Parent", "run", "start_cluster", "snapshot", "cpu_between", "teardown",
+           "leftovers", "model_fn", "load_results", "log"]
 
 # tbf's bucket must hold the largest GSO packet a veth hands it (up to 64 KB), and enough
 # for the rate at the kernel's timer granularity.
@@ -41,15 +41,49 @@ def log(msg: str) -> None:
 
 # -- the parent (root namespace): hosts, links, CPU caps, processes -----------------------------
 
-def run(plan: dict, driver_script: str) -> list:
+class Parent:
+    """What a handler of the driver's requests (``run``'s ``handlers``) can reach: the
+    hosts, the run's cgroups (None uncapped), the node groups, the head's and the
+    driver's processes, the environment every process gets, the plan, the results so
+    far and :meth:`keep` to add one."""
+
+    def __init__(self, plan: dict, hosts, groups, ctl, nodes: list, env: dict):
+        self.plan, self.hosts, self.groups, self.ctl = plan, hosts, groups, ctl
+        self.nodes, self.env = nodes, env
+        self.head = None
+        self.driver = None
+        self.results: list = []
+        self.snaps: dict = {}
+
+    def groups_v2(self) -> bool:
+        """The caps are cgroup v2's (whose CPU counts include processes that ended)."""
+        return bool(self.groups is not None and self.groups.v2)
+
+    def snapshot(self) -> dict:
+        return snapshot(self.nodes, self.ctl, {"head": self.head, "driver": self.driver})
+
+    def keep(self, r: dict) -> None:
+        """A finished run: into the results, and at once into ``plan["partial"]`` when set
+        (a grid of hours cut short, by a deadline or Ctrl-C, keeps its finished runs, one
+        JSON per line)."""
+        self.results.append(r)
+        if self.plan.get("partial"):
+            with open(self.plan["partial"], "a") as f:
+                f.write(json.dumps(r) + "\n")
+
+
+def run(plan: dict, driver_script: str, handlers: dict | None = None) -> list:
     """Build the hosts (and the nodes' cgroups), run ``driver_script _driver ADDRESS PLAN``
     in the driver's host, shape the links and read the caps when it asks; return the
     driver's results. Everything is torn down however this ends (see :func:`teardown`).
 
     The driver asks on its stdout and waits for ``OK`` on its stdin: ``RATE r`` (shape
-    every link to r), ``SNAP name`` (record each node's CPU seconds), ``CAP none|on``
-    (lift or restore the caps); ``RESULT json`` is a finished run (appended to
-    ``plan["partial"]`` at once, when set); any other line is logged."""
+    every link to r), ``SNAP name`` (record the nodes', the head's and the driver's CPU
+    seconds), ``CAP none|on`` (lift or restore the caps); ``RESULT json`` is a finished
+    run (kept at once, see :meth:`Parent.keep`; one naming ``"run_id"`` gets ``"cpu"``,
+    what every process took between its ``SNAP run_id:start`` and ``:end``). A line
+    ``KIND body`` whose KIND is in ``handlers`` is answered with ``handlers[KIND](body,
+    parent)`` (a :class:`Parent`); any other line is logged."""
     from netns_cluster import NetnsHosts
 
     from benchmarks.emulation.cpu_caps import CpuGroups
@@ -65,24 +99,26 @@ def run(plan: dict, driver_script: str) -> list:
                                                      os.environ.get("PYTHONPATH")) if p)}
     hosts = NetnsHosts(k + 2)
     groups = None
-    results: list = []
     try:
         ctl, nodes = None, [None] * k
         if plan["node_cpus"] is not None:
             groups = CpuGroups(f"ddlf-emu-{os.getpid()}", weight=plan["priority"])
             ctl = groups.child("ctl", None)   # head and driver: uncapped
             nodes = [groups.child(f"node{i}", plan["node_cpus"]) for i in range(1, k + 1)]
+        parent = Parent(plan, hosts, groups, ctl, nodes, env)
         log(f"emu: namespaces {' '.join(hosts.ns)}, bridge {hosts.bridge}, cgroups "
             f"{groups.run.path if groups else 'none'}")
         hosts.up()
         info = start_cluster(hosts, env, ctl, nodes)
+        parent.head = hosts.procs[0]
         log(f"emu: up, {k} node(s) at {plan['node_cpus'] or 'uncapped'} CPU each")
         driver = subprocess.Popen(
             [*(ctl.prefix() if ctl else []), *hosts.prefix(k + 1), sys.executable,
              driver_script, "_driver", info["address"], json.dumps(plan)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env})
         hosts.procs.append(driver)
-        snaps: dict = {}
+        parent.driver = driver
+        snaps = parent.snaps
 
         def reply(text: str) -> None:
             driver.stdin.write(text + "\n")
@@ -94,8 +130,8 @@ def run(plan: dict, driver_script: str) -> list:
                 hosts.shape(body, BURST.get(body, "1mb"))
                 log(f"links: {body} each way on all {k + 2} hosts")
                 reply("OK")
-            elif kind == "SNAP":   # caps mode: each node's CPU seconds now
-                snaps[body] = snapshot(nodes)
+            elif kind == "SNAP":   # each node's (and the head's, the driver's) CPU seconds now
+                snaps[body] = parent.snapshot()
                 reply("OK")
             elif kind == "CAP":    # caps mode: lift ("none") or restore the caps
                 for g in nodes:
@@ -103,24 +139,27 @@ def run(plan: dict, driver_script: str) -> list:
                         g.limit(None if body == "none" else plan["node_cpus"])
                 reply("OK")
             elif kind == "RESULT":
-                results.append(json.loads(body))
-                r = results[-1]
-                if plan.get("partial"):
-                    # A grid of hours keeps each run as it ends: one cut short (a
-                    # deadline, Ctrl-C) still has its finished runs, one JSON per line.
-                    with open(plan["partial"], "a") as f:
-                        f.write(json.dumps(r) + "\n")
+                r = json.loads(body)
                 if plan["mode"] == "caps":
                     r["snaps"] = snaps
                     r["groups"] = [None if g is None else g.pids() for g in nodes]
-                else:
+                elif r.get("run_id") and f"{r['run_id']}:end" in snaps:
+                    r["cpu"] = cpu_between(snaps.pop(f"{r['run_id']}:start"),
+                                           snaps.pop(f"{r['run_id']}:end"))
+                parent.keep(r)
+                if "column" in r:
+                    log(f"  {r.get('rate') or '-':>8} K={r['k']} {r['column']:<14} seed "
+                        f"{r['seed']}: {r.get('status')}, {r.get('total_s', 0):.1f} s")
+                elif plan["mode"] != "caps":
                     log(f"  {r['rate']:>8} {r['codec']:<10} done in {r['total_s']:.1f} s")
+            elif handlers and kind in handlers:
+                reply(handlers[kind](body, parent))
             else:
                 log(f"driver: {line.rstrip()}")
         code = driver.wait()
         if code != 0:
             raise RuntimeError(f"the driver exited with status {code} (its errors are above)")
-        return results
+        return parent.results
     finally:
         teardown(hosts, groups)
 
@@ -146,11 +185,44 @@ def start_cluster(hosts, env: dict, ctl, nodes: list) -> dict:
     return info
 
 
-def snapshot(nodes: list) -> dict:
-    """Each node group's CPU seconds and throttle counts, with the time."""
+def _proc_cpu(proc) -> float | None:
+    """CPU seconds of a process and of its children it has waited for; None once gone."""
+    import psutil
+
+    try:
+        t = psutil.Process(proc.pid).cpu_times()
+    except (psutil.Error, AttributeError):
+        return None
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def snapshot(nodes: list, ctl=None, procs: dict | None = None) -> dict:
+    """Each node group's CPU seconds and throttle counts, the uncapped group's (head and
+    driver) and each process of ``procs`` (name -> Popen), with the time."""
     return {"t": time.monotonic(),
             "cpu_s": [None if g is None else g.usage() for g in nodes],
-            "throttled": [None if g is None else g.throttled() for g in nodes]}
+            "throttled": [None if g is None else g.throttled() for g in nodes],
+            "ctl_cpu_s": None if ctl is None else ctl.usage(),
+            "procs": {name: _proc_cpu(p) for name, p in (procs or {}).items()}}
+
+
+def cpu_between(a: dict, b: dict) -> dict:
+    """What each process took between two snapshots (:func:`snapshot`): wall seconds, CPU
+    seconds of each node, of the head and the driver (and their group), and each node's
+    share of cap periods throttled."""
+    def diff(x, y):
+        return None if x is None or y is None else y - x
+
+    throttled = []
+    for ta, tb in zip(a["throttled"], b["throttled"]):
+        periods = None if ta is None or tb is None else tb[0] - ta[0]
+        throttled.append(None if not periods else (tb[1] - ta[1]) / periods)
+    return {"wall_s": b["t"] - a["t"],
+            "nodes_cpu_s": [diff(x, y) for x, y in zip(a["cpu_s"], b["cpu_s"])],
+            "ctl_cpu_s": diff(a.get("ctl_cpu_s"), b.get("ctl_cpu_s")),
+            **{f"{name}_cpu_s": diff(a.get("procs", {}).get(name), v)
+               for name, v in b.get("procs", {}).items()},
+            "throttled": throttled}
 
 
 def teardown(hosts, groups) -> list:
