@@ -9,12 +9,17 @@ network namespace, their links limited with ``tc ... tbf``.
                                                     [--features 4096] [--samples 800]
     sudo python benchmarks/emulation/cluster_emu.py caps     [--k 2] [--node-cpus 0.5] [--seconds 10]
     sudo python benchmarks/emulation/cluster_emu.py streaming [--k 4] [--settings ...] [--seeds 1,2,3]
-    sudo python benchmarks/emulation/cluster_emu.py scaling  [--ks 1,2,4] [--setting overlap+frag+codec]
+    sudo python benchmarks/emulation/cluster_emu.py scaling --select [--ks 1,2,4,8]
+    sudo python benchmarks/emulation/cluster_emu.py scaling  [--ks 1,2,4,8] [--setting allreduce+codec]
 
-``streaming`` and ``scaling`` (issue 23 section 4: overlapped and streamed averaging,
-utilization, time to the target, efficiency T1/(K·TK)) are ``emu_streaming.py``'s; they
-default to ``--model wide_cnn --node-cpus 0.5 --target 0.875 --epochs 3``, and
-``--estimate`` prints the grid's expected wall time without running it.
+``streaming`` (issue 23 section 4: overlapped and streamed averaging, utilization, time
+to the target) is ``emu_streaming.py``'s; it defaults to ``--model wide_cnn --node-cpus
+0.5 --target 0.875 --epochs 3``. ``scaling`` (issue 30 section 5: the tuned single
+process, data-parallel, DDLF's defaults and its best setting at K = 1, 2, 4 and 8, their
+efficiencies; tuned on validation with ``--select``) is ``scaling.py``'s; it defaults to
+``--model wide_cnn --target 0.875 --epochs 5 --evals-per-epoch 8``, nodes at 0.5 CPU up
+to K = 4 and 2/K beyond. Both take ``--estimate`` (the grid's expected wall time, without
+running it) and ``--from FILE`` (the table of runs already made).
 
 Every mode takes ``--node-cpus C`` (each trainer node capped at C CPUs, see below),
 ``--model`` (``paper_cnn``, ``wide_cnn`` or ``wide_cnn:<f1>-<f2>-<dense>``, from
@@ -85,7 +90,7 @@ for _p in (os.path.join(ROOT, "tests"), ROOT):   # netns_cluster; benchmarks.* f
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from benchmarks.emulation import emu_streaming  # noqa: E402
+from benchmarks.emulation import emu_streaming, scaling  # noqa: E402
 from benchmarks.emulation.harness import load_results, model_fn, run  # noqa: E402
 
 CODECS = ["none", "lz4", "fp16", "int8", "topk:0.01"]
@@ -104,8 +109,10 @@ def small_test_set():
 
 
 def driver(address: str, plan: dict) -> None:
-    if plan["mode"] in ("streaming", "scaling"):
+    if plan["mode"] == "streaming":
         return emu_streaming.driver(address, plan)
+    if plan["mode"] == "scaling":
+        return scaling.driver(address, plan)
     if plan["mode"] == "allreduce":
         return allreduce_driver(address, plan)
     if plan["mode"] == "caps":
@@ -325,7 +332,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=["codecs", "accuracy", "allreduce", "caps", "streaming",
                                     "scaling"])
-    p.add_argument("--ks", help="allreduce (2,4,8), scaling (1,2,4): trainer counts")
+    p.add_argument("--ks", help="allreduce (2,4,8), scaling (1,2,4,8): trainer counts")
     p.add_argument("--features", type=int, default=4096, help="allreduce: model inputs")
     p.add_argument("--repeats", type=int, default=3, help="allreduce: runs per scheme")
     p.add_argument("--samples", type=int, default=800,
@@ -340,7 +347,7 @@ def main(argv=None) -> int:
                    help="30 for codecs, 1 for accuracy; 'auto': DDLF's default (~16 local "
                         "steps a round)")
     p.add_argument("--epochs", type=int,
-                   help="epochs per run (accuracy: 5; streaming, scaling: 3)")
+                   help="epochs per run (accuracy, scaling: 5; streaming: 3)")
     p.add_argument("--target", type=float,
                    help=f"the target accuracy (accuracy: {TARGET}; streaming, scaling: 0.875)")
     p.add_argument("--model", help="paper_cnn, wide_cnn or wide_cnn:<filters1>-<filters2>-"
@@ -361,54 +368,62 @@ def main(argv=None) -> int:
                    "sync,sync+codec,overlap,overlap+codec,overlap+frag,overlap+frag+codec,"
                    "allreduce,allreduce+codec,allreduce+overlap+codec,alg6 (default: all)")
     p.add_argument("--setting", default="allreduce+overlap+codec",
-                   help="scaling: the setting (comma-separated for several; default: the "
-                        "fastest to the target on the streaming grid of 2026-11-27)")
+                   help="scaling: the best column's setting (comma-separated for several; "
+                        "default: the fastest to the target on the streaming grid of "
+                        "2026-11-27)")
     p.add_argument("--codec", default="int4:ef", help="streaming, scaling: the '+codec' codec")
     p.add_argument("--fragments", type=int, default=4, help="streaming: the '+frag' F")
     p.add_argument("--seeds", default="1,2,3", help="streaming, scaling: data-order seeds")
-    p.add_argument("--evals-per-epoch", type=int, default=4,
-                   help="streaming, scaling: evaluations per epoch (time to the target's "
+    p.add_argument("--evals-per-epoch", type=int,
+                   help="streaming (4), scaling (8): evaluations per epoch (time to the target's "
                         "resolution)")
     p.add_argument("--max-rounds", type=int, default=0,
                    help="streaming, scaling: stop each run after this many rounds (a smoke "
                         "test; 0: the whole --epochs)")
     p.add_argument("--estimate", action="store_true",
                    help="streaming, scaling: print the grid's expected wall time and exit")
+    scaling.add_arguments(p)
     a = p.parse_args(argv)
-    streamed = a.mode in ("streaming", "scaling")
+    streamed = a.mode == "streaming"
     # Defaults by mode, resolved after parsing: a value given on the command line always
     # wins (comparing against the other mode's default would drop an explicit
     # "--epochs 5" or "--target 0.85" for streaming).
-    if streamed:   # issue 23's workload unless told otherwise
+    if a.mode in ("streaming", "scaling"):   # issue 23's workload unless told otherwise
         a.model = a.model or "wide_cnn"
-        a.node_cpus = a.node_cpus if a.node_cpus is not None else 0.5
         a.target = a.target if a.target is not None else 0.875
-        a.epochs = a.epochs if a.epochs is not None else 3
         a.rounds_per_epoch = a.rounds_per_epoch or "auto"
+        model_fn(a.model)   # a bad --model fails here, before anything is built
+    if a.mode == "scaling":   # issue 30 section 5: caps per K (scaling_plan), 5 epochs
+        a.epochs = a.epochs if a.epochs is not None else 5
+        a.evals_per_epoch = a.evals_per_epoch or 8
+        signal.signal(signal.SIGTERM, _interrupted)
+        signal.signal(signal.SIGHUP, _interrupted)
+        return scaling.main(a)
+    if streamed:
+        a.node_cpus = a.node_cpus if a.node_cpus is not None else 0.5
+        a.epochs = a.epochs if a.epochs is not None else 3
+        a.evals_per_epoch = a.evals_per_epoch or 4
     else:
         a.model = a.model or "paper_cnn"
         a.target = a.target if a.target is not None else TARGET
         a.epochs = a.epochs if a.epochs is not None else 5
-    ks = [int(k) for k in (a.ks or ("1,2,4" if a.mode == "scaling" else "2,4,8")).split(",")]
+    ks = [int(k) for k in (a.ks or "2,4,8").split(",")]
     k = a.k or (4 if a.mode == "streaming" else 2)
     if streamed:
-        settings = (a.setting.split(",") if a.mode == "scaling" else
-                    a.settings.split(",") if a.settings else emu_streaming.STREAMING)
+        settings = a.settings.split(",") if a.settings else emu_streaming.STREAMING
         for name in settings:
             emu_streaming.options_for(name, a.codec, a.fragments)   # a bad name fails here
         grid = {"rates": a.rates.split(","), "seeds": [int(x) for x in a.seeds.split(",")],
                 "epochs": a.epochs, "codec": a.codec, "fragments": a.fragments}
-        table = (emu_streaming.scaling_table if a.mode == "scaling"
-                 else emu_streaming.streaming_table)
         if a.from_file:
             results = load_results(a.from_file)
             print(f"{len(results)} run(s) from {a.from_file}")
-            print(table(results, a.target))
+            print(emu_streaming.streaming_table(results, a.target))
             return 0
         if a.estimate:
-            secs = emu_streaming.estimate(grid, ks if a.mode == "scaling" else [k], settings)
+            secs = emu_streaming.estimate(grid, [k], settings)
             print(f"{a.mode}: {len(settings)} setting(s) x {len(grid['rates'])} rate(s) x "
-                  f"{len(grid['seeds'])} seed(s) x K={ks if a.mode == 'scaling' else k}, "
+                  f"{len(grid['seeds'])} seed(s) x K={k}, "
                   f"{a.epochs} epochs: about {secs / 3600:.1f} h")
             return 0
 
@@ -444,7 +459,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     signal.signal(signal.SIGHUP, _interrupted)
     load = os.getloadavg()[0]
-    if a.mode in ("allreduce", "scaling"):
+    if a.mode == "allreduce":
         results = [r for k in ks for r in run({**plan, "k": k}, os.path.abspath(__file__))]
     else:
         results = run(plan, os.path.abspath(__file__))
@@ -460,12 +475,12 @@ def main(argv=None) -> int:
         print(f"K={k} nodes, {a.seconds:g} s per phase")
         print(caps_table(results, node_cpus))
         return 0
-    elif streamed:   # ``table`` was chosen with the mode's other settings above
+    elif streamed:
         print(f"{a.model}, nodes at {node_cpus:g} CPU, DDLF's default rounds, "
               f"{a.evals_per_epoch} evaluations per epoch, {a.epochs} epochs"
               + (f" (stopped after {a.max_rounds} rounds)" if a.max_rounds else "")
               + f"; codec {a.codec}, fragments {a.fragments}; tbf links, no delay (no netem)")
-        print(table(results, a.target))
+        print(emu_streaming.streaming_table(results, a.target))
         return 0
     else:
         print(f"K={k}, {a.model}, batch 32, "

@@ -88,16 +88,18 @@ def describe_optimizer(opt) -> str:
     return f"{text} lr {float(lr):.3g}" if isinstance(lr, (int, float)) else f"{text} (schedule)"
 
 
-def build_model(seed: int, spec: dict):
-    """``models.paper_cnn()`` after ``keras.utils.set_random_seed(seed)``, recompiled
-    with the candidate's optimizer unless it is the model's own (``"default"``): the
-    loss and metrics stay what ``paper_cnn`` compiled."""
+def build_model(seed: int, spec: dict, model_fn=None):
+    """``model_fn()`` (default ``models.paper_cnn``) after
+    ``keras.utils.set_random_seed(seed)``, recompiled with the candidate's optimizer unless
+    it is the model's own (``"default"``): the loss and metrics stay what the model
+    compiled, and the weights depend on the seed alone."""
     import keras
 
-    from ddlf_actors.apps.models import paper_cnn
+    if model_fn is None:
+        from ddlf_actors.apps.models import paper_cnn as model_fn
 
     keras.utils.set_random_seed(seed)
-    model = paper_cnn()
+    model = model_fn()
     if spec["optimizer"] != "default":
         cfg = model.get_compile_config()
         cfg["optimizer"] = keras.optimizers.serialize(make_optimizer(spec, keras))
