@@ -37,7 +37,7 @@ if ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
     sys.path.insert(0, ROOT)
 
 from benchmarks import protocol  # noqa: E402
-from benchmarks.emulation import emu_streaming  # noqa: E402
+from benchmarks.emulation import emu_streaming, scaling_table  # noqa: E402
 from benchmarks.peers.torch_report import figures  # noqa: E402
 from benchmarks.runtime.microbench_report import fmt  # noqa: E402
 
@@ -271,6 +271,28 @@ def _scaling(h: dict, results: str, facts: dict) -> list:
     return lines + [""]
 
 
+def _scaling_columns(h: dict, results: str, facts: dict) -> list:
+    """``cluster_emu.py scaling`` (issue 30): the tuned single process, data-parallel,
+    DDLF's defaults and its best setting per K and link, as ``--from`` prints them. Facts:
+    ``ID.K4.1gbit.defaults.ttt_eff`` (and ``.throughput_eff``, ``.time``,
+    ``.vs_dataparallel``, ``.ran``; the single process's link is ``none``)."""
+    runs = [r for name in h["raw"] for r in _runs(name, results)]
+    table = scaling_table.rows(runs, h["target"])
+    lines = _meta(h, [v for r in runs for v in r.get("load", ())])
+    lines += scaling_table.markdown(table, h["target"])
+    for row in table:
+        at = f"{h['id']}.K{row['k']}.{row['rate'] or 'none'}.{row['column']}"
+        if row["cpus"] != table[0]["cpus"]:
+            at += f"@{row['cpus']:g}cpu"
+        facts[f"{at}.ttt_eff"] = _fmt(row["ttt_eff"], ".0%")
+        facts[f"{at}.throughput_eff"] = _fmt(row["throughput_eff"], ".0%")
+        facts[f"{at}.time"] = _fmt(row["time_to_target_median"], ".1f")
+        facts[f"{at}.vs_dataparallel"] = "–" if row["vs_dataparallel"] is None else \
+            _ratio(row["vs_dataparallel"])
+        facts[f"{at}.ran"] = row["ran"]
+    return lines + [""]
+
+
 # -- train_compare.py --------------------------------------------------------------------------
 
 
@@ -336,7 +358,8 @@ def _microbench(h: dict, results: str, facts: dict) -> list:
 
 
 KINDS = {"torch_compare": _torch, "streaming": _streaming, "scaling": _scaling,
-         "train_compare": _train_compare, "microbench": _microbench}
+         "scaling_columns": _scaling_columns, "train_compare": _train_compare,
+         "microbench": _microbench}
 _FACT = re.compile(r"\{\{([^{}]+)\}\}")
 
 

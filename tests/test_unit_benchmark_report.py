@@ -142,3 +142,35 @@ def test_the_front_page_summary_is_filled_from_the_tables_and_checked_too(copies
 def test_anchors_are_github_s():
     assert report.anchor("Slow links: 4 nodes of half a CPU at 100 Mbit/s (2026-11-27)") == \
         "slow-links-4-nodes-of-half-a-cpu-at-100-mbits-2026-11-27"
+
+
+def test_a_scaling_columns_headline_is_built_from_its_raw_runs(tmp_path):
+    """Kind ``scaling_columns`` (``cluster_emu.py scaling``, issue 30): the table
+    ``--from`` prints, with the run's meta lines, and its efficiencies as facts the
+    front page's summary can name."""
+    from test_unit_scaling import _run
+
+    runs = [_run("single", 1, s, 40.0 + s, 80.0) for s in (1, 2, 3)]
+    runs += [_run("defaults", 4, s, 25.0 + s, 40.0, ran="allreduce") for s in (1, 2, 3)]
+    runs += [_run("dataparallel", 4, s, 50.0 + s, 30.0) for s in (1, 2, 3)]
+    results = tmp_path / "results"
+    results.mkdir()
+    with gzip.open(results / "scaling_columns_test.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in runs))
+    (results / "headlines.json").write_text(json.dumps({"format": 1, "summary": [
+        "K = 4 defaults: {{sc.K4.1gbit.defaults.ttt_eff}} of T1, "
+        "{{sc.K4.1gbit.defaults.vs_dataparallel}} data-parallel's time, ran "
+        "{{sc.K4.1gbit.defaults.ran}}"], "headlines": [{
+            "id": "sc", "kind": "scaling_columns", "title": "Scaling against one node",
+            "date": "2026-12-01", "machine": "a test", "about": "made-up runs",
+            "commands": ["sudo python benchmarks/emulation/cluster_emu.py scaling"],
+            "raw": ["scaling_columns_test.jsonl.gz"], "target": 0.875}]}))
+    part = report.generate(str(results))
+    row = next(line for line in part.splitlines() if "| 4 |" in line and "defaults" in line)
+    # T1 = 42, T4 = 27: 42 / (4 · 27) = 39 %; 27 / 52 of data-parallel's time.
+    assert "| 27.0 [26.0–28.0] |" in row and f"| {42 / (4 * 27):.0%} |" in row
+    assert f"| {27 / 52:.2f}× |" in row and "| allreduce |" in row
+    assert "(results/scaling_columns_test.jsonl.gz)" in part and "### Scaling against one node" in part
+    summary = report.generate_summary(str(results))
+    assert f"K = 4 defaults: {42 / (4 * 27):.0%} of T1, {27 / 52:.2f}× data-parallel's time, " \
+        "ran allreduce" in summary
