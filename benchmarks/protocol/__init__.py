@@ -7,9 +7,12 @@
 - ``stats``: median and range over seeds;
 - ``choices``: the selection rule and the choices file;
 - ``ratios``: which columns may be compared, and as what;
-- ``report``: the tables.
+- ``report``: the tables;
+- ``cadence``: ``eval_every`` for E evaluations per epoch, asked of the scheme;
+- ``ran``: what a DDLF run ran (the scheme ``train()``'s defaults resolved to), in words.
 """
 
+from . import cadence, ran
 from .choices import (
     ChoicesMissing,
     candidate_row,
@@ -36,7 +39,7 @@ from .split import HOLDOUT, STAGES, Split, SplitDataset, split_indices
 from .stats import Summary, fmt_summary, summarize
 
 __all__ = [
-    "ALG6_SGD", "COLUMNS", "COLUMN_NAMES", "ChoicesMissing", "Column", "Crossing",
+    "cadence", "ran", "ALG6_SGD", "COLUMNS", "COLUMN_NAMES", "ChoicesMissing", "Column", "Crossing",
     "HEADLINE_PAIRS", "HOLDOUT", "INNER_GRID", "Job", "KINDS", "MODEL_DEFAULT", "RatioPair",
     "RatioRefused", "STAGES", "Split", "SplitDataset", "Summary", "candidate_label",
     "candidate_row", "choose", "ddlf_points", "divergence", "evals_per_epoch",

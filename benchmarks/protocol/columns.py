@@ -74,6 +74,9 @@ COLUMNS: dict[str, Column] = {c.name: c for c in (
     Column("spark", "Spark", ALG6, "epochs", fixed=ALG6_SGD, no_grid=_ALG6_WHY),
     Column("ray-rounds", "Ray (by hand)", ROUNDS, "rounds", grid=INNER_GRID),
     Column("ddlf-default", "DDLF", ROUNDS, "rounds", grid=(MODEL_DEFAULT,) + INNER_GRID),
+    Column("ddlf-sync", "DDLF", ROUNDS, "rounds", choice_from="ddlf-default",
+           no_grid="train_sync's defaults with ddlf-default's choice (the star, for the "
+                   "record)"),
     Column("ddlf-alg6", "DDLF", ALG6, "epochs", fixed=ALG6_SGD, no_grid=_ALG6_WHY),
     Column("ddlf-default@ray", "DDLF on Ray", ROUNDS, "rounds", choice_from="ddlf-default",
            no_grid="runs ddlf-default's choice (the same settings on backend='ray')"),

@@ -41,8 +41,12 @@ ray-rounds        the best scheme DDLF found, written by hand on Ray with
                   about 32 local steps, the averaged delta taken as a gradient by outer
                   Nesterov momentum 0.9 at rate 0.5 x K, warmed up linearly from 0.5 over
                   half an epoch's rounds. Grid: the keras 6 (the trainers' optimizer).
-ddlf-default      ``train_sync`` with no scheme options. Grid: the model's own optimizer
-                  (whatever ``models.paper_cnn()`` compiles when the run starts) and the 6.
+ddlf-default      DDLF's defaults: ``train(model_fn, dataset)``, no scheme and no scheme
+                  options (issue 30: whatever ``train()`` runs when told nothing; the table
+                  says which scheme that was). Grid: the model's own optimizer (whatever
+                  ``models.paper_cnn()`` compiles when the run starts) and the 6.
+ddlf-sync         ``train_sync``'s defaults (the star), with ddlf-default's chosen optimizer:
+                  the defaults before issue 30, for the record.
 ddlf-alg6         ``train_sync(rounds_per_epoch=1, outer_momentum=0, lr_scaling="none")``,
                   SGD 0.01: Algorithm 6 in DDLF (no grid).
 ddlf-default@ray  ddlf-default's chosen settings with ``backend="ray"``: DDLF's scheme and
@@ -114,7 +118,7 @@ import traceback  # noqa: E402
 from benchmarks import protocol  # noqa: E402
 from benchmarks.peers.ray_columns import run_ray, run_ray_rounds, run_raytrain  # noqa: E402
 from benchmarks.peers.spark_column import run_spark  # noqa: E402
-from benchmarks.protocol import COLUMNS, Job  # noqa: E402
+from benchmarks.protocol import COLUMNS, Job, cadence, ran  # noqa: E402
 from benchmarks.training.column_process import (  # noqa: E402
     BATCH_SIZE,
     FASHION_SIZES,
@@ -181,45 +185,21 @@ def run_keras(job: Job, args) -> dict:
 
 # -- DDLF -----------------------------------------------------------------------------------------
 
-# Scheme-level options of DDLF's columns (train_sync's keywords; the rest are the defaults).
-DDLF_OPTIONS = {
-    "ddlf-default": {},
-    "ddlf-default@ray": {},
+# DDLF's columns: (scheme, scheme options). None: train()'s default scheme, told nothing.
+DDLF_RUNS: dict[str, tuple[str | None, dict]] = {
+    "ddlf-default": (None, {}),
+    "ddlf-default@ray": (None, {}),
+    "ddlf-sync": ("sync", {}),
     # The paper's Algorithm 6: one round per epoch, a plain average.
-    "ddlf-alg6": {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"},
+    "ddlf-alg6": ("sync", {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}),
 }
-
-
-def sync_default_rounds(n_train: int, workers: int) -> int:
-    """Rounds per epoch as sync sizes them when left out (``rounds.default_rounds``);
-    checked against the run's own options after it."""
-    from ddlf_actors.apps.schemes.rounds import default_rounds
-
-    return default_rounds(n_train / workers, BATCH_SIZE)
-
-
-def describe_settings(cfg) -> str:
-    """A sync run's scheme-level settings, as the run resolved them."""
-    text = f"{cfg.rounds_per_epoch} round{'' if cfg.rounds_per_epoch == 1 else 's'}/epoch"
-    lr = cfg.outer_lr if isinstance(cfg.outer_lr, (int, float)) else "schedule"
-    if cfg.lr_scaling == "outer":
-        text += f", outer lr {lr} x K (warm-up {cfg.warmup_rounds} rounds)"
-    elif lr != 1.0:
-        text += f", outer lr {lr}"
-    if cfg.outer_momentum:
-        text += f", {'Nesterov' if cfg.nesterov else 'momentum'} {cfg.outer_momentum:g}"
-    if cfg.lr_scaling == "inner":
-        text += f", trainers' lr x K (warm-up {cfg.warmup_rounds} rounds)"
-    if cfg.lr_scaling == "none" and not cfg.outer_momentum and lr == 1.0:
-        text += ", plain average"
-    return text
 
 
 def run_ddlf(job: Job, args) -> dict:
     t0 = now()
     try:
         import ddlf_actors as ddlf
-        from ddlf_actors.apps import train_sync
+        from ddlf_actors.apps import train
     except ImportError as e:
         raise Unavailable(f"ddlf_actors.apps is not importable ({e})")
     backend = "ray" if job.column.endswith("@ray") else "ddlf"
@@ -228,34 +208,41 @@ def run_ddlf(job: Job, args) -> dict:
             import ray  # noqa: F401
         except ImportError as e:
             raise Unavailable(f"ray is not importable ({e}); pip install -e '.[ray]'")
-    options = dict(DDLF_OPTIONS[job.column])
+    scheme, options = DDLF_RUNS[job.column]
+    options = dict(options)
     n_train = len(protocol.split_indices(job.stage, *FASHION_SIZES, limit=args.limit).train)
-    R = options.get("rounds_per_epoch") or sync_default_rounds(n_train, args.workers)
-    if R > 1:
-        options["eval_every"] = max(1, R // args.evals_per_epoch)
+    R = cadence.rounds_per_epoch(scheme, options, args.workers, n_train, BATCH_SIZE)
+    if R and R > 1:
+        options.update(cadence.eval_every(scheme, options, args.workers, n_train,
+                                          args.evals_per_epoch, BATCH_SIZE))
     # backend="ray": a local Ray instance with K CPUs; the scheme places its trainers there.
     ddlf.init(num_cpus=args.workers, backend=backend)
     try:
         t_call = now()
-        r = train_sync(SeededModel(job.seed, job.candidate), split_for(job, args),
-                       workers=args.workers, master_epochs=args.epochs, batch_size=BATCH_SIZE,
-                       progress=False, seed=job.seed, **options)
+        shape = dict(workers=args.workers, master_epochs=args.epochs, batch_size=BATCH_SIZE,
+                     progress=False, seed=job.seed)
+        model = SeededModel(job.seed, job.candidate)
+        if scheme is None:   # DDLF's defaults: no scheme named
+            r = train(model, split_for(job, args), **shape, **options)
+        else:
+            r = train(model, split_for(job, args), scheme, **shape, **options)
     finally:
         ddlf.shutdown()
     points, train_s, eval_s = protocol.ddlf_points(r.history, r.startup_s)
     notes = []
-    if r.options.rounds_per_epoch != R:
-        notes.append(f"the run used {r.options.rounds_per_epoch} rounds/epoch, not the {R} "
-                     "this script computed: sync's default changed; evaluations per epoch "
-                     "are as measured")
+    made = getattr(r.options, "rounds_per_epoch", None)
+    if made != R:
+        notes.append(f"the run used {made} rounds/epoch, not the {R} this script computed "
+                     "(the scheme chose its rounds as the run started); evaluations per "
+                     "epoch are as measured")
     default = None
     if job.candidate.get("optimizer") == "default":
         # After training (not timed): the model's own optimizer, as paper_cnn compiles it now.
         configure_tf(1)
         default = describe_optimizer(build_model(job.seed, job.candidate).optimizer)
     label = protocol.candidate_label(job.candidate, default)
-    settings = describe_settings(r.options) + ("" if backend == "ddlf" else ", on Ray") \
-        + f"; {label}"
+    settings = (("train() defaults ran " if scheme is None else "") + ran.describe_run(r)
+                + ("" if backend == "ddlf" else ", on Ray") + f"; {label}")
     for p in points:
         log(f"[{job.column}] epoch {p['epoch']:.2f}: {p['train_s']:.1f} s of training, "
             f"{eval_name(job)} accuracy {p['accuracy']:.4f}")
@@ -266,8 +253,8 @@ def run_ddlf(job: Job, args) -> dict:
                   train_losses=[row.get("train_loss") for row in r.history],
                   compute_s=sum(row.get("compute_s", 0.0) for row in r.history),
                   overhead_s=sum(row.get("overhead_s", 0.0) for row in r.history),
-                  rounds_per_epoch=r.options.rounds_per_epoch, notes=notes,
-                  model_default=default)
+                  rounds_per_epoch=made, notes=notes, model_default=default,
+                  scheme_ran=ran.scheme_ran(r))
 
 
 RUNNERS = {
@@ -277,6 +264,7 @@ RUNNERS = {
     "spark": run_spark,
     "ray-rounds": run_ray_rounds,
     "ddlf-default": run_ddlf,
+    "ddlf-sync": run_ddlf,
     "ddlf-alg6": run_ddlf,
     "ddlf-default@ray": run_ddlf,
 }

@@ -310,8 +310,7 @@ def test_ddlf_rows_become_points_with_startup_and_evaluation_taken_out():
     assert protocol.evals_per_epoch(points) == 1.0
 
 
-def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluster,
-                                                                    monkeypatch):
+def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluster):
     from helpers_modules.numpy_trainer import NumpyTrainer, hard_blobs_dataset, softmax_model_fn
 
     from ddlf_actors.apps import train_sync
@@ -328,13 +327,13 @@ def test_a_real_ddlf_run_read_as_points_is_evaluated_between_rounds(train_cluste
     hit = first_crossing(points, 0.3)
     assert hit is not None and hit.epoch in [p["epoch"] for p in points]
     # The DDLF column labels its settings from the run's resolved scheme options (a
-    # column's whole selection once failed on a setting read from TrainConfig instead).
-    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # the script adds to it
-    monkeypatch.syspath_prepend(_REPO)
-    from benchmarks.training import train_compare
-
-    text = train_compare.describe_settings(r.options)
+    # column's whole selection once failed on a setting read from TrainConfig instead),
+    # and names the scheme the run was (issue 30: say which scheme the defaults ran).
+    text = protocol.ran.describe_settings(r.options)
     assert text.startswith("8 rounds/epoch"), text
+    assert protocol.ran.describe_run(r).startswith("sync: 8 rounds/epoch"), \
+        protocol.ran.describe_run(r)
+    assert protocol.ran.scheme_ran(r) == "sync"
 
 
 def test_the_tables_mark_once_per_epoch_columns_failed_runs_and_the_choice():
