@@ -102,6 +102,11 @@ class FrameworkAdapter:
         fit this model's optimizer."""
         raise NotImplementedError
 
+    def reset_optimizer_state(self) -> None:
+        """Put the optimizer back as it was before its first step, when
+        :meth:`get_optimizer_state` had nothing to return then (the start-up probe's steps
+        must leave no trace). Adapters whose state is complete from the start need not."""
+
     def get_learning_rate(self) -> float | None:
         """The optimizer's rate now, or None if it has no settable one."""
         raise NotImplementedError

@@ -76,6 +76,10 @@ class KerasAdapter(FrameworkAdapter):
 
     def get_optimizer_state(self) -> list | None:
         opt = getattr(self.model, "optimizer", None)
+        if opt is not None and not getattr(opt, "built", True):
+            # Keras makes its slots at the first step: built now, the state before any step
+            # is complete (zero moments, step 0) and fits set_optimizer_state after steps.
+            opt.build(self.model.trainable_variables)
         variables = list(getattr(opt, "variables", None) or ())
         if not variables:
             return None

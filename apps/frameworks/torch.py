@@ -262,6 +262,10 @@ class TorchAdapter(FrameworkAdapter):
             return None   # no state yet, or none at all (SGD without momentum)
         return [_numpy(v) if isinstance(v, torch.Tensor) else np.asarray(v) for v in values]
 
+    def reset_optimizer_state(self) -> None:
+        # torch makes a parameter's state (moments, step) at its first step: none is fresh.
+        self.optimizer.state.clear()
+
     def set_optimizer_state(self, state) -> None:
         import torch
 

@@ -436,3 +436,21 @@ def test_importing_the_adapters_and_models_imports_no_framework():
                           cwd=_REPO, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_state_taken_before_the_first_step_puts_the_optimizer_back(kit):
+    """What auto's start-up probe does (schemes/probe.py): take the weights and optimizer
+    state of a fresh model, train a few steps, put both back; the run then trains exactly
+    as the untouched model does."""
+    x, y = _task()
+    a, b = kit.make(0, "adam"), kit.make(0, "adam")
+    w, state = a.get_weights(), a.get_optimizer_state()
+    a.fit(x[:24], y[:24], epochs=1, batch_size=BATCH)   # the probe's steps
+    a.set_weights(w)
+    if state is not None:
+        a.set_optimizer_state(state)
+    else:
+        a.reset_optimizer_state()
+    a.fit(x[24:48], y[24:48], epochs=1, batch_size=BATCH)
+    b.fit(x[24:48], y[24:48], epochs=1, batch_size=BATCH)
+    assert _same(a.get_weights(), b.get_weights())
