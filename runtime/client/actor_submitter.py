@@ -76,6 +76,9 @@ class ActorClient(TableFrameHandler):
         self.dead_error: BaseException | None = None
         self.blocked = False
         self.cancelled: set = set()   # object ids of in-flight calls asked to cancel
+        # msg ids of in-flight calls whose actor exited in them (sys.exit) and that are
+        # retried when its connection closes: their exit reply is not their outcome.
+        self.exited: set = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def create(self, creation: ActorCreation, refs) -> None:
@@ -310,11 +313,14 @@ class ActorClient(TableFrameHandler):
         self.state = RESOLVING
         if data.get("status") and data.get("msg_id") in self.inflight:
             # A crash (non-zero exit) in a call the actor may retry: retry it on the
-            # restarted actor instead of taking the exit's error reply.
+            # restarted actor instead of taking the exit's error reply. It stays in flight
+            # until the connection closes, so that it is retried with the calls sent after
+            # it, in the order they were sent (queued for its retry now, it would run
+            # after them: Ray's actor_checkpointing.py then read a key its crashed
+            # update had not written yet).
             call = self.inflight[data["msg_id"]]
             if isinstance(call, ActorCall) and call.retries != 0:
-                del self.inflight[data["msg_id"]]
-                self._retry([call])
+                self.exited.add(data["msg_id"])
 
     def _on_stream(self, conn: Connection, kind, msg_id, segs):
         entry = (self.inflight.get if kind == protocol.STREAM_ITEM else self.inflight.pop)(
@@ -324,6 +330,8 @@ class ActorClient(TableFrameHandler):
                 entry, ActorCall) else entry, segs)
 
     def _on_result(self, conn: Connection, kind, msg_id, segs):
+        if msg_id in self.exited:
+            return   # the exit's error reply: the call is retried (connection_closed)
         entry = self.inflight.pop(msg_id, None)
         if entry is None:
             return
@@ -346,7 +354,8 @@ class ActorClient(TableFrameHandler):
               protocol.SHM_ACK: _on_shm_ack}
 
     def _retry(self, calls) -> None:
-        """Queue calls lost with the actor's process again, ahead of newer ones."""
+        """Queue calls lost with the actor's process again, in the order they were sent
+        (``calls``), ahead of newer ones."""
         for call in calls:
             if call.retries > 0:
                 call.retries -= 1
@@ -357,6 +366,7 @@ class ActorClient(TableFrameHandler):
             return
         self.conn = None
         inflight, self.inflight = self.inflight, {}
+        self.exited.clear()
         if self.core.closed:
             return
         retry = [c for c in inflight.values() if isinstance(c, ActorCall) and c.retries != 0]
