@@ -1,7 +1,7 @@
 """Training on DDLF actors: the paper's App API, TrainerActor and the schemes.
 
     import ddlf_actors as ddlf
-    from ddlf_actors.apps import datasets, models, train_sync
+    from ddlf_actors.apps import models, train, train_sync
 
     ddlf.init()
     result = train_sync(models.paper_cnn, "fashion-mnist", workers=2, master_epochs=2)
@@ -24,13 +24,14 @@ from .callbacks import (
     TensorBoard,
 )
 from .checkpoint import CheckpointMismatchError
-from .config import TrainConfig
+from .config import ConfigError, TrainConfig
 from .result import TrainResult
 from .schemes import (
     TooFewTrainersError,
     TrainerStartError,
     UnknownSchemeError,
     train,
+    train_allreduce,
     train_async,
     train_sync,
 )
@@ -45,8 +46,10 @@ __all__ = [
     "codecs",
     "train_sync",
     "train_async",
+    "train_allreduce",
     "UnknownSchemeError",
     "TrainConfig",
+    "ConfigError",
     "TrainResult",
     "TrainerStartError",
     "TooFewTrainersError",

@@ -46,8 +46,9 @@ class Callback:
         """A history row is complete (its evaluation included)."""
 
     def on_event(self, event: dict, run) -> None:
-        """Something happened to the run (a trainer lost or joined, a resume): see
-        ``records.RunEvent``. Checkpoints are recorded in ``result.events`` only."""
+        """Something happened to the run (a trainer lost or joined, a resume, a checkpoint
+        written; every kind of ``records.EventKind``): see ``records.RunEvent``. It is in
+        ``run.events`` already."""
 
     def on_train_end(self, result) -> None:
         pass
@@ -234,12 +235,12 @@ class TensorBoard(Callback):
 
 class DashboardPublisher(Callback):
     """Publish the run to the head's web dashboard (``ddlf_actors.util.dashboard``): what
-    it is when it begins, each history row and event as it comes (checkpoints, which
-    reach no callback, go with the next row), and how it ended.
+    it is when it begins, each history row and event as it comes, and how it ended.
 
-    Every run has one (the schemes add it). Sending never waits for the head; if it
-    fails (the cluster went away) the run goes on and this stops publishing, with one
-    warning.
+    The driver adds one to every run whose backend publishes runs
+    (``Backend.publishes_runs``: DDLF's, whose head has the dashboard; not Ray's, whose
+    dashboard does not take DDLF's runs). Sending never waits for the head; if it fails
+    (the cluster went away) the run goes on and this stops publishing, with one warning.
     """
 
     def __init__(self):

@@ -11,8 +11,9 @@ tests use (``backends/fake.py``), and a test can drive a machine event by event.
 
 A scheme is one module with an options dataclass and a ``Machine`` subclass that sets
 ``name``, ``Options`` and ``wire_modes`` and implements :meth:`begin`, :meth:`on_done`,
-:meth:`on_lost`, :meth:`total_rows` and, to resume, :meth:`position`/:meth:`restore`;
-plus one ``register`` line in ``schemes/__init__.py``.
+:meth:`on_lost`, :meth:`on_row_done` and :meth:`total_rows` (and may implement
+:meth:`on_joined` and :meth:`on_tick`, which do nothing by default) and, to resume,
+:meth:`position`/:meth:`restore`; plus one ``register`` line in ``schemes/__init__.py``.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import Callable
 from ddlf_actors.errors import ActorDiedError, UnschedulableError
 
 from .. import backends, datasets
-from ..config import TrainConfig
+from ..config import ConfigError, TrainConfig
 from ..records import EventKind
 from .errors import TrainerStartError
 from .slots import LOSS_ERRORS, Slot, SlotState
@@ -56,15 +56,20 @@ START_TRIES = 4
 
 
 def check_dataset(dataset) -> None:
-    """Fail on the driver, before any trainer starts, for a dataset that cannot work."""
+    """Fail on the driver, before any trainer starts, for a dataset that cannot work:
+    ``ConfigError`` (a ``ValueError``) for a name that is not registered,
+    ``FileNotFoundError`` for a partition directory that is not there, ``TypeError`` for
+    anything else that is not a dataset."""
     if isinstance(dataset, str):
         if dataset not in datasets.names():
             hint = (f"; for text, datasets.corpus({dataset!r}, context=...)"
                     if dataset in datasets.corpora.CORPORA else "")
-            raise ValueError(f"unknown dataset {dataset!r}: known names are "
-                             f"{sorted(datasets.names())}; or pass a callable returning "
-                             "((x, y), (x_test, y_test)), or datasets.partitioned(path), or a "
-                             f"text dataset (datasets.text, datasets.corpus){hint}")
+            raise ConfigError(f"dataset={dataset!r}", "is not a registered dataset: use one of "
+                              f"{', '.join(sorted(datasets.names()))} "
+                              "(datasets.register(name, loader) adds one), a callable "
+                              "returning ((x, y), (x_test, y_test)), "
+                              "datasets.partitioned(path), or a text dataset "
+                              f"(datasets.text, datasets.corpus){hint}")
     elif isinstance(dataset, datasets.PartitionedDataset):
         dataset.num_partitions  # noqa: B018 - raises FileNotFoundError for a bad path
     elif isinstance(dataset, datasets.TextDataset):

@@ -16,7 +16,7 @@ from helpers_modules.numpy_trainer import (
 )
 
 import ddlf_actors as ddlf
-from ddlf_actors.apps import TrainerStartError, datasets, train_async, train_sync
+from ddlf_actors.apps import ConfigError, TrainerStartError, datasets, train_async, train_sync
 from ddlf_actors.apps.callbacks import Callback
 
 ROW_KEYS = {"round", "epoch", "time_s", "test_accuracy", "test_loss", "train_loss",
@@ -156,7 +156,10 @@ def test_partitioned_dataset_each_trainer_loads_its_own(train_cluster, tmp_path)
 # -- bad input: clear errors, no hang, nothing left behind (the fixture checks processes) --
 
 def test_unknown_dataset_name_fails_before_any_trainer_starts(train_cluster):
-    with pytest.raises(ValueError, match="unknown dataset 'no-such-set'.*fashion-mnist"):
+    # A ConfigError, as train_sync's docstring says (a ValueError too), naming the option,
+    # the known names and the other kinds of dataset.
+    with pytest.raises(ConfigError, match="dataset='no-such-set' is not a registered "
+                                          "dataset: use one of .*fashion-mnist.*partitioned"):
         train_sync(MODEL, "no-such-set", workers=2, trainer_cls=NumpyTrainer, progress=False)
 
 
