@@ -41,7 +41,7 @@ from ..result import TrainResult
 from .errors import TooFewTrainersError
 from .events import CallDone, Event, RowDone, Tick, TrainerLost, TrainersJoined
 from .machine import Machine, RunContext
-from .orders import Call, Checkpoint, EmitRow, Lose, NeedTrainers, Note, Order, SetTimer, Stop
+from .orders import Call, Checkpoint, EmitRow, Lose, NeedTrainers, Order, SetTimer, Stop
 from .plan import Plan
 from .pool import TrainerPool, default_trainer_cls
 from .rates import check_trainers_rate
@@ -347,8 +347,6 @@ class Driver:
                 self.timer = order.at
             elif isinstance(order, NeedTrainers):
                 self._wait_for_trainers(order.count, order.why)
-            elif isinstance(order, Note):
-                self.emit(order.kind, order.slot, order.detail)
             elif isinstance(order, Lose):
                 self.inbox.append(self._lost(order.slot, order.slot.handle, order.error, []))
             elif isinstance(order, Stop):

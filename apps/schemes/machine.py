@@ -25,9 +25,9 @@ from typing import Any, ClassVar
 from ..checkpoint import Checkpoint as CheckpointData
 from ..config import TrainConfig
 from ..options import SchemeOptions
-from ..records import EventKind, HistoryRow, TrainStats
+from ..records import HistoryRow, TrainStats
 from .events import CallDone, Event, RowDone, Tick, TrainerLost, TrainersJoined
-from .orders import CONTROL, Call, Checkpoint, NeedTrainers, Note, Order
+from .orders import CONTROL, Call, Checkpoint, NeedTrainers, Order
 from .plan import Plan
 from .slots import Slot
 from .wire import PLAIN, CallSpec, Wire
@@ -190,9 +190,6 @@ class Machine:
     def checkpoint_due(self, round_no: int) -> bool:
         every = self.config.checkpoint_every
         return self.ctx.checkpointing and every is not None and round_no % every == 0
-
-    def note(self, kind: EventKind, slot: Slot | None, detail: str) -> Note:
-        return Note(kind, slot, detail)
 
     def new_row(self, round_no: int, epoch: float, stats: list[TrainStats],
                 wall_s: float, work: dict | None = None) -> HistoryRow:

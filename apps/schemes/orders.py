@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
-from ..records import EventKind, HistoryRow
+from ..records import HistoryRow
 from .slots import Slot
 
-__all__ = ["Call", "EmitRow", "Checkpoint", "SetTimer", "NeedTrainers", "Note", "Lose",
-           "Stop", "Order", "TRAIN", "EVALUATE", "CONTROL"]
+__all__ = ["Call", "EmitRow", "Checkpoint", "SetTimer", "NeedTrainers", "Lose", "Stop",
+           "Order", "TRAIN", "EVALUATE", "CONTROL"]
 
 # What a call is for: its result feeds the weights, a row's test accuracy, or neither.
 TRAIN = "train"
@@ -86,15 +86,6 @@ class NeedTrainers:
 
 
 @dataclasses.dataclass(frozen=True)
-class Note:
-    """Record a run event (``result.events``, the progress bar, the dashboard)."""
-
-    kind: EventKind
-    slot: Slot | None
-    detail: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Lose:
     """``slot``'s trainer is gone though no call of the driver's failed yet (a trainer
     told the machine its peer died): treat it as lost, as a failed call would be. A
@@ -111,4 +102,4 @@ class Stop:
     weights: list
 
 
-Order = Union[Call, EmitRow, Checkpoint, SetTimer, NeedTrainers, Note, Lose, Stop]
+Order = Union[Call, EmitRow, Checkpoint, SetTimer, NeedTrainers, Lose, Stop]

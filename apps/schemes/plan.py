@@ -121,8 +121,3 @@ class Plan:
         ``size`` indices, the last one shorter if ``size`` does not divide it."""
         perm = self.permutation(epoch, part)
         return [perm[i:i + size] for i in range(0, len(perm), max(1, int(size)))]
-
-    def async_piece(self, epoch: int, piece_no: int, per_round: int,
-                    part: int | None = None) -> np.ndarray:
-        """One piece of :meth:`async_pieces` (a resumed run rebuilds its queue from these)."""
-        return self.async_pieces(epoch, per_round, part)[piece_no][1]
