@@ -12,37 +12,29 @@ trainer.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from ..options import SchemeOptions, boolean, int_at_least, option, schedule
+from ..options import int_at_least, option
 from .averaging import ValueBuffers
 from .orders import TRAIN, Call
 from .slots import Slot
 from .wire import PLAIN, WHOLE, Broadcast
-from .workqueue import QueueMachine, Update
+from .workqueue import QueueMachine, ScaledQueueOptions, Update
 
 __all__ = ["AsyncOptions", "AsyncMachine"]
 
 
 @dataclasses.dataclass
-class AsyncOptions(SchemeOptions):
+class AsyncOptions(ScaledQueueOptions):
     scheme: ClassVar[str] = "async"
 
     rounds_per_epoch: int | None = option(
         None, check=int_at_least(1), help="pieces per trainer per epoch (default 1)")
-    staleness_bound: int | None = option(
-        None, check=int_at_least(0),
-        help="SSP: no trainer more than this many updates ahead of the slowest")
-    staleness_scaling: bool | None = option(
-        None, check=boolean, cli="flag", help="divide each update by its staleness + 1")
-    lr_schedule: Any = option(
-        None, check=schedule, cli=None,
-        help="the trainers' rate: a Keras schedule or f(step) -> rate")
 
     def defaults(self, config) -> dict:
-        return {"rounds_per_epoch": 1, "staleness_scaling": False}
+        return {**super().defaults(config), "rounds_per_epoch": 1}
 
     def plan_rounds(self) -> int:
         return self.rounds_per_epoch or 1

@@ -35,19 +35,19 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ..codecs import Codec
-from ..options import ConfigError, SchemeOptions, boolean, filled, int_at_least, option, schedule
+from ..options import ConfigError, filled, int_at_least, option
 from ..wire import TrainerWire, Weights
 from .averaging import ValueBuffers
 from .orders import TRAIN, Call, Order
 from .slots import Slot
 from .wire import PLAIN, WHOLE, Broadcast
-from .workqueue import QueueMachine, Update
+from .workqueue import QueueMachine, ScaledQueueOptions, Update
 
 __all__ = ["DownpourOptions", "DownpourMachine", "DownpourTrainer"]
 
 
 @dataclasses.dataclass
-class DownpourOptions(SchemeOptions):
+class DownpourOptions(ScaledQueueOptions):
     scheme: ClassVar[str] = "downpour"
 
     n_fetch: int | None = option(None, check=int_at_least(1),
@@ -55,17 +55,9 @@ class DownpourOptions(SchemeOptions):
     n_push: int | None = option(None, check=int_at_least(1),
                                 help="push the accumulated update every N local steps "
                                      "(default 16)")
-    staleness_bound: int | None = option(
-        None, check=int_at_least(0),
-        help="SSP: no trainer more than this many updates ahead of the slowest")
-    staleness_scaling: bool | None = option(
-        None, check=boolean, cli="flag", help="divide each update by its staleness + 1")
-    lr_schedule: Any = option(
-        None, check=schedule, cli=None,
-        help="the trainers' rate: a Keras schedule or f(step) -> rate")
 
     def defaults(self, config) -> dict:
-        return {"n_fetch": 16, "n_push": 16, "staleness_scaling": False}
+        return {**super().defaults(config), "n_fetch": 16, "n_push": 16}
 
     def validate(self, config) -> None:
         small, large = sorted((filled(self.n_fetch, "n_fetch"), filled(self.n_push, "n_push")))

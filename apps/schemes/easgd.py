@@ -26,34 +26,30 @@ call that was lost), and a trainer new to the run starts from the center.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from ..options import SchemeOptions, int_at_least, number_in, option, schedule
+from ..options import int_at_least, number_in, option
 from .averaging import elastic_exchange
 from .orders import TRAIN, Call
 from .slots import Slot
 from .wire import PLAIN, WHOLE
-from .workqueue import QueueMachine, Update
+from .workqueue import QueueMachine, QueueOptions, Update
 
 __all__ = ["EasgdOptions", "EasgdMachine", "elastic_exchange"]
 
 
 @dataclasses.dataclass
-class EasgdOptions(SchemeOptions):
+class EasgdOptions(QueueOptions):
+    # No staleness_scaling: an exchange is elastic (each trainer is pulled toward the
+    # centre by alpha), not an update to scale down.
     scheme: ClassVar[str] = "easgd"
 
     alpha: float | None = option(None, check=number_in(0.0, 1.0, low_open=True),
                                  help="elastic coefficient (default 0.9/K)")
     tau: int | None = option(None, check=int_at_least(1),
                              help="local steps between exchanges (default 16)")
-    staleness_bound: int | None = option(
-        None, check=int_at_least(0),
-        help="SSP: no trainer more than this many updates ahead of the slowest")
-    lr_schedule: Any = option(
-        None, check=schedule, cli=None,
-        help="the trainers' rate: a Keras schedule or f(step) -> rate")
 
     def defaults(self, config) -> dict:
         return {"tau": 16, "alpha": 0.9 / config.workers}

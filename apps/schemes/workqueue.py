@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from ..options import SchemeOptions, boolean, int_at_least, option, schedule
 from ..records import HistoryRow, UpdateRecord
 from .evaluation import Evaluations
 from .events import CallDone, RowDone, TrainerLost, TrainersJoined
@@ -35,9 +36,34 @@ from .orders import Call, EmitRow, NeedTrainers, Order, Stop
 from .rates import InnerRate
 from .slots import Slot
 
-__all__ = ["QueueMachine", "Update"]
+__all__ = ["QueueMachine", "QueueOptions", "ScaledQueueOptions", "Update"]
 
 _SHARED = "shared"   # the queue key when every trainer holds the whole dataset
+
+
+@dataclasses.dataclass
+class QueueOptions(SchemeOptions):
+    """What every queue scheme reads (:class:`QueueMachine`): SSP's bound and the
+    trainers' rate. A scheme's options derive from this, adding its own."""
+
+    staleness_bound: int | None = option(
+        None, check=int_at_least(0),
+        help="SSP: no trainer more than this many updates ahead of the slowest")
+    lr_schedule: Any = option(
+        None, check=schedule, cli=None,
+        help="the trainers' rate: a Keras schedule or f(step) -> rate")
+
+
+@dataclasses.dataclass
+class ScaledQueueOptions(QueueOptions):
+    """A queue scheme that applies each update as it arrives (``async``, ``downpour``)
+    and may scale it down by how stale it is."""
+
+    staleness_scaling: bool | None = option(
+        None, check=boolean, cli="flag", help="divide each update by its staleness + 1")
+
+    def defaults(self, config) -> dict:
+        return {"staleness_scaling": False}
 
 
 @dataclasses.dataclass
@@ -52,7 +78,10 @@ class Update:
 
 class QueueMachine(Machine):
     """The asynchronous loop. A scheme implements :meth:`cut_epoch`, :meth:`train_call`
-    and :meth:`absorb`, and may implement :meth:`idle_call` and :meth:`start_version`."""
+    and :meth:`absorb`, and may implement :meth:`idle_call` and :meth:`start_version`;
+    its options derive from :class:`QueueOptions`, whose settings this loop reads."""
+
+    Options: ClassVar[type[SchemeOptions]] = QueueOptions
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
