@@ -27,6 +27,7 @@ import os
 import sys
 import time
 
+from .config import BACKENDS, TrainConfig
 from .lm import cli as lm_cli
 
 __all__ = ["main"]
@@ -74,48 +75,28 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", default="2",
                      help="trainers: K, or MIN:MAX for an elastic run that starts with MIN "
                           "and grows as CPUs appear")
-    run.add_argument("--min-workers", type=int,
-                     help="fewest trainers to go on with after losses (default 1)")
-    run.add_argument("--rejoin-timeout", type=float, default=60.0,
-                     help="seconds to wait for replacements below --min-workers, then fail")
-    run.add_argument("--checkpoint-every", type=int,
-                     help="write a checkpoint into --out every N rounds")
     run.add_argument("--resume", metavar="DIR",
                      help="continue from the last checkpoint in DIR (a previous --out); "
                           "writes into DIR unless --out is given")
-    run.add_argument("--master-epochs", type=int, default=2)
-    run.add_argument("--worker-epochs", type=int, default=1)
-    run.add_argument("--batch-size", type=int, default=32)
-    run.add_argument("--num-cpus", type=float, default=1,
-                     help="CPUs (the framework's threads) per trainer")
     run.add_argument("--framework", choices=("keras", "torch"),
                      help="the paper's CNN in Keras (the default for images; model.keras) or "
                           "in PyTorch (SGD 0.01 and cross-entropy, as the Keras one compiles; "
                           "model.pt, its state dict): pip install 'ddlf-actors[torch]'; a "
                           "GPT on text trains on torch unless told (the faster one here)")
-    run.add_argument("--keras-backend", choices=KERAS_BACKENDS,
-                     help="with --framework keras: the backend Keras runs on in the trainers "
-                          "(default: Keras' own choice, tensorflow); jax needs "
-                          "pip install 'ddlf-actors[jax]'")
     run.add_argument("--compression", metavar="SPEC",
                      help="encode what crosses the wire: one codec spec for weights and "
                           "deltas (none, lz4, zstd[:level], fp16, int8, topk:FRACTION, a lossy "
                           "one with :ef or :noef), or DOWN,UP for the weights the driver sends "
                           "and the deltas the trainers return, e.g. fp16,topk:0.01")
+    _add_config_flags(run)
     _add_scheme_flags(run)
-    run.add_argument("--target-accuracy", type=float,
-                     help="stop at the first evaluation with this test accuracy")
-    run.add_argument("--target-loss", type=float,
-                     help="stop at the first evaluation with this test loss or lower (a text "
-                          "run's validation loss)")
-    run.add_argument("--patience", type=int)
     run.add_argument("--limit", type=int, help="train on the first N samples only (smoke runs)")
     run.add_argument("--address", help="join a running cluster (default: start an embedded one); "
                                        "with --backend ray: auto, ray://host:10001 or host:port")
     run.add_argument("--cluster", metavar="FILE",
                      help="train on the cluster `ddlf up FILE` started (the driver runs "
                           "here; the head's address and token come from its host over SSH)")
-    run.add_argument("--backend", choices=("ddlf", "ray"), default="ddlf",
+    run.add_argument("--backend", choices=BACKENDS, default="ddlf",
                      help="run the trainers on DDLF's actors (default) or on Ray's "
                           "(pip install 'ddlf-actors[ray]')")
     run.add_argument("--token-file", help="file holding the cluster token (or set DDLF_AUTH_TOKEN)")
@@ -135,13 +116,62 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-KERAS_BACKENDS = ("tensorflow", "jax", "torch")
 # What each choice needs installed, and the extra that brings it.
 _NEEDS = {"torch": ("torch", "torch"), "jax": ("jax", "jax")}
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+# The spellings a TrainConfig flag had before the flags were generated from its fields,
+# kept so that scripts using them still work.
+_ALIASES = {"rejoin_timeout_s": ("--rejoin-timeout",)}
+# What a flag does on the command line beyond its field's help.
+_CLI_NOTES = {"checkpoint_every": "written into --out"}
+
+
+def _config_fields() -> list:
+    """TrainConfig's fields that ``ddlf-train run`` takes as flags (``cli`` is not None):
+    the rest (workers, compression, backend ...) have flags of their own shape below."""
+    import dataclasses
+
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("cli") is not None]
+
+
+def _add_argument(group, name: str, f, text: str, default=None, aliases=()) -> None:
+    """A flag for an option field, of the kind its metadata says."""
+    kind = _cli_type(f)
+    if kind == "flag":
+        group.add_argument(_flag(name), *aliases, dest=name, action="store_true",
+                           default=default, help=text)
+    elif kind == "bool":
+        group.add_argument(_flag(name), *aliases, dest=name, default=default,
+                           action=argparse.BooleanOptionalAction, help=text)
+    else:
+        conv = {"int": int, "float": float}.get(kind, str)
+        choices = f.metadata.get("choices")
+        group.add_argument(_flag(name), *aliases, dest=name, type=conv, help=text,
+                           default=default, choices=choices,
+                           metavar=None if choices else {"int": "N", "float": "X"}.get(kind, "VALUE"))
+
+
+def _add_config_flags(run) -> None:
+    """A flag per TrainConfig field the command line takes, with the field's default,
+    so that ``ddlf-train run`` and ``train()`` default alike."""
+    group = run.add_argument_group("run settings (train()'s keywords of the same names)")
+    for f in _config_fields():
+        text = "; ".join(t for t in (f.metadata["help"], _CLI_NOTES.get(f.name)) if t)
+        if f.default is not None and "(default" not in text:
+            text += f" (default {f.default})"
+        _add_argument(group, f.name, f, text, default=f.default,
+                      aliases=_ALIASES.get(f.name, ()))
+
+
+def _config_options(args) -> dict:
+    """TrainConfig's settings from their flags (those left out are None: the default)."""
+    return {f.name: getattr(args, f.name) for f in _config_fields()
+            if getattr(args, f.name) is not None}
 
 
 def _scheme_fields() -> dict:
@@ -178,19 +208,7 @@ def _add_scheme_flags(run) -> None:
         for scheme, field in readers:
             helps.setdefault(field.metadata["help"], []).append(scheme)
         text = "; ".join(f"{', '.join(schemes)}: {h}" for h, schemes in helps.items())
-        kind = _cli_type(f)
-        if kind == "flag":
-            group.add_argument(_flag(name), dest=name, action="store_true", default=None,
-                               help=text)
-        elif kind == "bool":
-            group.add_argument(_flag(name), dest=name, default=None,
-                               action=argparse.BooleanOptionalAction, help=text)
-        else:
-            conv = {"int": int, "float": float}.get(kind, str)
-            group.add_argument(_flag(name), dest=name, type=conv, help=text,
-                               choices=f.metadata.get("choices"),
-                               metavar=None if f.metadata.get("choices") else
-                               {"int": "N", "float": "X"}.get(kind, "VALUE"))
+        _add_argument(group, name, f, text)
 
 
 def _scheme_names() -> list[str]:
@@ -281,13 +299,8 @@ def _check_args(args) -> None:
         args.compression = _compression_arg(args.compression, scheme)
     try:   # the same checks train() makes, named by their flags
         config, options = split_options(args.scheme, dict(
-            workers=args.workers, master_epochs=args.master_epochs,
-            worker_epochs=args.worker_epochs, batch_size=args.batch_size,
-            num_cpus=args.num_cpus, target_accuracy=args.target_accuracy,
-            target_loss=args.target_loss, patience=args.patience, min_workers=args.min_workers,
-            rejoin_timeout_s=args.rejoin_timeout,
-            checkpoint_dir=args.out if args.checkpoint_every else None,
-            checkpoint_every=args.checkpoint_every, **given))
+            _config_options(args), workers=args.workers,
+            checkpoint_dir=args.out if args.checkpoint_every else None, **given))
         options.resolve(config)
     except ConfigError as e:
         raise _UsageError(f"{_option_flag(e.option)} {e.problem}") from None
@@ -358,14 +371,10 @@ def _check_backend(args) -> None:
         raise _UsageError(f"--backend ray: {e}") from None
 
 
-# Options whose flag is not --name-with-dashes.
-_FLAGS = {"rejoin_timeout_s": "--rejoin-timeout"}
-
-
 def _option_flag(option: str) -> str:
     """The flag for a ``ConfigError``'s option (``"min_workers=3"``: ``--min-workers 3``)."""
     name, eq, value = option.partition("=")
-    flag = _FLAGS.get(name.strip(), _flag(name.strip()))
+    flag = _flag(name.strip())
     value = value.strip().rstrip(":")
     return f"{flag} {value}" if eq and value else flag
 
@@ -427,18 +436,12 @@ def _run(args) -> int:
             dataset, label = _dataset_arg(args)
             shape = models.INPUT_SHAPES.get(args.dataset, (28, 28, 1))
             model_fn = _ModelFn(shape, args.framework)
-        common = dict(workers=args.workers, master_epochs=args.master_epochs,
-                      worker_epochs=args.worker_epochs, batch_size=args.batch_size,
-                      num_cpus=args.num_cpus, **_scheme_options(args),
-                      target_accuracy=args.target_accuracy, patience=args.patience,
-                      target_loss=args.target_loss,
+        common = dict(_config_options(args), workers=args.workers, **_scheme_options(args),
                       compression=args.compression, progress=not args.no_progress,
-                      min_workers=args.min_workers,
-                      rejoin_timeout_s=args.rejoin_timeout, resume=args.resume,
-                      keras_backend=args.keras_backend,
+                      resume=args.resume,
                       callbacks=[TensorBoard(args.tensorboard)] if args.tensorboard else [])
         if args.checkpoint_every:
-            common.update(checkpoint_dir=args.out, checkpoint_every=args.checkpoint_every)
+            common.update(checkpoint_dir=args.out)
         result = train(model_fn, dataset, args.scheme, **common)
         total = time.perf_counter() - t0
     finally:

@@ -4,7 +4,8 @@
 own settings (``SyncOptions``, ``AsyncOptions`` ..., each in its scheme's module) as
 keyword options; ``api.py`` splits them. Every field is an :func:`~.options.option`: its
 check raises :class:`ConfigError` naming it, and ``ddlf-train``'s flags for the scheme
-settings are generated from the same fields.
+settings and for these fields (those whose ``cli`` is not None) are generated from the
+same fields, defaults included.
 """
 
 from __future__ import annotations
@@ -108,47 +109,48 @@ class TrainConfig:
     """
 
     workers: Any = option(2, help="trainers: K, or (lo, hi) for an elastic run", cli=None)
-    master_epochs: int = option(1, help="passes over the training set", check=int_at_least(1),
-                                cli=None)
+    master_epochs: int = option(1, help="passes over the training set", check=int_at_least(1))
     worker_epochs: int = option(1, help="local epochs per piece of work (the paper's N)",
-                                check=int_at_least(1), cli=None)
-    batch_size: int = option(32, help="per trainer", check=int_at_least(1), cli=None)
-    num_cpus: float = option(1, help="CPUs (framework threads) per trainer", check=_cpus,
-                             cli=None)
+                                check=int_at_least(1))
+    batch_size: int = option(32, help="per trainer", check=int_at_least(1))
+    num_cpus: float = option(1, help="CPUs (the framework's threads) per trainer", check=_cpus,
+                             cli="float")
     # The fewest trainers a run goes on with; default 1, or the low end of workers=(lo, hi).
-    min_workers: int | None = option(None, help="fewest trainers to go on with", cli=None)
+    min_workers: int | None = option(None, help="fewest trainers to go on with after losses "
+                                     "(default 1)", cli="int")
     # Set by workers=(lo, hi): start with lo placed, grow toward hi.
     elastic: bool = option(False, help="set by workers=(lo, hi)", cli=None)
     # Below min_workers: how long to wait for replacements before failing.
-    rejoin_timeout_s: float = option(60.0, help="seconds to wait for replacements",
-                                     check=seconds, cli=None)
+    rejoin_timeout_s: float = option(60.0, help="seconds to wait for replacements below "
+                                     "min_workers, then fail", check=seconds)
     checkpoint_dir: str | None = option(None, help="where checkpoints go", cli=None)
-    checkpoint_every: int | None = option(None, help="rounds between checkpoints", cli=None)
-    keep_checkpoints: int = option(2, help="newest checkpoints kept", check=int_at_least(1),
-                                   cli=None)
+    checkpoint_every: int | None = option(None, help="rounds between checkpoints", cli="int")
+    keep_checkpoints: int = option(2, help="newest checkpoints kept", check=int_at_least(1))
     # Early stop: at this test accuracy (or test loss, below), or after this many
     # evaluations without a new best test loss.
-    target_accuracy: float | None = option(None, help="stop at this test accuracy",
-                                           check=_fraction, cli=None)
-    patience: int | None = option(None, help="evaluations without a better test loss",
-                                  check=int_at_least(1), cli=None)
+    target_accuracy: float | None = option(None, help="stop at the first evaluation with "
+                                           "this test accuracy", check=_fraction, cli="float")
+    patience: int | None = option(None, help="stop after this many evaluations without a "
+                                  "better test loss", check=int_at_least(1))
     # Early stop at this test loss or lower (a language model's validation loss).
-    target_loss: float | None = option(None, help="stop at this test loss or lower",
-                                       check=_positive, cli=None)
+    target_loss: float | None = option(None, help="stop at the first evaluation with this "
+                                       "test loss or lower (a text run's validation loss)",
+                                       check=_positive, cli="float")
     # What crosses the wire: a codec spec, or a pair (down, up); see apps/codecs.
     compression: Any = option(None, help="codec spec, or (down, up)", check=_compression,
                               cli=None)
     seed: int | None = option(0, help="data order and the trainers' seeds",
-                              check=int_at_least(0), cli=None)
+                              check=int_at_least(0))
     progress: bool = option(True, help="a progress bar on stderr", cli=None)
     trainer_cls: Any = option(None, help="a TrainerActor subclass", cli=None)
     trainer_options: dict = dataclasses.field(default_factory=dict)
     # The trainers are placed as one placement group (one bundle each) so that a run
     # never starts half-placed; it fails if the group is not reserved within the timeout.
     placement_strategy: str = option("SPREAD", help="how the trainers' bundles are placed",
-                                     check=one_of(*PLACEMENT_STRATEGIES), cli=None)
+                                     check=one_of(*PLACEMENT_STRATEGIES),
+                                     choices=PLACEMENT_STRATEGIES)
     placement_timeout_s: float = option(60.0, help="seconds to reserve the trainers' CPUs",
-                                        check=seconds, cli=None)
+                                        check=seconds)
     callbacks: list = dataclasses.field(default_factory=list)
     # PyTorch models only (a Keras model compiles its own and refuses these by name): how
     # each trainer builds its optimizer from its module's parameters, and the loss.
@@ -158,8 +160,10 @@ class TrainConfig:
                        "(default cross-entropy on the module's logits)", check=_factory, cli=None)
     # Keras models only: the backend Keras 3 runs on in the trainers (KERAS_BACKEND,
     # set before Keras is first imported there); None: Keras' own choice.
-    keras_backend: str | None = option(None, help="Keras 3's backend in the trainers",
-                                       check=one_of(*KERAS_BACKENDS), cli=None)
+    keras_backend: str | None = option(
+        None, help="with a Keras model: the backend Keras 3 runs on in the trainers (default: "
+        "Keras' own choice, tensorflow); jax needs pip install 'ddlf-actors[jax]'",
+        check=one_of(*KERAS_BACKENDS), choices=KERAS_BACKENDS)
     # Where the trainers run: "ddlf" or "ray" (apps/backends); None: what ddlf.init chose;
     # or a Backend instance (the tests' in-process FakeBackend).
     backend: Any = option(None, help="ddlf or ray", check=_backend, cli=None)
