@@ -82,7 +82,8 @@ class RoundOptions(SchemeOptions):
              "none (default)")
     warmup_rounds: int | None = option(
         None, check=int_at_least(0),
-        help="ramp the K scaling up linearly over this many rounds (default half an epoch)")
+        help="ramp the K scaling up linearly over this many rounds (default: half an "
+             "epoch's rounds with lr_scaling 'outer' or 'inner', none without)")
     lr_schedule: Any = option(
         None, check=schedule, cli=None,
         help="the trainers' rate per round: a Keras schedule or f(step) -> rate")

@@ -6,10 +6,11 @@ partition, waits for their deltas and applies their mean weighted by samples,
 epoch, each on 1/r of the epoch's permutation (local SGD).
 
 The driver's step on the averaged delta is an outer optimizer (``outer.py``). By default
-(``rounds.py``, measured fastest to a target accuracy) it is Nesterov momentum 0.9 at a
-rate of 0.5·K warmed up over half an epoch, every ~32 local steps;
-``rounds_per_epoch=1, outer_momentum=0, lr_scaling="none"`` is the paper's plain average
-once per epoch. The trainers' own rate can follow ``lr_schedule`` (or
+it is Nesterov momentum at a fixed rate with no K rule (so no warm-up), a round every
+``STEPS_PER_ROUND`` local steps, and none with one trainer: the values are
+``RoundOptions.DEFAULTS`` in ``rounds.py`` (chosen on a validation split; not repeated
+here, so that they cannot go stale); ``rounds_per_epoch=1, outer_momentum=0,
+lr_scaling="none"`` is the paper's plain average once per epoch. The trainers' own rate can follow ``lr_schedule`` (or
 ``lr_scaling='inner'``), set by the driver each round.
 
 A round, as a state machine (``machine.py``): it opens with the train calls, the previous
