@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                           "writes into DIR unless --out is given")
     run.add_argument("--framework", choices=("keras", "torch"),
                      help="the paper's CNN in Keras (the default for images; model.keras) or "
-                          "in PyTorch (SGD 0.01 and cross-entropy, as the Keras one compiles; "
+                          "in PyTorch (Adam 1e-3 and cross-entropy, as the Keras one compiles; "
                           "model.pt, its state dict): pip install 'ddlf-actors[torch]'; a "
                           "GPT on text trains on torch unless told (the faster one here)")
     run.add_argument("--compression", metavar="SPEC",

@@ -155,7 +155,7 @@ class TrainConfig:
     # PyTorch models only (a Keras model compiles its own and refuses these by name): how
     # each trainer builds its optimizer from its module's parameters, and the loss.
     optimizer: Any = option(None, help="PyTorch: a callable params -> torch.optim.Optimizer "
-                            "(default SGD, lr 0.01)", check=_factory, cli=None)
+                            "(default Adam, lr 1e-3, as paper_cnn compiles)", check=_factory, cli=None)
     loss: Any = option(None, help="PyTorch: a callable (output, target) -> scalar tensor "
                        "(default cross-entropy on the module's logits)", check=_factory, cli=None)
     # Keras models only: the backend Keras 3 runs on in the trainers (KERAS_BACKEND,

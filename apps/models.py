@@ -99,7 +99,7 @@ def paper_cnn_torch(input_shape=(28, 28, 1), num_classes: int = 10):
     PyTorch's default initialisation. It takes NHWC float32 images, as the datasets give
     them and as Keras takes them, and permutes them to NCHW in ``forward``: how a module
     that wants NCHW reads DDLF's data. No optimizer and no loss here: on PyTorch they are
-    the run's ``optimizer=`` (default SGD 0.01, as ``paper_cnn`` compiles) and ``loss=``
+    the run's ``optimizer=`` (default Adam 1e-3, as ``paper_cnn`` compiles) and ``loss=``
     (default cross-entropy on the logits).
     """
     import torch

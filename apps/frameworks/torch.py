@@ -6,7 +6,8 @@ Run options (``options``, from ``optimizer=`` and ``loss=``):
 * ``optimizer``: a callable taking the module's parameters and returning a
   ``torch.optim.Optimizer``. Default: the module's own ``default_optimizer()`` if it has
   one (``models.gpt_tiny_torch``: AdamW with warm-up and cosine decay), else
-  ``torch.optim.SGD(params, lr=0.01)`` (what ``models.paper_cnn`` compiles for Keras).
+  ``torch.optim.Adam(params, lr=1e-3)``, what ``models.paper_cnn`` compiles for Keras (chosen
+  on a validation split: docs/training.md, "the defaults"; it was SGD 0.01, the paper's).
 * ``loss``: a callable ``(output, target) -> scalar tensor``, the mean over the batch.
   Default ``torch.nn.functional.cross_entropy``: the module outputs logits; for a
   sequence of them (``(batch, time, classes)``, a language model's) the mean over every
@@ -40,9 +41,14 @@ __all__ = ["TorchAdapter"]
 
 
 def _default_optimizer(params):
+    """What ``paper_cnn`` compiles for Keras (its default, ``models.OPTIMIZERS``), so that
+    a PyTorch model trains as the Keras one does unless the run's ``optimizer=`` says
+    otherwise."""
     import torch
 
-    return torch.optim.SGD(params, lr=0.01)
+    from ..models import OPTIMIZERS
+
+    return torch.optim.Adam(params, lr=OPTIMIZERS["adam"])
 
 
 def _default_loss(output, target):

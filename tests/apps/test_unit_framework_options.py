@@ -38,13 +38,14 @@ def test_bad_values_are_refused_by_name_before_anything_starts():
 
 def test_optimizer_and_loss_reach_the_trainers(tmp_path):
     pytest.importorskip("torch")
-    # Momentum: the optimizer the trainers built has state; the default SGD has none.
+    # Momentum: the optimizer the trainers built has state; plain SGD has none.
     result = train_sync(TinyTorch(), hard_blobs_dataset, trainer_cls=TorchTrainer,
                         backend=FakeBackend(), optimizer=Sgd(0.5, momentum=0.9),
                         checkpoint_dir=str(tmp_path), **RUN)
     assert checkpoint.load(str(tmp_path)).optimizer_states
     plain = train_sync(TinyTorch(), hard_blobs_dataset, trainer_cls=TorchTrainer,
-                       backend=FakeBackend(), checkpoint_dir=str(tmp_path / "p"), **RUN)
+                       backend=FakeBackend(), optimizer=Sgd(0.5),
+                       checkpoint_dir=str(tmp_path / "p"), **RUN)
     assert not checkpoint.load(str(tmp_path / "p")).optimizer_states
     assert result.framework == plain.framework == "torch"
 

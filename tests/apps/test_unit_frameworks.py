@@ -362,13 +362,15 @@ def test_torch_takes_an_optimizer_factory_not_an_optimizer():
         TorchAdapter(model, {"loss": "mse"})
 
 
-def test_torch_defaults_are_sgd_0_01_and_cross_entropy():
+def test_torch_defaults_are_paper_cnns_adam_1e_3_and_cross_entropy():
     torch = pytest.importorskip("torch")
+    from ddlf_actors.apps import models
     from ddlf_actors.apps.frameworks.torch import TorchAdapter
 
     a = TorchAdapter(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3)))
-    assert type(a.optimizer) is torch.optim.SGD and a.get_learning_rate() == 0.01
-    assert a.get_optimizer_state() is None   # plain SGD keeps no state
+    # What paper_cnn compiles for Keras (models.OPTIMIZERS' default)
+    assert type(a.optimizer) is torch.optim.Adam
+    assert a.get_learning_rate() == models.OPTIMIZERS["adam"] == 1e-3
     x, y = _task()
     with torch.no_grad():
         expected = float(torch.nn.functional.cross_entropy(a.model(torch.from_numpy(x)),
