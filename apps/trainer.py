@@ -9,7 +9,7 @@ This is the core every scheme shares: the data and its partitions, the stats of 
 call, the test-set shards. What it does with the model goes through a framework adapter
 (``frameworks/``: Keras, PyTorch, ...), picked by the type of the model ``model_fn``
 returns. The trainer side of a scheme lives in that scheme's module (allreduce's ring,
-Downpour's accumulated pushes) and is mixed in here; codecs' side is ``wire.py``'s.
+Downpour's accumulated pushes) and is mixed in here; codecs' side is ``weight_messages.py``'s.
 
 To train another framework, register an adapter (``frameworks/base.py``). The first way
 still works too: subclass, override the hooks :class:`TrainerActor` lists (the README and
@@ -39,7 +39,7 @@ from .frameworks.threads import limit_threads
 from .schemes.allreduce import AllreduceTrainer
 from .schemes.downpour import DownpourTrainer
 from .schemes.probe import ProbeTrainer
-from .wire import WireMethods
+from .weight_messages import WireMethods
 
 __all__ = ["TrainerActor", "shard_range", "combine_shards", "nbytes"]
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..codecs import Codec
 from ..options import ConfigError, filled, int_at_least, option
-from ..wire import TrainerWire, Weights
+from ..weight_messages import TrainerWire, Weights
 from .averaging import ValueBuffers
 from .orders import TRAIN, Call, Order
 from .slots import Slot

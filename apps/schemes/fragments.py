@@ -42,7 +42,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import codecs
-from ..wire import TrainerWire, Weights
+from ..weight_messages import TrainerWire, Weights
 
 __all__ = ["Fragments", "LocalStream", "StreamingTrainer"]
 

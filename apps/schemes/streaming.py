@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import codecs
-from ..wire import SET, Weights
+from ..weight_messages import SET, Weights
 from .averaging import weighted_mean
 from .fragments import Fragments
 from .outer import OuterOptimizer

@@ -6,7 +6,7 @@ decodes what comes back with :meth:`Wire.received`. Without compression (``None`
 ``("none", "none")``) this is the plain path: one ``put`` of the arrays, ``train`` and
 ``evaluate`` called with its ref, deltas as lists of arrays.
 
-With compression, the down codec decides how weights travel (see ``apps/wire.py`` for the
+With compression, the down codec decides how weights travel (see ``apps/weight_messages.py`` for the
 messages):
 
 - **whole weights**, once per version (one ``put``), for a lossless codec or a lossy one
@@ -35,7 +35,7 @@ import numpy as np
 from .. import codecs
 from ..arrays import nbytes
 from ..records import TrainStats
-from ..wire import CHANGE, SET, Weights, apply_change, difference
+from ..weight_messages import CHANGE, SET, Weights, apply_change, difference
 
 __all__ = ["Wire", "Broadcast", "CallSpec", "resolve", "PLAIN", "WHOLE", "CHANGES"]
 

@@ -1,4 +1,4 @@
-"""apps/wire.py and schemes/wire.py without processes: messages, replicas, modes."""
+"""apps/weight_messages.py and schemes/wire.py without processes: messages, replicas, modes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import pytest
 
 from ddlf_actors.apps import codecs
 from ddlf_actors.apps.schemes.wire import CHANGES, PLAIN, WHOLE, Wire, resolve
-from ddlf_actors.apps.wire import CHANGE, SET, TrainerWire, Weights, apply_change, difference
+from ddlf_actors.apps.weight_messages import (
+    CHANGE,
+    SET,
+    TrainerWire,
+    Weights,
+    apply_change,
+    difference,
+)
 
 UP = codecs.get("none")
 

@@ -1,5 +1,5 @@
-"""What crosses the wire in a run with ``compression=``: the driver's weight messages and
-a trainer's end of them.
+"""The weight messages of a run with ``compression=`` (what crosses the wire) and a trainer's
+end of them. (The driver's end is ``schemes/wire.py``.)
 
 With compression on, the driver sends each trainer a :class:`Weights` message instead of
 a list of arrays, and a trainer answers with an :class:`~.codecs.Encoded` delta. A message
