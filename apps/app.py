@@ -38,7 +38,7 @@ from ddlf_actors.cluster import Cluster, WorkerProxy
 
 from . import backends, datasets, frameworks, models
 from .arrays import combine_shards
-from .config import FRAMEWORK_OPTIONS, TrainConfig
+from .config import FRAMEWORK_OPTIONS, TrainConfig, framework_settings
 from .frameworks.keras import KerasAdapter
 from .options import ConfigError
 from .schemes import registry
@@ -81,7 +81,9 @@ class App:
 
     ``optimizer``, ``loss`` (a PyTorch ``create_model``) and ``keras_backend`` (a Keras
     one) are the trainers' framework settings, as in ``train_sync``: set once, here,
-    because the app's trainers are built once and kept between its runs."""
+    because the app's trainers are built once and kept between its runs. They reach the
+    trainers as ``TrainConfig.framework_options()`` (an app asks no GPUs: it takes no
+    ``trainer_options``)."""
 
     # What load_dataset() sets (a subclass's may set them, or return the two pairs).
     x_train: Any
@@ -217,13 +219,10 @@ class App:
         self._ddlf_cluster = None
 
     # -- internals -----------------------------------------------------------------------------
-    def _framework_options(self) -> dict:
-        return {k: getattr(self, k) for k in FRAMEWORK_OPTIONS if getattr(self, k) is not None}
-
     def _config(self) -> TrainConfig:
         return TrainConfig(workers=self.workers, num_cpus=self.num_cpus,
                            trainer_cls=self.trainer_cls, progress=self.progress,
-                           **self._framework_options())
+                           **framework_settings(self))
 
     async def _trainers(self) -> list:
         if self._ddlf_trainers is None:
@@ -270,7 +269,7 @@ class App:
         config, scheme_options = split_options(scheme, dict(
             workers=self.workers, num_cpus=self.num_cpus, trainer_cls=self.trainer_cls,
             progress=self.progress, master_epochs=master_epochs, worker_epochs=worker_epochs,
-            batch_size=batch_size, **self._framework_options(), **options),
+            batch_size=batch_size, **framework_settings(self), **options),
             caller=f"App.train_{scheme}")
         driver = Driver(registry.get(scheme), _AppStep(self, "create_model"),
                         _AppStep(self, "load_dataset"), config, scheme_options, trainers)

@@ -25,7 +25,7 @@ from .options import (
 )
 
 __all__ = ["TrainConfig", "ConfigError", "LR_SCALINGS", "PLACEMENT_STRATEGIES", "BACKENDS",
-           "KERAS_BACKENDS", "FRAMEWORK_OPTIONS"]
+           "KERAS_BACKENDS", "FRAMEWORK_OPTIONS", "framework_settings"]
 
 # Where the linear scaling rule for K trainers applies (Goyal et al. 2017): nowhere, to the
 # trainers' learning rate, or to the driver's outer learning rate.
@@ -36,6 +36,12 @@ KERAS_BACKENDS = ("tensorflow", "jax", "torch")
 # The settings a run hands to its trainers' framework adapter (and, for keras_backend,
 # to the trainer itself before Keras is imported); each applies to one kind of model.
 FRAMEWORK_OPTIONS = ("optimizer", "loss", "keras_backend")
+
+
+def framework_settings(obj: Any) -> dict:
+    """The framework settings set on ``obj`` (a :class:`TrainConfig`, or an ``App``, which
+    takes them once for its kept trainers), as keywords: the one place that lists them."""
+    return {k: getattr(obj, k) for k in FRAMEWORK_OPTIONS if getattr(obj, k) is not None}
 
 
 def _cpus(name: str, v: Any) -> None:
@@ -219,7 +225,7 @@ class TrainConfig:
         """What each trainer is given as ``framework_options``: the framework settings
         that are set (``optimizer``, ``loss``, ``keras_backend``) and the trainers'
         ``num_gpus`` where ``trainer_options`` asks for GPUs. Empty when none is."""
-        out = {k: getattr(self, k) for k in FRAMEWORK_OPTIONS if getattr(self, k) is not None}
+        out = framework_settings(self)
         gpus = self.trainer_options.get("num_gpus")
         if gpus:
             out["num_gpus"] = gpus
