@@ -36,6 +36,11 @@ from .outer import apply_outer
 
 __all__ = ["RingStreamTrainer"]
 
+# How a ring member's collective that did not complete ends: the status the driver reads.
+_STATUSES = ((ring.CollectiveAborted, "aborted"),   # the driver called it off
+             (ring.PeerLost, "peer_lost"),          # the right neighbour died
+             (ring.CollectiveTimeout, "timeout"))   # nothing from the left in time
+
 
 class RingStreamTrainer:
     """Streamed allreduce rounds on a trainer (module doc)."""
@@ -117,6 +122,43 @@ class RingStreamTrainer:
         if join is not None:
             stats["collective"] = self._join(tuple(int(t) for t in join))
         return stats
+
+    def _ring_member(self, tag, rank: int, size: int, right, timeout_s: float, vectors,
+                     runtime, box, codec, fb, on_thread: bool = False) -> tuple:
+        """This trainer's part of collective ``tag`` (``ring.run_member``), its chunks sent
+        to the handle ``right``, for ``allreduce_held`` and the streamed rounds alike:
+        ``(summed, reply)``, ``reply`` holding ``index`` and ``sent_bytes``. Where the
+        collective did not complete, ``summed`` is None and ``reply`` says why, in
+        ``status`` and ``detail``: ``aborted``, ``peer_lost``, ``timeout`` (``_STATUSES``),
+        or ``nonfinite`` (the codec met NaN or inf in this trainer's delta). Any other
+        exception propagates, unless ``on_thread``: there nothing else would see it, so it
+        is the status ``error``."""
+        sent = [0]
+
+        def send(phase, step, chunk):
+            sent[0] += ring.chunk_nbytes(chunk)
+            return self.ring_send(right, tag, phase, step, chunk)
+
+        reply: dict = {"index": self._ddlf_index}
+        status = detail = None
+        try:
+            summed = ring.run_member(vectors, rank, size, tag, box, send, runtime, timeout_s,
+                                     codec=codec, feedback=fb)
+        except tuple(kind for kind, _ in _STATUSES) as e:
+            status = next(s for kind, s in _STATUSES if isinstance(e, kind))
+            detail = str(e)
+        except ValueError as e:
+            if codec is None and not on_thread:
+                raise
+            status, detail = ("nonfinite" if codec is not None else "error"), str(e)
+        except Exception as e:
+            if not on_thread:
+                raise
+            status, detail = "error", f"{type(e).__name__}: {e}"
+        reply["sent_bytes"] = sent[0]
+        if status is not None:
+            return None, {**reply, "status": status, "detail": detail}
+        return summed, reply
 
     def stream_reduce(self, tag, rank: int, size: int, right, fraction: float,
                       timeout_s: float, fragment: int, fragments: int, outer=None,
@@ -211,32 +253,10 @@ class RingStreamTrainer:
                     outers, masks, bases, vels, codec, fb, want_hops, runtime, box) -> dict:
         """The ring and the outer steps, on whichever thread: ``{"reply", "staged"}``."""
         t0 = time.perf_counter()
-        sent = [0]
-
-        def send(phase, step, chunk):
-            sent[0] += ring.chunk_nbytes(chunk)
-            return self.ring_send(right, tag, phase, step, chunk)
-
-        reply: dict = {"index": self._ddlf_index}
-        try:
-            summed = ring.run_member(vectors, rank, size, tag, box, send, runtime, timeout_s,
-                                     codec=codec, feedback=fb)
-        except ring.CollectiveAborted as e:
-            return {"reply": {**reply, "sent_bytes": sent[0], "status": "aborted",
-                              "detail": str(e)}}
-        except ring.PeerLost as e:
-            return {"reply": {**reply, "sent_bytes": sent[0], "status": "peer_lost",
-                              "detail": str(e)}}
-        except ring.CollectiveTimeout as e:
-            return {"reply": {**reply, "sent_bytes": sent[0], "status": "timeout",
-                              "detail": str(e)}}
-        except ValueError as e:
-            status = "nonfinite" if codec is not None else "error"
-            return {"reply": {**reply, "sent_bytes": sent[0], "status": status,
-                              "detail": str(e)}}
-        except Exception as e:   # on a thread nothing else would see it
-            return {"reply": {**reply, "sent_bytes": sent[0], "status": "error",
-                              "detail": f"{type(e).__name__}: {e}"}}
+        summed, reply = self._ring_member(tag, rank, size, right, timeout_s, vectors, runtime,
+                                          box, codec, fb, on_thread=True)
+        if summed is None:
+            return {"reply": reply}
         mean = like_layers(ring.unflatten(summed, spec), flat)
         staged: dict = {"round": tag[1], "fragments": {}, "hops": fb}
         i = 0
@@ -246,7 +266,7 @@ class RingStreamTrainer:
             values, vel = apply_outer(bases[f], mean[i:i + n], vels[f], o, mask)
             i += n
             staged["fragments"][f] = (values, vel)
-        reply.update(status="done", sent_bytes=sent[0], collective_s=time.perf_counter() - t0)
+        reply.update(status="done", collective_s=time.perf_counter() - t0)
         if want_hops and fb is not None:
             reply["hops"] = fb.state()
         return {"reply": reply, "staged": staged}

@@ -102,32 +102,16 @@ class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
         box = self._ring_mailbox()
         box.begin(tag)
         vectors, spec = ring.scaled_vectors(ring_layers(delta), fraction)   # counters: f64
-        sent = [0]
         fb = None
         if feedback:   # from the round's start: a redone collective feeds back the same
             fb = ring.HopFeedback()
             if hops is not None:
                 fb.load(hops)
-
-        def send(phase, step, chunk):
-            sent[0] += ring.chunk_nbytes(chunk)
-            return self.ring_send(right, tag, phase, step, chunk)
-
-        reply: dict = {"index": self._ddlf_index}
-        try:   # the ring's calls go through this trainer's own runtime
-            summed = ring.run_member(vectors, rank, size, tag, box, send, backends.here(),
-                                     timeout_s, codec=codec, feedback=fb)
-        except ring.CollectiveAborted as e:
-            return {**reply, "sent_bytes": sent[0], "status": "aborted", "detail": str(e)}
-        except ring.PeerLost as e:
-            return {**reply, "sent_bytes": sent[0], "status": "peer_lost", "detail": str(e)}
-        except ring.CollectiveTimeout as e:
-            return {**reply, "sent_bytes": sent[0], "status": "timeout", "detail": str(e)}
-        except ValueError as e:
-            if codec is None:
-                raise
-            return {**reply, "sent_bytes": sent[0], "status": "nonfinite", "detail": str(e)}
-        reply["sent_bytes"] = sent[0]
+        # The ring's calls go through this trainer's own runtime.
+        summed, reply = self._ring_member(tag, rank, size, right, timeout_s, vectors,
+                                          backends.here(), box, codec, fb)
+        if summed is None:
+            return reply
         if fb is not None:
             self._hop_feedback = fb
             if want_hops:
