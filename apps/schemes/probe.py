@@ -83,8 +83,10 @@ class ProbeTrainer:
             self.set_weights(weights)
             if state is not None:
                 self.set_optimizer_state(state)
-            elif getattr(self, "adapter", None) is not None:
-                self.adapter.reset_optimizer_state()
+            else:
+                adapter = getattr(self, "adapter", None)   # TrainerActor's, if any
+                if adapter is not None:
+                    adapter.reset_optimizer_state()
         return {"step_s": spent}
 
     def probe_codecs(self, specs: list) -> dict:
