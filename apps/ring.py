@@ -287,10 +287,11 @@ class Mailbox:
     read by its execution thread inside the collective. A collective is named by a *tag*,
     ``(run, round, attempt)``: ``run`` is a random id per training run (trainers can
     outlive a run and serve the next, whose rounds count from 1 again), and ``(round,
-    attempt)`` increases through a run. Within a run, a chunk or an abort of an older tag
-    than the one being worked on is stale and dropped, while one of a newer tag (a
-    neighbour that started first) waits for its turn; starting a collective of another
-    run drops everything of the previous ones.
+    attempt)`` increases through a run. Data-parallel adds a step, ``(run, round,
+    attempt, step)``; an abort of ``(run, round, attempt)`` calls off each of its steps.
+    Within a run, a chunk or an abort of an older tag than the one being worked on is stale
+    and dropped, while one of a newer tag (a neighbour that started first) waits for its
+    turn; starting a collective of another run drops everything of the previous ones.
     """
 
     def __init__(self):
@@ -300,8 +301,10 @@ class Mailbox:
         self._current: tuple | None = None
 
     def _stale(self, tag: tuple) -> bool:
+        # A shorter tag names every collective it prefixes (data-parallel's steps share
+        # their round's (run, round, attempt), which the driver's abort names).
         cur = self._current
-        return cur is not None and tag[0] == cur[0] and tag[1:] < cur[1:]
+        return cur is not None and tag[0] == cur[0] and tag[1:] < cur[1:len(tag)]
 
     def begin(self, tag: tuple) -> None:
         """Work on ``tag`` from now on: forget everything older, and other runs'."""
@@ -310,7 +313,7 @@ class Mailbox:
             self._current = tag
 
             def keep(t):
-                return t[0] == tag[0] and t[1:] >= tag[1:]
+                return t[0] == tag[0] and t[1:] >= tag[1:len(t)]
 
             self._chunks = {k: v for k, v in self._chunks.items() if keep(k[0])}
             self._aborted = {t: r for t, r in self._aborted.items() if keep(t)}
@@ -345,8 +348,9 @@ class Mailbox:
         while True:
             with self._cond:
                 while True:
-                    if tag in self._aborted:
-                        raise CollectiveAborted(self._aborted[tag])
+                    for n in range(len(tag), 1, -1):   # this tag, or one prefixing it
+                        if tag[:n] in self._aborted:
+                            raise CollectiveAborted(self._aborted[tag[:n]])
                     item = self._chunks.pop(key, _MISSING)
                     if item is not _MISSING:
                         return item

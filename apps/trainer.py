@@ -38,6 +38,7 @@ from .frameworks.heap import keep_freed_memory
 from .frameworks.threads import limit_threads
 from .schemes.allreduce import AllreduceTrainer
 from .schemes.downpour import DownpourTrainer
+from .schemes.dp_trainer import DataParallelTrainer
 from .schemes.probe import ProbeTrainer
 from .weight_messages import WireMethods
 
@@ -49,7 +50,8 @@ def _node_id() -> str | None:
     return backends.here().node_id()
 
 
-class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer, ProbeTrainer):
+class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer, ProbeTrainer,
+                   DataParallelTrainer):
     """Holds a model built by ``model_fn()`` and a dataset loaded once.
 
     ``dataset`` is a registered name (``"fashion-mnist"``), a callable returning
@@ -70,7 +72,8 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
     and ``lr_scaling="inner"`` are refused when the run starts),
     ``get_optimizer_state``/``set_optimizer_state`` (no state: checkpoints hold none, and a
     resume says so once), ``buffer_mask`` (no buffers), ``local_model`` (``result.model``
-    raises, naming ``result.weights``).
+    raises, naming ``result.weights``), ``compute_gradients``/``apply_gradients`` (none:
+    ``scheme="dataparallel"`` is refused when the run starts, naming them).
     """
 
     #: The framework adapter; None: the one whose framework the built model belongs to.
@@ -181,6 +184,29 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                 "wrote it")
         self.adapter.set_optimizer_state(state)
 
+    def compute_gradients(self, x, y) -> tuple[list, float]:
+        """``(gradients, loss)`` of the mean loss on the batch ``x, y`` at the current
+        weights, as numpy arrays in the order :meth:`apply_gradients` takes; changes
+        nothing (``scheme="dataparallel"``: each step's gradient goes around the ring)."""
+        return self._framework("compute_gradients").compute_gradients(x, y)
+
+    def apply_gradients(self, grads) -> None:
+        """One step of this trainer's optimizer with ``grads`` (:meth:`compute_gradients`'
+        arrays, averaged over the trainers)."""
+        self._framework("apply_gradients").apply_gradients(grads)
+
+    def gradients_missing(self) -> str | None:
+        """None when this trainer can run ``scheme="dataparallel"``; else why not."""
+        cls = type(self)
+        if (cls.compute_gradients is not TrainerActor.compute_gradients
+                and cls.apply_gradients is not TrainerActor.apply_gradients):
+            return None
+        if self.adapter is None:
+            return (f"{cls.__name__} trains without a framework adapter and does not "
+                    "override compute_gradients(x, y) -> (gradients, loss) and "
+                    "apply_gradients(gradients)")
+        return self.adapter.gradients_missing()
+
     def get_learning_rate(self) -> float | None:
         """The optimizer's rate now, or None when it has no rate the run can set. Without
         an adapter: None, so ``lr_schedule=`` and ``lr_scaling="inner"`` are refused when
@@ -217,6 +243,7 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                 "learning_rate": self.get_learning_rate(),
                 "framework": self.adapter.name if self.adapter is not None else None,
                 "buffers": self.buffer_mask(), "keras_backend": _keras_backend(),
+                "gradients_missing": self.gradients_missing(),
                 # What TF said when CUDA would not start (its line is hidden): the driver
                 # says it once for the run (tf_startup.gpu_note).
                 "cuda_failure": tf_startup.cuda_failure()}

@@ -87,6 +87,27 @@ class FrameworkAdapter:
         training loss of the last pass."""
         raise NotImplementedError
 
+    def compute_gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[list, float]:
+        """``(gradients, loss)``: the gradient of the mean loss on the batch ``x, y`` at
+        the current weights (numpy arrays, one per trainable variable, in a fixed order)
+        and that loss; changes nothing. What ``scheme="dataparallel"`` all-reduces."""
+        raise NotImplementedError
+
+    def apply_gradients(self, grads: Sequence[np.ndarray]) -> None:
+        """One optimizer step with ``grads`` (:meth:`compute_gradients`' order)."""
+        raise NotImplementedError
+
+    def gradients_missing(self) -> str | None:
+        """None when :meth:`compute_gradients` and :meth:`apply_gradients` work for this
+        model; else why not (``scheme="dataparallel"`` is refused with it). This default:
+        whether the subclass implements both."""
+        cls = type(self)
+        if (cls.compute_gradients is FrameworkAdapter.compute_gradients
+                or cls.apply_gradients is FrameworkAdapter.apply_gradients):
+            return (f"the {cls.name or cls.__name__} framework adapter does not implement "
+                    "compute_gradients and apply_gradients")
+        return None
+
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 512) -> tuple[float, float]:
         """``(mean loss, accuracy)`` of the current weights on ``x, y``; changes nothing."""
         raise NotImplementedError

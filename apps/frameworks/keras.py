@@ -65,6 +65,45 @@ class KerasAdapter(FrameworkAdapter):
         # the other backends: the same steps either way (keras_steps.py).
         return keras_steps.fit_steps(self.model, x, y, epochs, batch_size)
 
+    # -- data-parallel: a gradient per batch, a step with the averaged one ----------------------
+    def gradients_missing(self) -> str | None:
+        keras = sys.modules.get("keras")
+        backend = keras.backend.backend() if keras is not None else None
+        if backend != "tensorflow":
+            return (f"Keras on the {backend!r} backend: DDLF computes and applies gradients "
+                    "for Keras on TensorFlow only (keras_backend='tensorflow')")
+        if getattr(self.model, "optimizer", None) is None:
+            return "the Keras model is not compiled (it has no optimizer to step)"
+        return None
+
+    def _gradient_fn(self):
+        fn = getattr(self, "_grad_fn", None)
+        if fn is None:
+            tf = tf_startup.import_tensorflow()
+            model = self.model
+
+            # One graph for every batch of a shape: the forward pass and the loss as
+            # compile() set them (regularisation included), through GradientTape.
+            @tf.function(reduce_retracing=True)
+            def fn(x, y):
+                with tf.GradientTape() as tape:
+                    pred = model(x, training=True)
+                    loss = model.compute_loss(x=x, y=y, y_pred=pred, training=True)
+                return tape.gradient(loss, model.trainable_variables), loss
+
+            self._grad_fn = fn
+        return fn
+
+    def compute_gradients(self, x, y) -> tuple[list, float]:
+        grads, loss = self._gradient_fn()(x, y)
+        variables = self.model.trainable_variables
+        return ([np.zeros(tuple(v.shape), str(v.dtype)) if g is None else np.asarray(g)
+                 for g, v in zip(grads, variables)],
+                float(loss))
+
+    def apply_gradients(self, grads) -> None:
+        self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         batch_size = eval_batch_size(x, batch_size)
         out = self.model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)

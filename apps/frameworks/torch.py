@@ -211,6 +211,41 @@ class TorchAdapter(FrameworkAdapter):
             mean = float(total) / n if n else 0.0
         return mean
 
+    # -- data-parallel: a gradient per batch, a step with the averaged one ----------------------
+    def _trained(self) -> list:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def compute_gradients(self, x, y) -> tuple[list, float]:
+        import torch
+
+        model = self.model
+        model.train()
+        params = self._trained()
+        for p in params:
+            p.grad = None
+        loss = self.loss_fn(model(_tensor(x, _input_dtype(x))), _tensor(y, np.int64))
+        loss.backward()
+        grads = [np.zeros(tuple(p.shape), _numpy(p.detach()).dtype) if p.grad is None
+                 else _numpy(p.grad) for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.grad = None
+        return grads, float(loss.detach())
+
+    def apply_gradients(self, grads) -> None:
+        import torch
+
+        params = self._trained()
+        if len(params) != len(grads):
+            raise ValueError(f"{len(grads)} gradients for an optimizer of {len(params)} "
+                             "parameters")
+        for p, g in zip(params, grads):
+            g = np.asarray(g)
+            p.grad = torch.from_numpy(g if g.flags.writeable else g.copy()).to(p.dtype)
+        self.optimizer.step()
+        for p in params:
+            p.grad = None
+
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         import torch
 

@@ -6,6 +6,8 @@
   outer optimizer as sync (``allreduce.py``);
 - ``easgd``: elastic averaging SGD (``easgd.py``);
 - ``downpour``: Downpour SGD (``downpour.py``);
+- ``dataparallel``: a gradient all-reduce every step over allreduce's ring, as DDP
+  (``dataparallel.py``);
 - ``auto``, ``train()``'s default: ``allreduce`` with its steps per round and codec chosen
   from K, the model's size and a start-up probe of the trainers (``auto.py``).
 
@@ -19,6 +21,7 @@ from .allreduce import AllreduceMachine, AllreduceOptions, CollectiveError, Weig
 from .api import resolve_options, split_options, train, train_allreduce, train_async, train_sync
 from .asynchronous import AsyncMachine, AsyncOptions
 from .auto import AutoMachine, AutoOptions
+from .dataparallel import DataParallelMachine, DataParallelOptions
 from .downpour import DownpourMachine, DownpourOptions
 from .driver import Driver
 from .easgd import EasgdMachine, EasgdOptions
@@ -35,10 +38,13 @@ register("allreduce", AllreduceMachine)
 register("easgd", EasgdMachine)
 register("downpour", DownpourMachine)
 register("auto", AutoMachine)
+register("dataparallel", DataParallelMachine)
 
 __all__ = ["train", "train_sync", "train_async", "train_allreduce", "register", "registry",
            "resolve_options", "split_options", "Machine", "Driver", "SyncMachine",
            "SyncOptions", "AsyncMachine", "AsyncOptions", "AllreduceMachine",
            "AllreduceOptions", "EasgdMachine", "EasgdOptions", "DownpourMachine",
-           "DownpourOptions", "AutoMachine", "AutoOptions", "OuterOptimizer", "TrainerPool", "TrainerStartError",
+           "DownpourOptions", "AutoMachine", "AutoOptions",
+           "DataParallelMachine", "DataParallelOptions", "OuterOptimizer", "TrainerPool",
+           "TrainerStartError",
            "TooFewTrainersError", "UnknownSchemeError", "WeightsLostError", "CollectiveError"]

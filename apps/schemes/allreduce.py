@@ -88,6 +88,10 @@ class AllreduceMachine(RingMembers):
     wire_modes = (PLAIN, WHOLE, CHANGES)
     # Collectives that fail with no trainer lost (timeouts) before the run gives up.
     max_quiet_failures = 2
+    # The trainer's methods of a round: train and hold, then the collective (dataparallel
+    # runs its steps in the second).
+    hold_method = "hold_delta"
+    reduce_method = "allreduce_held"
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
@@ -186,7 +190,7 @@ class AllreduceMachine(RingMembers):
             spec = (("stream_hold", (key, (number - 1) % self.F, piece, cfg.worker_epochs,
                                      cfg.batch_size, self.F),
                      {"join": join, "return_state": want_state, **rate}) if self.streamed else
-                    ("hold_delta", (key, piece, cfg.worker_epochs, cfg.batch_size),
+                    (self.hold_method, (key, piece, cfg.worker_epochs, cfg.batch_size),
                      {"return_state": want_state, **rate}))
             call = self.call(slot, spec, TRAIN)
             rd.calls[call.id] = slot
@@ -258,6 +262,7 @@ class AllreduceMachine(RingMembers):
                          background=c.background)
         total = (float(sum(c.rd.results[s.index]["samples"] for s in c.ring))
                  if c.rd is not None else None)
+        extra.update(self._reduce_extra(c))
         c.calls, c.replies = {}, {}
         c.awaiting = set()
         c.lost_any = c.aborted = False
@@ -270,7 +275,7 @@ class AllreduceMachine(RingMembers):
                      if c.rd is not None and total else 1.0 / n)
             head = (c.tag, rank, n, right, share, self.options.chunk_timeout_s)
             spec = (("stream_reduce", (*head, f if c.rd is not None else -1, self.F), extra)
-                    if self.streamed else ("allreduce_held", head, extra))
+                    if self.streamed else (self.reduce_method, head, extra))
             call = self.call(slot, spec)
             c.calls[call.id] = slot
             orders.append(call)
@@ -278,6 +283,10 @@ class AllreduceMachine(RingMembers):
                     "status": {}}
         self.collectives.append(c.record)
         return orders
+
+    def _reduce_extra(self, c: Collective) -> dict:
+        """More keyword arguments of the collective's calls (a subclass's)."""
+        return {}
 
     def _attempt_over(self) -> list[Order]:
         c = self._collective()

@@ -52,6 +52,9 @@ class RingMembers(Machine):
     pending_hops: dict[int, dict]
     pending_states: dict[int, tuple]
 
+    #: The trainer's method a newcomer copies the run's state from a member with.
+    adopt_method = "adopt_weights"
+
     def _collective(self) -> Collective:
         """The collective in progress; ``RuntimeError`` when none is (a DDLF bug)."""
         if self.coll is None:
@@ -90,7 +93,7 @@ class RingMembers(Machine):
         for i, slot in enumerate(fresh):
             source = holders[i % len(holders)]
             spec: tuple = (("stream_adopt", (source.handle, self.run_id, self.F), {})
-                           if self.streamed else ("adopt_weights", (source.handle,), {}))
+                           if self.streamed else (self.adopt_method, (source.handle,), {}))
             call = self.call(slot, spec)
             self.adopting[call.id] = (slot, source)
             orders.append(call)

@@ -32,12 +32,19 @@ class SoftmaxModel:
         return float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-9)))
 
     def step(self, x, y):
+        self.apply(self.gradients(x, y))
+
+    def gradients(self, x, y):
+        """The gradient of the mean cross-entropy on ``x, y``."""
         p = self.probs(x)
         p[np.arange(len(y)), y] -= 1.0
         p /= len(y)
         xf = x.reshape(len(x), -1)
-        self.w[0] -= self.lr * (xf.T @ p)
-        self.w[1] -= self.lr * p.sum(axis=0)
+        return [xf.T @ p, p.sum(axis=0)]
+
+    def apply(self, grads):
+        self.w[0] -= self.lr * grads[0]
+        self.w[1] -= self.lr * grads[1]
 
     def get_weights(self):
         return [a.copy() for a in self.w]
@@ -81,6 +88,14 @@ class NumpyAdapter(FrameworkAdapter):
                 losses.append(self.model.loss(xb, yb) * len(xb))
                 self.model.step(xb, yb)
         return float(sum(losses) / max(1, len(x)))
+
+    def compute_gradients(self, x, y):
+        x = np.asarray(x, np.float32)
+        y = np.asarray(y)
+        return self.model.gradients(x, y), self.model.loss(x, y)
+
+    def apply_gradients(self, grads):
+        self.model.apply([np.asarray(g, np.float32) for g in grads])
 
     def evaluate(self, x, y, batch_size=512):
         x = np.asarray(x, np.float32)
@@ -254,9 +269,9 @@ class MomentumModel(SoftmaxModel):
         self.velocity = [np.zeros_like(w) for w in self.w]
         self.steps = np.zeros((), np.int64)
 
-    def step(self, x, y):
+    def apply(self, grads):
         before = [w.copy() for w in self.w]
-        super().step(x, y)
+        super().apply(grads)
         for i, (b, w) in enumerate(zip(before, self.w)):
             self.velocity[i] = self.momentum * self.velocity[i] + (w - b)
             self.w[i] = b + self.velocity[i]
