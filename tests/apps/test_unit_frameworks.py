@@ -456,3 +456,34 @@ def test_state_taken_before_the_first_step_puts_the_optimizer_back(kit):
     a.fit(x[24:48], y[24:48], epochs=1, batch_size=BATCH)
     b.fit(x[24:48], y[24:48], epochs=1, batch_size=BATCH)
     assert _same(a.get_weights(), b.get_weights())
+
+
+# -- data-parallel's hooks ----------------------------------------------------------------------
+@pytest.mark.parametrize("optimizer,batchnorm", [("momentum", False), ("adam", True)])
+def test_gradient_steps_are_the_steps_fit_takes(kit, optimizer, batchnorm):
+    # compute_gradients then apply_gradients, batch by batch, is what fit does: the same
+    # weights, buffers and optimizer state (what scheme='dataparallel' relies on, with
+    # the mean over the trainers in between).
+    x, y = _task(0)
+    fitted, stepped = (kit.make(0, optimizer, batchnorm) for _ in range(2))
+    assert stepped.gradients_missing() is None
+    fitted.fit(x, y, 2, BATCH)
+    for _ in range(2):
+        for i in range(0, len(x), BATCH):
+            grads, loss = stepped.compute_gradients(x[i:i + BATCH], y[i:i + BATCH])
+            assert np.isfinite(loss) and len(grads) == len(list(
+                w for w, buffer in zip(stepped.get_weights(), stepped.buffer_mask())
+                if not buffer))
+            stepped.apply_gradients(grads)
+    for a, b in zip(fitted.get_weights(), stepped.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(fitted.get_optimizer_state(), stepped.get_optimizer_state()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_compute_gradients_leaves_the_weights_alone(kit):
+    x, y = _task(0)
+    adapter = kit.make(0, "momentum")
+    before = adapter.get_weights()
+    adapter.compute_gradients(x[:BATCH], y[:BATCH])
+    assert _same(before, adapter.get_weights())
