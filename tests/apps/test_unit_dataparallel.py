@@ -10,6 +10,7 @@ import pytest
 from helpers_modules.fake_faults import dies as _dies
 from helpers_modules.numpy_trainer import (
     MomentumTrainer,
+    NoGradients,
     NumpyTrainer,
     hard_blobs_dataset,
     momentum_model_fn,
@@ -138,28 +139,6 @@ def test_resume_continues_bit_equal_with_the_optimizer_state(tmp_path):
     assert [r["round"] for r in resumed.history] == list(range(1, 7))
     for a, b in zip(whole.weights, resumed.weights):
         np.testing.assert_array_equal(a, b)
-
-
-class NoGradients(NumpyTrainer):
-    """A trainer of its own framework: fit and weights, but no gradient hooks."""
-
-    adapter_cls = None
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.adapter = None
-
-    def get_weights(self):
-        return self.model.get_weights()
-
-    def set_weights(self, weights):
-        self.model.set_weights(weights)
-
-    def fit(self, x, y, epochs, batch_size):
-        return 0.0
-
-    def evaluate_arrays(self, x, y, batch_size=512):
-        return 0.0, 0.0
 
 
 def test_a_trainer_without_the_gradient_hooks_is_refused_at_the_start():

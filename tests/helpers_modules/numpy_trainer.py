@@ -562,3 +562,25 @@ class RaisesInModelFn:
         with open(os.path.join(self.directory, f"try-{os.getpid()}"), "w") as f:
             f.write("")
         return 1 / 0
+
+
+class NoGradients(NumpyTrainer):
+    """A trainer of its own framework: fit and weights, but no gradient hooks."""
+
+    adapter_cls = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.adapter = None
+
+    def get_weights(self):
+        return self.model.get_weights()
+
+    def set_weights(self, weights):
+        self.model.set_weights(weights)
+
+    def fit(self, x, y, epochs, batch_size):
+        return 0.0
+
+    def evaluate_arrays(self, x, y, batch_size=512):
+        return 0.0, 0.0
