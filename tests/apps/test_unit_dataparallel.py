@@ -187,3 +187,25 @@ def test_trains_on_each_framework_with_its_buffers_kept_equal(framework):
                                              **options})
     assert result.scheme == "dataparallel" and result.history[-1]["test_accuracy"] > 0.6
     assert all(r["ring_bytes"] > 0 for r in result.history)
+
+
+def keras_bn_model():
+    from helpers_modules.keras_defs import bn_model_fn
+
+    return bn_model_fn()
+
+
+def test_keras_on_tensorflow_trains_data_parallel():
+    # Gradients by GradientTape, steps by the model's optimizer, BatchNorm's moving
+    # statistics averaged once a round: the driver checks every round that both
+    # trainers hold the same weights and optimizer state.
+    from ddlf_actors.apps import tf_startup
+
+    with tf_startup.quiet_startup():
+        pytest.importorskip("keras")
+    result = train(keras_bn_model, hard_blobs_dataset, "dataparallel", workers=2,
+                   master_epochs=2, rounds_per_epoch=2, batch_size=16, progress=False,
+                   backend=FakeBackend())
+    assert result.framework == "keras" and result.scheme == "dataparallel"
+    assert all(r["workers"] == 2 and r["ring_bytes"] > 0 for r in result.history)
+    assert result.history[-1]["test_accuracy"] > 0.6

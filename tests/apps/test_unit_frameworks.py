@@ -487,3 +487,13 @@ def test_compute_gradients_leaves_the_weights_alone(kit):
     before = adapter.get_weights()
     adapter.compute_gradients(x[:BATCH], y[:BATCH])
     assert _same(before, adapter.get_weights())
+
+
+def test_keras_off_tensorflow_says_data_parallel_needs_it(monkeypatch):
+    kit = KerasKit()
+    adapter = kit.make(0)
+    import keras
+
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    assert "Keras on the 'jax' backend" in adapter.gradients_missing()
+    assert "keras_backend='tensorflow'" in adapter.gradients_missing()
