@@ -88,10 +88,6 @@ class AllreduceMachine(RingMembers):
     wire_modes = (PLAIN, WHOLE, CHANGES)
     # Collectives that fail with no trainer lost (timeouts) before the run gives up.
     max_quiet_failures = 2
-    # The trainer's methods of a round: train and hold, then the collective (dataparallel
-    # runs its steps in the second).
-    hold_method = "hold_delta"
-    reduce_method = "allreduce_held"
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
@@ -283,10 +279,6 @@ class AllreduceMachine(RingMembers):
                     "status": {}}
         self.collectives.append(c.record)
         return orders
-
-    def _reduce_extra(self, c: Collective) -> dict:
-        """More keyword arguments of the collective's calls (a subclass's)."""
-        return {}
 
     def _attempt_over(self) -> list[Order]:
         c = self._collective()

@@ -52,8 +52,15 @@ class RingMembers(Machine):
     pending_hops: dict[int, dict]
     pending_states: dict[int, tuple]
 
-    #: The trainer's method a newcomer copies the run's state from a member with.
+    #: The trainer's methods of a round (train and hold, then the collective), and the one
+    #: a newcomer copies the run's state from a member with. Data-parallel names its own.
+    hold_method = "hold_delta"
+    reduce_method = "allreduce_held"
     adopt_method = "adopt_weights"
+
+    def _reduce_extra(self, c: Collective) -> dict:
+        """More keyword arguments of the collective's calls (a subclass's)."""
+        return {}
 
     def _collective(self) -> Collective:
         """The collective in progress; ``RuntimeError`` when none is (a DDLF bug)."""

@@ -122,7 +122,9 @@ def test_every_scheme_trains_the_readme_subclass(scheme):
 @pytest.mark.parametrize("scheme", registry.names())
 @pytest.mark.parametrize("compression", ["zstd", "int8:ef"])
 def test_a_lossless_and_a_lossy_codec(scheme, compression):
-    if compression == "int8:ef" and scheme not in ("sync", "allreduce"):
+    if compression == "int8:ef" and scheme == "dataparallel":
+        compression = "int8"     # per-step gradients: a codec without error feedback
+    elif compression == "int8:ef" and scheme not in ("sync", "allreduce"):
         # Trainers holding different versions take whole weights down (wire.py says so).
         compression = ("fp16", "int8:ef")
     result = _train(scheme, compression=compression)

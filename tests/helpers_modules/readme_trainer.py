@@ -69,6 +69,18 @@ class ReadmeTrainer(TrainerActor):
                 self.w[1] -= RATE * p.sum(axis=0)
         return total / max(1, len(x))
 
+    def compute_gradients(self, x, y):
+        x, y = np.asarray(x, np.float32), np.asarray(y)
+        p = self._probs(x)
+        loss = float(-np.mean(np.log(p[np.arange(len(y)), y] + 1e-9)))
+        p[np.arange(len(y)), y] -= 1.0
+        p /= len(y)
+        return [x.reshape(len(x), -1).T @ p, p.sum(axis=0)], loss
+
+    def apply_gradients(self, grads):
+        self.w[0] -= RATE * np.asarray(grads[0], np.float32)
+        self.w[1] -= RATE * np.asarray(grads[1], np.float32)
+
     def evaluate_arrays(self, x, y, batch_size=512):
         y = np.asarray(y)
         p = self._probs(x)
