@@ -126,7 +126,8 @@ class DataParallelMachine(AllreduceMachine):
         assert rd is not None
         for s in members:
             reply = c.replies[s.index]
-            rd.results[s.index].update(loss=reply["loss"], compute_s=reply["compute_s"])
+            stats = rd.results[s.index]
+            stats["loss"], stats["compute_s"] = reply["loss"], reply["compute_s"]
             state = reply.pop("optimizer_state", None)
             if state is not None:
                 self.optimizer_states[s.index] = state
