@@ -102,7 +102,20 @@ class KerasAdapter(FrameworkAdapter):
                 float(loss))
 
     def apply_gradients(self, grads) -> None:
-        self.model.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        fn = getattr(self, "_apply_fn", None)
+        if fn is None:
+            tf = tf_startup.import_tensorflow()
+            model = self.model
+
+            # One graph for the step, as fit's compiled loop takes it (eager, the
+            # optimizer's update of a 5 M-parameter model costs a few ops per variable).
+            @tf.function
+            def fn(grads):
+                model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+            self._apply_fn = fn
+        variables = self.model.trainable_variables
+        self._apply_fn([np.asarray(g, str(v.dtype)) for g, v in zip(grads, variables)])
 
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         batch_size = eval_batch_size(x, batch_size)

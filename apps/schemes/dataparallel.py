@@ -131,4 +131,8 @@ class DataParallelMachine(AllreduceMachine):
             state = reply.pop("optimizer_state", None)
             if state is not None:
                 self.optimizer_states[s.index] = state
+        # A row's collective_s: the slowest member's time in the ring, not the whole
+        # collective call (which holds the steps' compute too).
+        c.t_start = self.now - max(c.replies[s.index].get("collective_s", 0.0)
+                                   for s in members)
         return super()._reduced(members)

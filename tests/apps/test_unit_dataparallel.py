@@ -91,6 +91,7 @@ def test_two_trainers_step_as_one_on_their_batches_together(trainer, model_fn, t
     # <= 16 of its 100 rows a round.
     grad = (64 * 4 + 4) * 4
     assert [r["ring_bytes"] for r in h] == [2 * 7 * grad] * 6
+    assert all(0 < r["collective_s"] < r["wall_s"] for r in h)
 
 
 def test_uneven_pieces_weigh_each_row_once():
