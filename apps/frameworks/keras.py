@@ -102,7 +102,7 @@ class KerasAdapter(FrameworkAdapter):
                 float(loss))
 
     def apply_gradients(self, grads) -> None:
-        fn = getattr(self, "_apply_fn", None)
+        fn: Any = getattr(self, "_apply_fn", None)
         if fn is None:
             tf = tf_startup.import_tensorflow()
             model = self.model
@@ -115,7 +115,7 @@ class KerasAdapter(FrameworkAdapter):
 
             self._apply_fn = fn
         variables = self.model.trainable_variables
-        self._apply_fn([np.asarray(g, str(v.dtype)) for g, v in zip(grads, variables)])
+        fn([np.asarray(g, str(v.dtype)) for g, v in zip(grads, variables)])
 
     def evaluate(self, x, y, batch_size: int = 512) -> tuple[float, float]:
         batch_size = eval_batch_size(x, batch_size)
