@@ -33,7 +33,7 @@ from ddlf_actors.cluster import ClusterWorker
 
 from . import backends, datasets, frameworks, tf_startup
 from .arrays import combine_shards, nbytes, shard_range
-from .frameworks import FrameworkAdapter, UnknownFrameworkError
+from .frameworks import FrameworkAdapter, UnknownFrameworkError, torch_imports
 from .frameworks.heap import keep_freed_memory
 from .frameworks.threads import limit_threads
 from .schemes.allreduce import AllreduceTrainer
@@ -91,6 +91,9 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
             use_keras_backend(self.keras_backend)
         # A step's freed tensors kept for the next step, not unmapped (frameworks/heap.py).
         keep_freed_memory()
+        # Before model_fn: a later `import triton` (torch's first optimizer, Keras on torch)
+        # must not crash where TensorFlow came first (frameworks/torch_imports.py).
+        torch_imports.install()
         self.partitioned = isinstance(dataset, datasets.PartitionedDataset)
         # Data first: a missing dataset fails before a framework's slow start-up.
         (self.x, self.y), (self.x_test, self.y_test) = self.load_data(dataset, index)

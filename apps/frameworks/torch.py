@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .base import FrameworkAdapter, eval_batch_size
+from .torch_imports import finish_torch_imports
 
 __all__ = ["TorchAdapter"]
 
@@ -112,6 +113,9 @@ class TorchAdapter(FrameworkAdapter):
         if not callable(make_optimizer):
             raise TypeError(f"optimizer= must be a callable taking the parameters and "
                             f"returning a torch.optim.Optimizer, got {make_optimizer!r}")
+        # Its first optimizer's lazy import, made once per process and safely where
+        # TensorFlow is loaded too (torch_imports.py: the CUDA build's triton crashed there).
+        finish_torch_imports()
         self.optimizer = make_optimizer(model.parameters())
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer= returned a {type(self.optimizer).__qualname__}, "
