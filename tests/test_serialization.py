@@ -284,3 +284,28 @@ def test_other_load_errors_are_not_code_shipping_errors():
     with pytest.raises(Exception) as ei:
         loads([b"not a pickle"])
     assert not isinstance(ei.value, CodeShippingError)
+
+
+def test_a_payload_collected_in_a_cycle_leaves_no_ignored_buffer_error(monkeypatch):
+    """Issue 31: on Python 3.13 the suite printed ``BufferError: Existing exports of data``
+    as ignored exceptions. dumps() returned a getbuffer() view of its BytesIO; when the
+    garbage collector took the two in one cycle, the BytesIO's finalizer tried to close it
+    while the view still exported its buffer. Here a payload (code, so the cloudpickle path)
+    sits in a cycle and is collected; nothing may be reported as ignored."""
+    import gc
+
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+
+    class Holder:
+        pass
+
+    for _ in range(3):
+        h = Holder()
+        h.me = h
+        h.segments = dumps(lambda x: x + 1)
+        assert loads(h.segments)(1) == 2
+        del h
+        gc.collect()
+    assert not [u for u in ignored if isinstance(u.exc_value, BufferError)], \
+        [f"{type(u.exc_value).__name__}: {u.exc_value}" for u in ignored]

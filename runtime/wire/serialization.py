@@ -70,7 +70,14 @@ def dumps(obj) -> list:
         else:
             f = io.BytesIO()
             _CodePickler(f, protocol=5, buffer_callback=keep).dump(obj)
-            payload = f.getbuffer()
+            # getvalue(), not getbuffer(): it does not copy either (CPython hands over the
+            # BytesIO's own bytes: 0.03 ms for 200 MB), and it leaves no export behind. A
+            # getbuffer() view kept the BytesIO exported; when the garbage collector
+            # finalized the two in one cycle, IOBase's finalizer called close() first,
+            # which refused ("BufferError: Existing exports of data"), and Python 3.13
+            # printed it as an ignored exception (issue 31). Never a use after free (close
+            # refused), but noise that hid real warnings.
+            payload = f.getvalue()
     except Exception as e:
         raise SerializationError(describe_pickle_failure(obj, e)) from e
     return [payload, *buffers]
