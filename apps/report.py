@@ -41,7 +41,7 @@ def plot_history(history: list, path: str, title: str = "DDLF training") -> str:
     rows = [r for r in history if r.get("test_accuracy") is not None]
     trained = [r for r in history if r.get("train_loss") is not None]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for col, (key, xlabel) in enumerate((("epoch", "epoch"), ("time_s", "time (s)"))):
+    for col, key in enumerate(("epoch", "time_s")):
         xs = [r[key] for r in rows]
         axes[0][col].plot(xs, [r["test_accuracy"] for r in rows], marker="o", label="test")
         axes[0][col].set_ylabel("accuracy")
@@ -49,6 +49,12 @@ def plot_history(history: list, path: str, title: str = "DDLF training") -> str:
         axes[1][col].plot([r[key] for r in trained], [r["train_loss"] for r in trained],
                           marker="x" if len(trained) <= 50 else None, label="train")
         axes[1][col].set_ylabel("loss")
+    return _finish(plt, fig, axes, ("epoch", "time (s)"), title, path)
+
+
+def _finish(plt, fig, axes, xlabels, title: str, path: str) -> str:
+    """Label, grid and legend each panel of the 2x2 figure, title it and write ``path``."""
+    for col, xlabel in enumerate(xlabels):
         for ax in (axes[0][col], axes[1][col]):
             ax.set_xlabel(xlabel)
             ax.grid(alpha=0.3)
@@ -64,26 +70,18 @@ def _plot_text(plt, history: list, path: str, title: str) -> str:
     """A text run: validation and training loss (top) and bits per byte (bottom) against
     tokens trained and against time."""
     rows = [r for r in history if r.get("test_loss") is not None]
+    trained = [r for r in history if r.get("train_loss") is not None]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for col, (key, xlabel) in enumerate((("tokens", "tokens trained"), ("time_s", "time (s)"))):
+    for col, key in enumerate(("tokens", "time_s")):
         axes[0][col].plot([r[key] for r in rows], [r["test_loss"] for r in rows], marker="o",
                           label="validation")
-        trained = [r for r in history if r.get("train_loss") is not None]
         axes[0][col].plot([r[key] for r in trained], [r["train_loss"] for r in trained],
                           marker="x" if len(trained) <= 50 else None, label="train")
         axes[0][col].set_ylabel("loss (nats per token)")
         axes[1][col].plot([r[key] for r in rows], [r["bits_per_byte"] for r in rows],
                           marker="o", label="validation")
         axes[1][col].set_ylabel("bits per byte")
-        for ax in (axes[0][col], axes[1][col]):
-            ax.set_xlabel(xlabel)
-            ax.grid(alpha=0.3)
-            ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, axes, ("tokens trained", "time (s)"), title, path)
 
 
 def epoch_rows(history: list) -> list:
