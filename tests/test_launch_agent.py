@@ -53,9 +53,19 @@ def host_env(tmp_path):
     return env
 
 
-def _node_pids() -> set:
-    return {p.pid for p in psutil.process_iter(["cmdline"])
-            if "ddlf_actors.runtime.node" in " ".join(p.info["cmdline"] or [])}
+def _node_pids(temp_dir: str) -> set:
+    """Node processes that run under ``temp_dir``: only this test's, since the other xdist
+    worker's tests start nodes of their own at the same time (a machine-wide count failed CI)."""
+    pids = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if "ddlf_actors.runtime.node" not in " ".join(p.info["cmdline"] or []):
+            continue
+        try:
+            if p.environ().get("DDLF_TEMP_DIR") == temp_dir:
+                pids.add(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return pids
 
 
 def _start(env, **extra) -> dict:
@@ -162,17 +172,19 @@ def test_a_node_host_keeps_the_token_0600_and_a_failed_start_leaves_nothing(host
         token_file = os.path.join(host_env["DDLF_TEMP_DIR"], "clusters", "local", "token")
         assert os.stat(token_file).st_mode & 0o777 == 0o600
         assert ans["node"]["pid"] != started["node"]["pid"]
+        # The filter below sees this host's node, so its emptiness later means something.
+        assert ans["node"]["pid"] in _node_pids(host_env["DDLF_TEMP_DIR"])
         _answer(_agent(host_env, {"verb": "stop", "cluster": "local"}))
         assert not os.path.exists(token_file)
 
         # A wrong token: the node cannot join; the agent says so and leaves nothing running.
-        before = _node_pids()
+        before = _node_pids(host_env["DDLF_TEMP_DIR"])
         bad = _answer(_agent(host_env, {
             "verb": "start", "cluster": "local", "roles": ["node"], "address": "127.0.0.1",
             "versions": process.versions(), "token": "not-the-token", "num_cpus": 1,
             "head_address": started["head"]["address"], "head_epoch": started["head"]["epoch"]}))
         assert not bad["ok"] and "failed to start" in bad["error"]
-        assert _node_pids() <= before
+        assert _node_pids(host_env["DDLF_TEMP_DIR"]) <= before
 
         # Another DDLF version is refused before anything starts.
         other = _answer(_agent(host_env, {

@@ -22,11 +22,11 @@ import re
 
 import pytest
 
-from apps import cli
-from apps.config import TrainConfig
-from apps.options import SchemeOptions
-from apps.schemes import registry
-from apps.schemes.rounds import STEPS_PER_ROUND, RoundOptions
+from ddlf_actors.apps import cli
+from ddlf_actors.apps.config import TrainConfig
+from ddlf_actors.apps.options import SchemeOptions
+from ddlf_actors.apps.schemes import registry
+from ddlf_actors.apps.schemes.rounds import STEPS_PER_ROUND, RoundOptions
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -220,7 +220,7 @@ def test_the_rounds_defaults_the_docs_quote_are_the_codes():
 
 def test_sync_docstring_quotes_no_default_numbers():
     """sync.py's docstring named last turn's defaults; it now points at DEFAULTS."""
-    import apps.schemes.sync as sync
+    import ddlf_actors.apps.schemes.sync as sync
 
     doc = sync.__doc__ or ""
     assert "RoundOptions.DEFAULTS" in doc
