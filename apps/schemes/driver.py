@@ -320,8 +320,9 @@ class Driver:
     def _make_plan(self, infos: list, rounds: int) -> Plan:
         if infos[0].get("partitioned"):
             sizes = {s.index: s.about["num_train"] for s in self._the_pool().live()}
-            return Plan(self.seed, rounds, sum(sizes.values()), part_sizes=sizes)
-        return Plan(self.seed, rounds, infos[0]["num_train"])
+            return Plan(self.seed, rounds, sum(sizes.values()), part_sizes=sizes,
+                        batch_size=self.config.batch_size)
+        return Plan(self.seed, rounds, infos[0]["num_train"], batch_size=self.config.batch_size)
 
     # -- the loop ------------------------------------------------------------------------------
     def _loop(self, orders: list[Order]) -> list:

@@ -135,6 +135,7 @@ def test_trainer_sigkilled_while_training_is_replaced(train_cluster, tmp_path):
     # it takes to start on a busy machine.
     result = train_allreduce(MODEL, hard_blobs_dataset, workers=2, min_workers=2,
                              master_epochs=3, rounds_per_epoch=2, trainer_cls=SigkillOnce,
+                             batch_size=25,   # whole batches cut 600 rows into 150s
                              progress=False, trainer_options=_kill_env(tmp_path, slot=1, call=2))
     assert (tmp_path / "killed").exists()
     h = result.history
@@ -154,6 +155,7 @@ def test_trainer_sigkilled_while_training_is_replaced(train_cluster, tmp_path):
 def test_trainer_sigkilled_inside_the_ring_the_survivors_redo_it(train_cluster, tmp_path):
     config, options = split_options("allreduce", dict(
         workers=3, min_workers=3, num_cpus=0.5, master_epochs=3, rounds_per_epoch=2,
+        batch_size=25,   # whole batches cut 600 rows into 100s
         trainer_cls=SigkillInCollective, progress=False,
         trainer_options=_kill_env(tmp_path, slot=1, round=2, sends=3)))
     driver = Driver(AllreduceMachine, MODEL, hard_blobs_dataset, config, options)

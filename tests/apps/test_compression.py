@@ -75,9 +75,10 @@ def test_each_codec_trains_and_learns(train_cluster, plain, spec):
 def test_bytes_per_round_drop_by_the_codecs_ratio(train_cluster, plain, spec, ratio):
     down_ratio, up_ratio = ratio if isinstance(ratio, tuple) else (ratio, ratio)
     result = train_sync(MODEL, hard_blobs_dataset, compression=spec, **SYNC)
-    indices = 300 * 4      # each round's index arrays go as they are
     # Round 1 also brings back the initial weights; every later round is alike.
     for mine, theirs in zip(result.history[1:], plain.history[1:]):
+        assert mine["samples"] == theirs["samples"]
+        indices = mine["samples"] * 4      # each round's index arrays go as they are (int32)
         assert mine["bytes_received"] * up_ratio == theirs["bytes_received"]
         assert (mine["bytes_sent"] - indices) * down_ratio == theirs["bytes_sent"] - indices
 
@@ -162,7 +163,8 @@ def test_sync_trainer_sigkilled_with_compression(train_cluster, tmp_path, spec, 
     # min_workers=2: the round after the loss waits for the replacement, so it rejoins at
     # round 3 whatever the machine's load.
     result = train_sync(kit.model_fn(), hard_blobs_dataset, compression=spec, min_workers=2,
-                        **dict(SYNC, trainer_cls=kit.trainer(SigkillOnce),
+                        # batches of 25: whole batches cut 600 rows into rounds of 300
+                        **dict(SYNC, batch_size=25, trainer_cls=kit.trainer(SigkillOnce),
                                trainer_options=_kill_env(tmp_path), **kit.options))
     assert (tmp_path / "killed").exists()
     h = result.history

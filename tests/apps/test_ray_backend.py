@@ -209,6 +209,7 @@ def test_a_sigkilled_ray_trainer_is_replaced_as_on_ddlf(ray_cluster):
     """As tests/apps/test_training_faults.py does on DDLF: trainer 1 SIGKILLs its own
     process in its second fit (once: the fixture's kill directory holds the marker)."""
     result = _run(train_sync, "ray", hard_blobs_dataset, master_epochs=3,
+                  batch_size=25,   # whole batches cut 600 rows into 150s
                   trainer_cls=SigkillOnce)
     killed_pid = int((ray_cluster.kill_dir / "killed").read_text())   # it really happened
     assert [r["round"] for r in result.history] == [1, 2, 3, 4, 5, 6]

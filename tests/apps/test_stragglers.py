@@ -35,7 +35,9 @@ from ddlf_actors.runtime.head import runs
 MODEL = softmax_model_fn(64, 4)
 # Plain averaging, every round evaluated (sync's defaults are Nesterov outer momentum and
 # one evaluation per epoch): the tests check late deltas and partitions by their arithmetic.
-PLAIN = dict(outer_momentum=0.0, lr_scaling="none", eval_every=1)
+# Batches of 10: the rounds' chunks (600 rows in 2 or 3 rounds) and their shares are whole
+# batches, so the sample counts below are the even splits (plan.split_shares cuts in batches).
+PLAIN = dict(outer_momentum=0.0, lr_scaling="none", eval_every=1, batch_size=10)
 N_TRAIN = 600   # hard_blobs_dataset
 
 

@@ -58,6 +58,7 @@ def test_sync_trainer_sigkilled_mid_round_is_replaced(train_cluster, tmp_path, f
     # replacement races the remaining rounds (0.15 s each), and under load it lost.
     result = train_sync(framework.model_fn(), hard_blobs_dataset, workers=2, master_epochs=3,
                         rounds_per_epoch=2, trainer_cls=framework.trainer(SigkillOnce),
+                        batch_size=25,   # whole batches cut 600 rows into 150s
                         progress=False, min_workers=2, trainer_options=_kill_env(tmp_path),
                         **framework.options)
     assert (tmp_path / "killed").exists()          # the fault really happened
@@ -165,6 +166,7 @@ def test_elastic_run_starts_with_the_minimum_and_grows(train_cluster):
     env = {"runtime_env": {"env_vars": {"DDLF_TEST_FIT_SLEEP": "0.15"}}}
     result = train_sync(MODEL, hard_blobs_dataset, workers=(1, 2), master_epochs=4,
                         rounds_per_epoch=2, trainer_cls=SigkillOnce, progress=False,
+                        batch_size=25,   # whole batches: rounds of exactly 300 rows
                         callbacks=[_FreeCpuAfterFirstRow(hog)], trainer_options=env)
     workers = [r["workers"] for r in result.history]
     assert workers[0] == 1 and workers[-1] == 2

@@ -103,6 +103,7 @@ def test_an_elastic_run_grows_when_a_node_joins(private_cache):
         with joined(cluster):
             result = train_sync(MODEL, hard_blobs_dataset, workers=(1, 2), master_epochs=4,
                                 rounds_per_epoch=2, trainer_cls=SigkillOnce, progress=False,
+                                batch_size=25,   # whole batches: rounds of exactly 300 rows
                                 trainer_options=SLOW,
                                 callbacks=[_AtRow(1, lambda: add_node_and_wait_for_trainers(
                                     cluster, 2))])

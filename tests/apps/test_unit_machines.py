@@ -83,8 +83,9 @@ def test_sync_a_trainer_lost_mid_round_costs_its_share_and_is_replaced(framework
     assert len(lost) == 1 and lost[0]["trainer"] == 1 and lost[0]["round"] == 2
     h = result.history
     assert [r["round"] for r in h] == list(range(1, 10))
-    # Round 2 closed with trainer 0's delta only (its half of the chunk: 100 samples).
-    assert h[1]["workers"] == 1 and h[1]["samples"] == 100
+    # Round 2 closed with trainer 0's delta only: its half of the chunk's 200 rows in whole
+    # batches of 32 (3 of the 6; the 8 rows short of a batch go to the last piece).
+    assert h[1]["workers"] == 1 and h[1]["samples"] == 96
     joined = _kinds(result, "trainer_joined")
     assert joined and joined[0]["trainer"] == 1
     assert h[-1]["workers"] == 2 and h[-1]["test_accuracy"] > 0.6

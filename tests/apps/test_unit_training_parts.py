@@ -195,3 +195,23 @@ def test_a_lost_trainers_shard_is_queued_on_another():
     assert ev2.reassign(c.id, []) == [] and ev2.orphaned
     (again,) = ev2.requeue_orphans([b])
     assert again.slot == b and not ev2.orphaned
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), rounds=st.integers(1, 40), k=st.integers(1, 6),
+       batch=st.sampled_from([1, 8, 32]))
+def test_pieces_are_whole_batches_but_the_epochs_last(n, rounds, k, batch):
+    """Every row once per epoch, and every piece whole batches except the epoch's last
+    piece (or rows, when there are fewer batches than pieces): a piece of 513 rows at
+    batch 32 ended every round in a one-sample step."""
+    plan = Plan(seed=3, rounds_per_epoch=rounds, num_train=n, batch_size=batch)
+    pieces = [p for r in range(rounds) for p in plan.round_pieces(0, r, list(range(k))).values()]
+    assert sorted(np.concatenate(pieces).tolist()) == list(range(n))
+    if n // batch >= rounds * k:   # enough batches for every piece
+        assert all(len(p) % batch == 0 for p in pieces[:-1]), [len(p) for p in pieces]
+
+
+def test_sixty_thousand_rows_in_117_rounds_are_rounds_of_whole_batches():
+    plan = Plan(seed=1, rounds_per_epoch=117, num_train=60000, batch_size=32)
+    sizes = {len(plan.round_pieces(0, r, [0])[0]) for r in range(117)}
+    assert sizes <= {512, 544}        # 16 or 17 batches; evenly cut it was 512 and 513
