@@ -89,10 +89,17 @@ def start(address: str | None = None, *, num_cpus: float | None = None,
             kw["num_cpus"] = num_cpus if num_cpus is not None else os.cpu_count() or 1
             # No network but the cluster's own: do not try to report usage to Ray's servers.
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        before = _children()
         try:
             ctx = ray.init(address=address, runtime_env=runtime_env,
                            log_to_driver=log_to_driver, **kw)
-        except ConnectionError as e:
+        except BaseException as e:
+            # A local start that fails part-way ("The current node timed out during
+            # startup" on a loaded machine) leaves the GCS and raylet it had started
+            # running, listening beyond loopback, and the next start finds them.
+            _stop_what_init_started(ray, before)
+            if not isinstance(e, ConnectionError):
+                raise
             raise RayUnreachableError(
                 f"could not reach a Ray cluster at {address!r} ({e}). Start one there with "
                 "`ray start --head` (Ray Client listens on ray://<host>:10001), or run "
@@ -100,6 +107,44 @@ def start(address: str | None = None, *, num_cpus: float | None = None,
         _chosen = _chosen or owner == "init"
         _owner = owner
         return dict(getattr(ctx, "address_info", None) or {})
+
+
+def _children() -> set:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_what_init_started(ray, before: set, grace_s: float = 5.0) -> None:
+    """After a failed ``ray.init``: ``ray.shutdown()``, then end the Ray processes this
+    process gained during the attempt (by pid; none that was there before, and none
+    whose command line does not name Ray: another thread may be starting processes of
+    its own), so a failed start leaves nothing running."""
+    import psutil
+
+    try:
+        ray.shutdown()
+    except Exception:   # noqa: BLE001 - the start already failed; what matters is cleanup
+        pass
+    new = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in before and "ray" in " ".join(p.cmdline()).lower():
+                new.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    for p in new:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(new, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def _probe(address: str) -> None:
