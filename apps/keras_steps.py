@@ -120,6 +120,9 @@ def _train_on_batch_loop(model, x, y, epochs: int, batch_size: int) -> float:
         total, seen = 0.0, 0
         for start in range(0, len(x), batch_size):
             xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+            # Keras before 3.13 does not reset its metrics in train_on_batch: "loss" is then
+            # the running mean since the last reset, not this batch's (issue 31, Python 3.10).
+            model.reset_metrics()
             logs = model.train_on_batch(xb, yb, return_dict=True)
             total += float(logs["loss"]) * len(xb)
             seen += len(xb)

@@ -10,7 +10,7 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from ddlf_actors.apps.keras_steps import fit_steps  # noqa: E402
+from ddlf_actors.apps.keras_steps import _train_on_batch_loop, fit_steps  # noqa: E402
 
 
 def small_cnn(optimizer):
@@ -26,10 +26,13 @@ def small_cnn(optimizer):
 
 
 def train_on_batch_loop(model, x, y, epochs, batch_size):
-    """TrainerActor.fit as it was: one train_on_batch per batch; the loss by samples."""
+    """TrainerActor.fit as it was: one train_on_batch per batch; the loss by samples.
+    Each batch's own loss: Keras before 3.13 (the one Python 3.10 gets) keeps a running
+    mean across train_on_batch calls unless its metrics are reset."""
     for _ in range(epochs):
         total = 0.0
         for start in range(0, len(x), batch_size):
+            model.reset_metrics()
             logs = model.train_on_batch(x[start:start + batch_size],
                                         y[start:start + batch_size], return_dict=True)
             total += logs["loss"] * len(x[start:start + batch_size])
@@ -64,6 +67,19 @@ def test_the_weights_are_those_of_one_train_on_batch_per_batch(make_optimizer):
             np.testing.assert_array_equal(wa, wb)
         assert loss_b == pytest.approx(loss_a, rel=1e-5)
     assert int(a.optimizer.iterations) == int(b.optimizer.iterations) == 6 + 5 + 8 + 3
+
+
+def test_the_per_batch_fallback_reports_each_rounds_own_loss():
+    """The loop Keras on JAX or torch trains with: each round's loss is the mean of its
+    batches' own losses, whatever Keras does with train_on_batch's metrics between calls
+    (before 3.13 it kept a running mean: this failed on Python 3.10's Keras 3.12)."""
+    keras.utils.set_random_seed(3)
+    a, b = small_cnn(keras.optimizers.SGD(0.05)), small_cnn(keras.optimizers.SGD(0.05))
+    b.set_weights(a.get_weights())
+    for r, n in enumerate([64, 40]):
+        x, y = data(n, seed=10 + r)
+        assert _train_on_batch_loop(b, x, y, 1, 16) == pytest.approx(
+            train_on_batch_loop(a, x, y, 1, 16), rel=1e-5)
 
 
 def test_a_model_compiled_again_trains_with_its_new_optimizer():
