@@ -67,6 +67,11 @@ class RoundOptions(SchemeOptions):
     eval_every: int | None = option(
         None, check=int_at_least(1),
         help="evaluate every N rounds and the last (default: once per epoch)")
+    evals_per_epoch: int | None = option(
+        None, check=int_at_least(1),
+        help="evaluate at least N times per epoch (every round when an epoch has fewer), "
+             "however many rounds the epoch turns out to have (scheme='auto' chooses them "
+             "after its start-up probe); instead of eval_every")
     outer_lr: Any = option(
         None, check=rate,
         help="the outer step's rate on the averaged delta (default 0.7; times K with "
@@ -128,6 +133,10 @@ class RoundOptions(SchemeOptions):
         return out
 
     def validate(self, config) -> None:
+        if self.eval_every is not None and self.evals_per_epoch is not None:
+            raise ConfigError(f"evals_per_epoch={self.evals_per_epoch}",
+                              f"and eval_every={self.eval_every} both set when to evaluate: "
+                              "give one of them")
         if self.rounds_per_epoch is not None and self.steps_per_round is not None:
             raise ConfigError(f"steps_per_round={self.steps_per_round}",
                               f"and rounds_per_epoch={self.rounds_per_epoch} both size the "
@@ -141,7 +150,8 @@ class RoundOptions(SchemeOptions):
 
     def for_data(self, config, infos: list) -> RoundOptions:
         """The settings that depend on the data's size, where left out:
-        ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch) and
+        ``rounds_per_epoch`` (:func:`default_rounds`), ``eval_every`` (once per epoch, or
+        from ``evals_per_epoch``) and
         ``warmup_rounds`` (half an epoch's rounds when a K rule is on)."""
         if infos[0].get("partitioned"):
             per_trainer = max(info["num_train"] for info in infos)
@@ -161,7 +171,10 @@ class RoundOptions(SchemeOptions):
                               "samples per trainer per epoch (a round of no samples): use "
                               "fewer fragments or rounds_per_epoch")
         if self.eval_every is None:
-            fill["eval_every"] = rounds
+            # In rounds only now that they are known: auto picks its steps per round at
+            # start-up, so a count of rounds given beforehand could be half as often.
+            per = self.evals_per_epoch
+            fill["eval_every"] = rounds if per is None else max(1, rounds // per)
         if self.warmup_rounds is None:
             fill["warmup_rounds"] = max(1, rounds // 2) if self.lr_scaling != "none" else 0
         return dataclasses.replace(self, **fill) if fill else self

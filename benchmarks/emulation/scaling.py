@@ -312,7 +312,7 @@ def run_ddlf(job: dict) -> dict:
     n_train = len(protocol.split_indices(job["stage"], 60000, 10000, limit=job["limit"]).train)
     opts = dict(job["options"])
     predicted = cadence.rounds_per_epoch(scheme, opts, k, n_train)
-    opts.update(cadence.eval_every(scheme, opts, k, n_train, job["evals_per_epoch"]))
+    opts.update(cadence.evaluations(scheme, opts, k, n_train, job["evals_per_epoch"]))
     model = TunedModel(job["model"], job["seed"], job["candidate"])
     shape = {"workers": k, "master_epochs": job["epochs"], "seed": job["seed"],
              "progress": False, "callbacks": [StopAfter()]}
@@ -333,7 +333,8 @@ def run_ddlf(job: dict) -> dict:
                "scheme_ran": ran.scheme_ran(r), "compression": ran.compression_ran(r),
                "settings": ran.describe_run(r), "label": label(job["candidate"]),
                "rows": [{key: row.get(key) for key in keys} for row in r.history],
-               "rounds_predicted": predicted, "eval_every": opts.get("eval_every")}
+               "rounds_predicted": predicted, "eval_every": opts.get("eval_every"),
+               "evals_per_epoch_asked": opts.get("evals_per_epoch")}
     except Exception as e:
         traceback.print_exc()
         out = {"status": "error", "reason": f"{type(e).__name__}: {e}"}

@@ -8,15 +8,16 @@ otherwise). :func:`rounds_per_epoch` asks the scheme, through its options' own
 ``resolve`` and ``for_data``, instead of writing the rule again here, so a benchmark keeps
 its evaluations per epoch when a default changes. A scheme that decides its rounds only
 once the run has started (``auto``'s start-up probe) may end with other rounds than this
-predicts: compare with the evaluations per epoch the run made
-(``curves.evals_per_epoch``).
+predicts: :func:`evaluations` gives such a scheme ``evals_per_epoch`` instead, which
+it turns into rounds once it has them (before it did, the 2026-11-29 scaling run's K = 4
+at 100 Mbit/s, 32 steps a round, was evaluated half as often as asked).
 """
 
 from __future__ import annotations
 
 import inspect
 
-__all__ = ["default_scheme", "rounds_per_epoch", "eval_every"]
+__all__ = ["default_scheme", "rounds_per_epoch", "eval_every", "evaluations"]
 
 
 def default_scheme() -> str:
@@ -53,3 +54,16 @@ def eval_every(scheme: str | None, options: dict, workers: int, num_train: int,
         return {}
     rounds = rounds_per_epoch(scheme, options, workers, num_train, batch_size) or 1
     return {"eval_every": max(1, rounds // evals_per_epoch)}
+
+
+def evaluations(scheme: str | None, options: dict, workers: int, num_train: int,
+                evals_per_epoch: int, batch_size: int = 32) -> dict:
+    """The option for at least ``evals_per_epoch`` evaluations per epoch: the scheme's own
+    ``evals_per_epoch`` where it has one (it counts the rounds once the run has them, so
+    ``auto`` choosing 32 steps a round instead of 16 still gets them), else
+    :func:`eval_every`'s prediction."""
+    from ddlf_actors.apps.schemes import registry
+
+    if "evals_per_epoch" in registry.get(scheme or default_scheme()).Options.names():
+        return {"evals_per_epoch": evals_per_epoch}
+    return eval_every(scheme, options, workers, num_train, evals_per_epoch, batch_size)

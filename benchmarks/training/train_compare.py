@@ -213,8 +213,8 @@ def run_ddlf(job: Job, args) -> dict:
     n_train = len(protocol.split_indices(job.stage, *FASHION_SIZES, limit=args.limit).train)
     R = cadence.rounds_per_epoch(scheme, options, args.workers, n_train, BATCH_SIZE)
     if R and R > 1:
-        options.update(cadence.eval_every(scheme, options, args.workers, n_train,
-                                          args.evals_per_epoch, BATCH_SIZE))
+        options.update(cadence.evaluations(scheme, options, args.workers, n_train,
+                                           args.evals_per_epoch, BATCH_SIZE))
     # backend="ray": a local Ray instance with K CPUs; the scheme places its trainers there.
     ddlf.init(num_cpus=args.workers, backend=backend)
     try:

@@ -351,3 +351,15 @@ def test_the_tables_mark_once_per_epoch_columns_failed_runs_and_the_choice():
     rows[0]["chosen"], rows[1]["chosen"] = True, False
     text = protocol.selection_table("keras", rows, 0.85, 2)
     assert "CHOSEN" in text.splitlines()[3] and "never chosen: seed 1: diverged: accuracy 0.100" in text
+
+
+def test_the_harness_asks_round_schemes_for_evaluations_per_epoch():
+    """auto picks its steps per round after start-up, so the harness asks for evaluations
+    per epoch, not for a count of rounds predicted before the probe; a scheme without
+    rounds (async) keeps what it had."""
+    from benchmarks.protocol import cadence
+
+    assert cadence.evaluations(None, {}, 4, 60000, 8) == {"evals_per_epoch": 8}
+    assert cadence.evaluations("allreduce", {}, 4, 60000, 8) == {"evals_per_epoch": 8}
+    assert cadence.evaluations("async", {}, 4, 60000, 8) == \
+        cadence.eval_every("async", {}, 4, 60000, 8)

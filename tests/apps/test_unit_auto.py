@@ -149,3 +149,21 @@ def test_a_setting_only_another_scheme_reads_names_that_scheme():
     assert named_by({"compression": ("fp16", "int8:ef")}) == "sync"
     assert named_by({"alpha": 0.5, "tau": 4}) == "easgd"
     assert named_by({"no_such_option": 1}) is None   # the usual TypeError follows
+
+
+@pytest.mark.parametrize("steps", [2, 4, 8])
+def test_evals_per_epoch_holds_whatever_rounds_auto_ends_with(steps):
+    # 512 rows per trainer in batches of 16: 16, 8 or 4 rounds an epoch. eval_every counts
+    # rounds, which auto only knows after its choice; evals_per_epoch does not.
+    result = _run(compression="none", steps_per_round=steps, evals_per_epoch=4)
+    assert len(result.history) == 32 // steps
+    evaluated = [r["round"] for r in result.history if r["test_accuracy"] is not None]
+    every = 32 // steps // 4
+    assert evaluated == list(range(every, 32 // steps + 1, every)) and len(evaluated) == 4
+
+
+def test_eval_every_and_evals_per_epoch_are_one_or_the_other():
+    from ddlf_actors.apps.options import ConfigError
+
+    with pytest.raises(ConfigError, match="evals_per_epoch=4 and eval_every=2 both set"):
+        _run(evals_per_epoch=4, eval_every=2)
