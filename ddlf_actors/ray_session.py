@@ -124,8 +124,10 @@ def _stop_what_init_started(ray, before: set, grace_s: float = 5.0) -> None:
 
     try:
         ray.shutdown()
-    except Exception:   # noqa: BLE001 - the start already failed; what matters is cleanup
-        pass
+    except Exception as e:   # noqa: BLE001
+        # Safe to drop: the start already failed and its error is what the caller sees;
+        # the processes are ended by pid below whatever shutdown managed.
+        logging.getLogger(__name__).debug("ray.shutdown() after a failed start: %r", e)
     new = []
     for p in psutil.Process().children(recursive=True):
         try:
