@@ -122,6 +122,8 @@ def _stop_what_init_started(ray, before: set, grace_s: float = 5.0) -> None:
     its own), so a failed start leaves nothing running."""
     import psutil
 
+    from .runtime.process import terminate_then_kill
+
     try:
         ray.shutdown()
     except Exception as e:   # noqa: BLE001
@@ -135,18 +137,7 @@ def _stop_what_init_started(ray, before: set, grace_s: float = 5.0) -> None:
                 new.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    for p in new:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(new, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+    terminate_then_kill(new, grace_s)
 
 
 def _probe(address: str) -> None:

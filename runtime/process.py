@@ -27,6 +27,7 @@ from .errors import DDLFError, VersionMismatchError
 from .wire.auth import read_token_file
 
 __all__ = ["READY_PREFIX", "TOKEN_ENV", "PYTHON_VERSION", "announce_ready", "start_child",
+           "terminate_then_kill",
            "start_daemon", "child_env", "stop_children", "stop_on_signals", "resolve_token", "versions",
            "check_versions", "pin_malloc_mmap_threshold"]
 
@@ -150,6 +151,27 @@ def stop_children(procs, timeout: float = 15.0) -> None:
         except OSError as e:
             # The child has exited: its pipe only had to be released, not read.
             log.debug("closing the stdout of child %s: %r", p.pid, e)
+
+
+def terminate_then_kill(procs, grace_s: float) -> None:
+    """SIGTERM every ``psutil.Process`` of ``procs`` at once, SIGKILL what is left after
+    ``grace_s``, and reap it: for processes that are not our ``Popen`` children (a
+    recorded pid, or what a library started)."""
+    import psutil  # not at import time: the node's forkserver imports this module
+
+    procs = list(procs)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error as e:
+            log.debug("SIGTERM to pid %s: %r (gone already)", p.pid, e)
+    _gone, left = psutil.wait_procs(procs, timeout=grace_s)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error as e:
+            log.debug("SIGKILL to pid %s: %r (gone already)", p.pid, e)
+    psutil.wait_procs(left, timeout=5)
 
 
 def stop_on_signals(loop, stop, stdin_lifeline: bool = False) -> None:

@@ -174,18 +174,10 @@ def _stop_recs(recs: list, grace_s: float = STOP_GRACE_S) -> list:
         if not alive(rec):
             continue
         try:
-            proc = psutil.Process(int(rec["pid"]))
-            proc.send_signal(signal.SIGTERM)
-            procs.append((rec, proc))
+            procs.append((rec, psutil.Process(int(rec["pid"]))))
         except psutil.Error:
             pass
-    _gone, left = psutil.wait_procs([p for _, p in procs], timeout=grace_s)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=5)
+    process.terminate_then_kill([p for _, p in procs], grace_s)
     return [rec for rec, _ in procs]
 
 
