@@ -157,6 +157,12 @@ class TrainConfig:
                                      choices=PLACEMENT_STRATEGIES)
     placement_timeout_s: float = option(60.0, help="seconds to reserve the trainers' CPUs",
                                         check=seconds)
+    # A trainer that neither reports ready nor dies (a model_fn that deadlocks, a process
+    # stuck before it could run) must not hang the run: past this it is killed and started
+    # again in its slot, a start fault like a process that died (START_TRIES in a row).
+    start_timeout_s: float = option(300.0, help="seconds a trainer may take to start (build "
+                                    "its model, load its data) before it is killed and "
+                                    "started again", check=seconds)
     callbacks: list = dataclasses.field(default_factory=list)
     # PyTorch models only (a Keras model compiles its own and refuses these by name): how
     # each trainer builds its optimizer from its module's parameters, and the loss.

@@ -20,9 +20,9 @@ class TrainerStartError(DDLFError):
     - its ``__init__`` raised (``model_fn`` or loading the dataset): an error in that
       code, never retried; ``cause`` is the remote error, whose text holds the remote
       traceback (``died`` False, ``tries`` 1);
-    - its process died while starting (SIGKILL, the OOM killer, a lost node) ``tries``
-      times in a row, and the run could not reach ``min_workers`` without it (``died``
-      True).
+    - its process died while starting (SIGKILL, the OOM killer, a lost node), or did
+      not report ready within ``start_timeout_s`` and was killed, ``tries`` times in a
+      row, and the run could not reach ``min_workers`` without it (``died`` True).
 
     ``slot`` is the trainer's slot (its index in the run)."""
 

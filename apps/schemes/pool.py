@@ -14,7 +14,10 @@ their trainers then join the run at its next round.
 A trainer whose process dies while it starts (SIGKILL, the OOM killer, a preempted or
 lost node: nothing raised) is a fault like a loss mid-run: a new trainer is started in
 its slot, up to ``START_TRIES`` times in a row, and once the run has ``min_workers``
-live it goes on without that slot, which joins when its trainer is up. An ``__init__``
+live it goes on without that slot, which joins when its trainer is up. A trainer that
+neither reports ready nor dies within ``start_timeout_s`` (a ``model_fn`` that blocks, a
+process stuck before it could run) is the same fault: it is killed and started again,
+so a run never waits forever on one trainer. An ``__init__``
 that raises (``model_fn`` or the dataset) is an error in the user's code: at the run's
 start it fails the run at once (``TrainerStartError``, with the remote traceback); a
 replacement's gives its slot up. ``result.events`` tells the two apart
@@ -210,6 +213,9 @@ class TrainerPool:
             for slot in waiting:
                 if slot.ready_ref in ready_set and self._settle(slot):
                     joined.append(slot)
+            for slot in self._overdue(self.starting()):
+                if slot.owned:
+                    self._start_timed_out(slot)
             pending = [s for s in (block_for or ()) if s.state is SlotState.STARTING]
             left = deadline - time.monotonic()
             if not pending or left <= 0:
@@ -249,6 +255,7 @@ class TrainerPool:
         slot.info = None
         slot.state = SlotState.STARTING
         slot.starts += 1
+        slot.started_at = time.monotonic()
 
     def _settle(self, slot: Slot) -> bool:
         """A STARTING slot's describe() is back: LIVE (True), started again (its process
@@ -275,19 +282,63 @@ class TrainerPool:
         raised, or a trainer the caller passed in: the caller decides."""
         if getattr(error, "cause", None) is not None or not slot.owned:
             return False
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        self._start_fault(slot, "its process died while starting",
+                          f"(nothing raised: killed, out of memory, or its node lost): {first}")
+        return True
+
+    def _start_fault(self, slot: Slot, what: str, detail: str) -> None:
+        """One more start of ``slot`` failed without its code raising: recorded, and a new
+        trainer started in the slot, or the slot given up (FAILED) after ``START_TRIES``
+        in a row."""
         slot.start_failures += 1
         tries = slot.start_failures
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        what = (f"its process died while starting, try {tries} of {START_TRIES} (nothing "
-                f"raised: killed, out of memory, or its node lost): {first}"[:300])
-        self.emit(EventKind.TRAINER_DIED_STARTING, slot, what)
+        self.emit(EventKind.TRAINER_DIED_STARTING, slot,
+                  f"{what}, try {tries} of {START_TRIES} {detail}"[:300])
         if tries < START_TRIES:
-            self._create(slot)
-        else:
-            slot.state = SlotState.FAILED
-            self.emit(EventKind.TRAINER_START_FAILED, slot,
-                      f"its process died while starting {tries} times in a row: slot given up")
-        return True
+            self._create(slot)   # kills the one before, should it still be there
+            return
+        slot.state = SlotState.FAILED
+        if slot.handle is not None:   # a stuck one must not keep its CPU
+            _quietly("killing the trainer of slot %s", slot.index, self.backend.kill,
+                     slot.handle)
+        self.emit(EventKind.TRAINER_START_FAILED, slot,
+                  f"{what} {tries} times in a row: slot given up")
+
+    def _overdue(self, slots: list[Slot]) -> list[Slot]:
+        """The slots among ``slots`` still starting past ``start_timeout_s``."""
+        limit = self.config.start_timeout_s
+        now = time.monotonic()
+        late = []
+        for s in slots:
+            if s.state is not SlotState.STARTING:
+                continue
+            if not self._group_placed(s.group):
+                # Waiting for a CPU (an elastic slot, a lost node's bundle) is not being
+                # stuck: its clock starts once its bundle is placed again.
+                s.started_at = now
+            elif now - s.started_at >= limit:
+                late.append(s)
+        return late
+
+    def _until_overdue(self, slots: list[Slot]) -> float:
+        """Seconds until the first of ``slots`` still starting is overdue (0 when one is)."""
+        limit = self.config.start_timeout_s
+        starts = [s.started_at for s in slots if s.state is SlotState.STARTING]
+        if not starts:
+            return limit
+        return max(0.0, min(starts) + limit - time.monotonic())
+
+    def _start_timed_out(self, slot: Slot) -> None:
+        """``slot``'s trainer has been starting for ``start_timeout_s``: killed and started
+        again (a start fault), or ``TrainerStartError`` for a trainer the caller passed in,
+        which is not ours to replace."""
+        limit = self.config.start_timeout_s
+        if not slot.owned:
+            raise start_timeout_error(slot.index, limit, tries=1)
+        self._start_fault(slot, f"it did not report ready within start_timeout_s={limit:g} s",
+                          "(neither ready nor dead: a model_fn or dataset that blocks, or a "
+                          "process stuck before it ran): killed")
 
     def _wait_started(self, slots: list[Slot], need: int) -> None:
         """Wait until ``slots`` are built, or until ``need`` of them are live and each of
@@ -298,7 +349,8 @@ class TrainerPool:
         still be live."""
         waiting = list(slots)
         while waiting:
-            ready, _ = self.backend.wait([s.ready_ref for s in waiting], num_returns=1)
+            ready, _ = self.backend.wait([s.ready_ref for s in waiting], num_returns=1,
+                                         timeout=self._until_overdue(waiting))
             done = set(ready)
             for slot in [s for s in waiting if s.ready_ref in done]:
                 try:
@@ -321,6 +373,13 @@ class TrainerPool:
                               f"replacement, pid {slot.info.get('pid')}")
                 slot.start_failures = 0
                 waiting.remove(slot)
+            for slot in self._overdue(waiting):
+                self._start_timed_out(slot)
+                if slot.state is SlotState.FAILED:
+                    waiting.remove(slot)
+                    if len([s for s in slots if s.state is not SlotState.FAILED]) < need:
+                        raise start_timeout_error(slot.index, self.config.start_timeout_s,
+                                                  tries=slot.start_failures)
             if len([s for s in slots if s.state is SlotState.LIVE]) >= need:
                 # Enough to train: a slot whose trainer died starting joins when it is up.
                 waiting = [s for s in waiting if s.start_failures == 0]
@@ -412,6 +471,18 @@ def describe_trainers(trainers, backend=None) -> list[dict]:
         except ActorDiedError as e:
             raise start_error(j, e) from e
     return infos
+
+
+def start_timeout_error(slot: int, limit: float, tries: int) -> TrainerStartError:
+    """The error for slot ``slot``'s trainer that did not report ready within ``limit``
+    seconds, ``tries`` times in a row."""
+    return TrainerStartError(
+        f"trainer {slot} did not report ready within start_timeout_s={limit:g} s ({tries} "
+        "tries in a row), and too few trainers could start without it. Its process neither "
+        "finished building the model and loading its data nor died: look for a model_fn or "
+        "dataset that blocks (a lock, a network read) in its node's worker log (ddlf logs), "
+        "or raise start_timeout_s if building the model really takes longer.",
+        slot=slot, tries=tries, died=True)
 
 
 def start_error(slot: int, error: BaseException, tries: int = 1) -> TrainerStartError:

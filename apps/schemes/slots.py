@@ -38,6 +38,7 @@ class Slot:
     owned: bool = True                   # False for trainers the caller passed in
     starts: int = 0                      # trainers this slot has had
     start_failures: int = 0              # in a row, not counting __init__ errors
+    started_at: float = 0.0              # time.monotonic() when its trainer was created
 
     @property
     def node(self) -> str | None:

@@ -19,7 +19,7 @@ import os
 import threading
 
 import pytest
-from helpers_modules.fake_faults import dies_starting
+from helpers_modules.fake_faults import dies_starting, hangs_starting
 from helpers_modules.numpy_trainer import (
     KillsItself,
     NumpyTrainer,
@@ -112,6 +112,59 @@ def test_too_few_trainers_able_to_start_is_a_clear_error_naming_the_slot_and_tri
     assert (e.slot, e.tries, e.died) == (1, START_TRIES, True)
     assert f"trainer 1's process died while starting ({START_TRIES} tries" in str(e)
     assert dying.tries == START_TRIES
+
+
+def test_a_trainer_that_never_reports_ready_is_killed_and_started_again():
+    release = threading.Event()
+    stuck = hangs_starting(1, 1, release)
+    try:
+        result = _train(FakeBackend(fail_when=stuck), min_workers=2, start_timeout_s=0.3)
+    finally:
+        release.set()
+    assert stuck.tries == 2                       # the stuck one, and the one in its place
+    died = _kinds(result, "trainer_died_starting")
+    assert [e["trainer"] for e in died] == [1]
+    assert "did not report ready within start_timeout_s=0.3 s, try 1 of" in died[0]["detail"]
+    assert [e["trainer"] for e in _kinds(result, "trainer_joined")] == [1]
+    assert all(r["workers"] == 2 for r in result.history)
+
+
+def test_a_trainer_stuck_at_every_try_fails_the_run_naming_the_timeout():
+    release = threading.Event()
+    stuck = hangs_starting(1, START_TRIES, release)
+    try:
+        with pytest.raises(TrainerStartError, match=rf"trainer 1 did not report ready within "
+                           rf"start_timeout_s=0.2 s \({START_TRIES} tries in a row\)") as err:
+            _train(FakeBackend(fail_when=stuck), min_workers=2, start_timeout_s=0.2)
+    finally:
+        release.set()
+    assert err.value.slot == 1 and err.value.died and err.value.tries == START_TRIES
+    assert stuck.tries == START_TRIES
+
+
+class _AddCpuLate(Callback):
+    """Holds each of the first ``rows`` rows for ``hold_s`` (longer than the run's
+    ``start_timeout_s``, so the pool checks a slot that has waited past it), then lets a
+    CPU appear and waits until the trainer it lets start is up."""
+
+    def __init__(self, backend, rows, hold_s):
+        self.backend, self.rows, self.hold_s, self.seen = backend, rows, hold_s, 0
+
+    def on_row(self, row, run):
+        self.seen += 1
+        if self.seen < self.rows:
+            threading.Event().wait(self.hold_s)
+        elif self.seen == self.rows:
+            self.backend.add_cpus(1)
+            self.backend.quiesce()
+
+
+def test_a_slot_waiting_for_a_cpu_is_not_timed_out():
+    backend = FakeBackend(num_cpus=1)
+    result = _train(backend, workers=(1, 2), start_timeout_s=0.1,
+                    callbacks=[_AddCpuLate(backend, 4, 0.2)])
+    assert not _kinds(result, "trainer_died_starting")
+    assert [r["workers"] for r in result.history][-1] == 2
 
 
 def test_an_init_that_raises_fails_the_run_at_once():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["dies", "dies_starting"]
+__all__ = ["dies", "dies_starting", "hangs_starting"]
 
 
 def dies(slot: int, method: str, call: int):
@@ -33,6 +33,21 @@ def dies_starting(slot: int, times: int, hold=None):
             return True
         if hold is not None:
             hold.wait(30)
+        return False
+    fail_when.tries = 0
+    return fail_when
+
+
+def hangs_starting(slot: int, times: int, release):
+    """A ``fail_when``: slot ``slot``'s first ``times`` trainers hang while starting,
+    neither ready nor dead, until ``release`` (a ``threading.Event``) is set; a killed one
+    then stays dead. ``fail_when.tries`` counts the trainers the slot had."""
+    def fail_when(actor, name, n):
+        if name != "__init__" or len(actor.args) < 3 or actor.args[2] != slot:
+            return False
+        fail_when.tries += 1
+        if fail_when.tries <= times:
+            release.wait(60)
         return False
     fail_when.tries = 0
     return fail_when
