@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from typing import Any
 
 from ddlf_actors.errors import ActorDiedError
@@ -38,7 +39,9 @@ class Slot:
     owned: bool = True                   # False for trainers the caller passed in
     starts: int = 0                      # trainers this slot has had
     start_failures: int = 0              # in a row, not counting __init__ errors
-    started_at: float = 0.0              # time.monotonic() when its trainer was created
+    # time.monotonic() when its trainer was created (or handed to the run, for one the
+    # caller passed in): start_timeout_s counts from here.
+    started_at: float = dataclasses.field(default_factory=time.monotonic)
 
     @property
     def node(self) -> str | None:

@@ -32,7 +32,8 @@ from helpers_modules.numpy_trainer import (
 
 from ddlf_actors.apps import Callback, TrainerStartError, train
 from ddlf_actors.apps.backends.fake import FakeBackend
-from ddlf_actors.apps.schemes.pool import START_TRIES
+from ddlf_actors.apps.config import TrainConfig
+from ddlf_actors.apps.schemes.pool import START_TRIES, start_trainers, stop_trainers
 
 RUN = dict(workers=2, master_epochs=3, rounds_per_epoch=3, seed=7, progress=False)
 MODEL = softmax_model_fn()
@@ -140,6 +141,21 @@ def test_a_trainer_stuck_at_every_try_fails_the_run_naming_the_timeout():
         release.set()
     assert err.value.slot == 1 and err.value.died and err.value.tries == START_TRIES
     assert stuck.tries == START_TRIES
+
+
+def test_trainers_passed_in_are_timed_from_when_the_run_takes_them():
+    # start_timeout_s counts from when a run takes its trainers: ones built before it,
+    # however long ago, are not overdue (they were once timed from the clock's zero).
+    backend = FakeBackend()
+    config = TrainConfig(workers=2, trainer_cls=NumpyTrainer, backend=backend, progress=False)
+    trainers = start_trainers(MODEL, hard_blobs_dataset, config)
+    try:
+        result = train(MODEL, hard_blobs_dataset, "sync", trainers=list(trainers),
+                       backend=backend, start_timeout_s=1.0, **RUN)
+    finally:
+        stop_trainers(trainers)
+    assert len(result.history) == RUN["master_epochs"] * RUN["rounds_per_epoch"]
+    assert not _kinds(result, "trainer_died_starting")
 
 
 class _AddCpuLate(Callback):
