@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,13 +30,15 @@ def copies(tmp_path):
     page = tmp_path / "README.md"
     shutil.copy(report.PAGE, page)
     shutil.copy(report.FRONT, tmp_path / "FRONT.md")
+    shutil.copy(report.ARCHIVE, tmp_path / "EARLIER.md")
     return results, page
 
 
 def _run(page, results, *flags) -> subprocess.CompletedProcess:
     """report.py on the copies only (never the repository's pages)."""
     return subprocess.run([sys.executable, SCRIPT, *flags, "--page", str(page), "--front",
-                           str(page.parent / "FRONT.md"), "--results", str(results)],
+                           str(page.parent / "FRONT.md"), "--archive",
+                           str(page.parent / "EARLIER.md"), "--results", str(results)],
                           capture_output=True, text=True, timeout=120, cwd=os.sep)
 
 
@@ -174,3 +177,34 @@ def test_a_scaling_columns_headline_is_built_from_its_raw_runs(tmp_path):
     summary = report.generate_summary(str(results))
     assert f"K = 4 defaults: {42 / (4 * 27):.0%} of T1, {27 / 52:.2f}× data-parallel's time, " \
         "ran allreduce" in summary
+
+
+def test_a_superseded_headline_moves_to_the_earlier_results_with_working_links(copies):
+    results, page = copies
+    manifest = json.loads((results / "headlines.json").read_text())
+    heads = manifest["headlines"]
+    old, new = heads[-1], heads[0]
+    title = f"### {old['title']} ({old['date']})"
+    assert title in report.generate(str(results))
+    assert title not in report.generate_archive(str(results))
+    old["superseded_by"] = new["id"]
+    (results / "headlines.json").write_text(json.dumps(manifest))
+    current, earlier = report.generate(str(results)), report.generate_archive(str(results))
+    assert title not in current and title in earlier
+    assert f"Superseded by [{new['title']} ({new['date']})]" in earlier
+    # Every relative link on the earlier page resolves from docs/benchmarks/.
+    for target in re.findall(r"\]\((?!https?:|#)([^)\s#]+)", earlier):
+        assert os.path.exists(os.path.join(ROOT, "docs", "benchmarks", target)), target
+    # --check sees the page that did not follow.
+    assert _run(page, results, "--check").returncode == 1
+    assert _run(page, results).returncode == 0 and _run(page, results, "--check").returncode == 0
+    assert title in (page.parent / "EARLIER.md").read_text()
+
+
+def test_superseded_by_must_name_a_listed_run(copies):
+    results, _page = copies
+    manifest = json.loads((results / "headlines.json").read_text())
+    manifest["headlines"][-1]["superseded_by"] = "no-such-run"
+    (results / "headlines.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="superseded_by 'no-such-run'"):
+        report.generate(str(results))
