@@ -220,8 +220,10 @@ class Machine:
             "compute_s": max(per_trainer.values()) if per_trainer else 0.0,
             "idle_s": sum(s["idle_s"] for s in stats),
             "eval_s": max(evals.values(), default=0.0),
-            # What the framework adds: round time beyond the busiest trainer's work.
-            "overhead_s": wall_s - max(busy.values(), default=0.0),
+            # What the framework adds: round time beyond the busiest trainer's work. The
+            # ledger keeps busy time within the wall time, up to float rounding (−1e-17
+            # once), so the difference is floored at 0.
+            "overhead_s": max(0.0, wall_s - max(busy.values(), default=0.0)),
             "wall_s": wall_s, "samples": samples,
             "samples_per_s": samples / wall_s if wall_s > 0 else None, "updates": len(stats),
             "workers": len(per_trainer),

@@ -265,7 +265,7 @@ class TrainerPool:
         except LOSS_ERRORS as e:
             if not self._died_starting(slot, e):   # __init__ raised: the slot is given up
                 slot.state = SlotState.FAILED
-                self.emit(EventKind.TRAINER_START_FAILED, slot, str(e).strip()[:500])
+                self.emit(EventKind.TRAINER_START_FAILED, slot, error_brief(e))
             return False
         slot.ready_ref = None
         slot.state = SlotState.LIVE
@@ -357,7 +357,7 @@ class TrainerPool:
                     slot.info = self.backend.get(slot.ready_ref)
                 except LOSS_ERRORS as e:
                     if not self._died_starting(slot, e):
-                        self.emit(EventKind.TRAINER_START_FAILED, slot, str(e).strip()[:500])
+                        self.emit(EventKind.TRAINER_START_FAILED, slot, error_brief(e))
                         raise start_error(slot.index, e) from e
                     if slot.state is SlotState.FAILED:
                         waiting.remove(slot)
@@ -471,6 +471,18 @@ def describe_trainers(trainers, backend=None) -> list[dict]:
         except ActorDiedError as e:
             raise start_error(j, e) from e
     return infos
+
+
+def error_brief(error: BaseException, limit: int = 500) -> str:
+    """An event's text for a trainer that could not start: the remote error's type and
+    message first, then as much of the traceback as fits. The message must survive the
+    cut: a traceback's length varies with the paths and the Python version (a 3.12 run in
+    a deeper directory once cut the message off)."""
+    text = str(error).strip()
+    cause = getattr(error, "cause", None)
+    if cause is not None:
+        text = f"{type(cause).__name__}: {str(cause).strip()}\n{text}"
+    return text[:limit]
 
 
 def start_timeout_error(slot: int, limit: float, tries: int) -> TrainerStartError:

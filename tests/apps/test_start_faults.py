@@ -33,7 +33,8 @@ from helpers_modules.numpy_trainer import (
 from ddlf_actors.apps import Callback, TrainerStartError, train
 from ddlf_actors.apps.backends.fake import FakeBackend
 from ddlf_actors.apps.config import TrainConfig
-from ddlf_actors.apps.schemes.pool import START_TRIES, start_trainers, stop_trainers
+from ddlf_actors.apps.schemes.pool import START_TRIES, error_brief, start_trainers, stop_trainers
+from ddlf_actors.errors import ActorDiedError
 
 RUN = dict(workers=2, master_epochs=3, rounds_per_epoch=3, seed=7, progress=False)
 MODEL = softmax_model_fn()
@@ -156,6 +157,17 @@ def test_trainers_passed_in_are_timed_from_when_the_run_takes_them():
         stop_trainers(trainers)
     assert len(result.history) == RUN["master_epochs"] * RUN["rounds_per_epoch"]
     assert not _kinds(result, "trainer_died_starting")
+
+
+def test_a_start_failures_event_keeps_the_remote_message_however_long_its_traceback():
+    frames = "".join(f'  File "/a/deep/checkout/{"x" * 40}/mod{i}.py", line {i}, in f\n'
+                     for i in range(20))
+    error = ActorDiedError("actor T is dead: its __init__ raised:\nTraceback (most recent "
+                           f"call last):\n{frames}RuntimeError: replacement refuses to start",
+                           cause=RuntimeError("replacement refuses to start"))
+    brief = error_brief(error)
+    assert len(brief) <= 500
+    assert brief.startswith("RuntimeError: replacement refuses to start\nactor T is dead")
 
 
 class _AddCpuLate(Callback):

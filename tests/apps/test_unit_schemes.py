@@ -3,6 +3,8 @@ optimizer, learning rates, the work ledger, EASGD's exchange and sized pieces.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -282,6 +284,16 @@ def test_no_trainer_is_ever_busier_than_the_window():
     assert rows
     for wall, work in rows:
         assert all(c + e <= wall + 1e-9 for c, e in work.values())
+
+
+def test_a_rows_overhead_is_never_negative_from_float_rounding():
+    # The ledger keeps a trainer's busy time within the wall time up to rounding: 0.1 + 0.2
+    # is a hair above 0.3, which once gave overhead_s = -1.4e-17 on a real run.
+    stub = SimpleNamespace(ctx=SimpleNamespace(t0=0.0), now=1.0, bytes_sent=0,
+                           bytes_received=0)
+    stats = [{"index": 0, "samples": 4, "loss": 1.0, "compute_s": 0.3, "idle_s": 0.0}]
+    row = Machine.new_row(stub, 1, 0.5, stats, 0.3, work={0: (0.1 + 0.2, 0.0)})
+    assert row["overhead_s"] == 0.0 and row["compute_s"] == 0.1 + 0.2
 
 
 # -- easgd and downpour pieces -----------------------------------------------------------------
