@@ -113,7 +113,7 @@ def _meta(h: dict, loads: list | None = None) -> list:
     raw = ", ".join(f"[`{n}`](results/{n})" for n in h["raw"])
     sel = h.get("selection_raw") or []
     extra = [h[k]["file"] for k in ("partial_raw", "extra_raw") if k in h]
-    lines = [f"### {h['title']} ({h['date']})", "", h["about"], ""]
+    lines = [f"### {_heading(h)}", "", h["about"], ""]
     machine = h["machine"]
     if loads:
         machine += f" (1-minute load average {min(loads):.1f}-{max(loads):.1f} at the runs' starts)"
@@ -383,7 +383,7 @@ def _build(results: str) -> tuple[list, list, dict, dict]:
     dates = [h["date"] for h in heads]
     if dates != sorted(dates, reverse=True):
         raise ValueError(f"headlines.json must list the runs newest first, got {dates}")
-    ids = {h["id"] for h in heads}
+    by_id = {h["id"]: h for h in heads}
     current: list = []
     earlier: list = []
     facts: dict = {}
@@ -392,21 +392,26 @@ def _build(results: str) -> tuple[list, list, dict, dict]:
             raise ValueError(f"headline {h['id']!r}: unknown kind {h['kind']!r}; "
                              f"known: {', '.join(KINDS)}")
         newer = h.get("superseded_by")
-        if newer is not None and newer not in ids:
+        if newer is not None and newer not in by_id:
             raise ValueError(f"headline {h['id']!r} is superseded_by {newer!r}, which "
                              f"headlines.json does not list")
         lines = earlier if newer else current
         built = KINDS[h["kind"]](h, results, facts)
         lines += [_rebase(line) for line in built] if newer else built
         if newer:
-            h2 = next(x for x in heads if x["id"] == newer)
-            lines += [f"*Superseded by [{h2['title']} ({h2['date']})](../../benchmarks/"
-                      f"README.md#{anchor(h2['title'] + ' (' + h2['date'] + ')')}).*", ""]
+            h2 = by_id[newer]
+            lines += [f"*Superseded by [{_heading(h2)}](../../benchmarks/README.md#"
+                      f"{anchor(_heading(h2))}).*", ""]
         where = "docs/benchmarks/earlier-results.md#" if newer else "benchmarks/README.md#"
-        facts[f"{h['id']}.link"] = where + anchor(f"{h['title']} ({h['date']})")
+        facts[f"{h['id']}.link"] = where + anchor(_heading(h))
         if h.get("notes"):
             lines += [_rebase(h["notes"]) if newer else h["notes"], ""]
     return current, earlier, facts, manifest
+
+
+def _heading(h: dict) -> str:
+    """A headline's heading on its page: its title and date."""
+    return f"{h['title']} ({h['date']})"
 
 
 _RELATIVE_LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s]+)\)")
@@ -433,21 +438,30 @@ def _fill(template: str, facts: dict) -> str:
 def generate(results: str = RESULTS) -> str:
     """The generated part of the results page (markers included), from ``results``."""
     lines, _earlier, _facts, _manifest = _build(results)
-    return "\n".join([BEGIN, "", *lines, END])
+    return _part(lines)
 
 
 def generate_archive(results: str = RESULTS) -> str:
     """The generated part of the earlier results page: the superseded headlines."""
     _lines, earlier, _facts, _manifest = _build(results)
-    return "\n".join([BEGIN, "", *earlier, END])
+    return _part(earlier)
 
 
 def generate_summary(results: str = RESULTS) -> str:
     """The generated part of the front page (README.md): the manifest's summary lines
     with each ``{{fact}}`` filled in from the tables (markers included)."""
     _lines, _earlier, facts, manifest = _build(results)
+    return _summary(facts, manifest)
+
+
+def _summary(facts: dict, manifest: dict) -> str:
     return "\n".join([SUMMARY_BEGIN, *(_fill(t, facts) for t in manifest["summary"]),
                       SUMMARY_END])
+
+
+def _part(lines: list) -> str:
+    """A page's generated part, markers included."""
+    return "\n".join([BEGIN, "", *lines, END])
 
 
 def splice(page: str, part: str, begin: str = BEGIN, end: str = END) -> str:
@@ -471,9 +485,10 @@ def main(argv=None) -> int:
                    "docs/benchmarks/earlier-results.md)")
     p.add_argument("--results", default=RESULTS, help="the results folder")
     a = p.parse_args(argv)
-    parts = [(a.page, generate(a.results), BEGIN, END),
-             (a.archive, generate_archive(a.results), BEGIN, END),
-             (a.front, generate_summary(a.results), SUMMARY_BEGIN, SUMMARY_END)]
+    # One build for the three parts: each build reads every raw file again.
+    lines, earlier, facts, manifest = _build(a.results)
+    parts = [(a.page, _part(lines), BEGIN, END), (a.archive, _part(earlier), BEGIN, END),
+             (a.front, _summary(facts, manifest), SUMMARY_BEGIN, SUMMARY_END)]
     if a.show:
         print("\n\n".join(part for _path, part, _b, _e in parts))
         return 0

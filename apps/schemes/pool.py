@@ -361,8 +361,7 @@ class TrainerPool:
                         raise start_error(slot.index, e) from e
                     if slot.state is SlotState.FAILED:
                         waiting.remove(slot)
-                        possible = [s for s in slots if s.state is not SlotState.FAILED]
-                        if len(possible) < need:
+                        if _too_few(slots, need):
                             raise start_error(slot.index, e, tries=slot.start_failures) from e
                     continue
                 slot.ready_ref = None
@@ -377,7 +376,7 @@ class TrainerPool:
                 self._start_timed_out(slot)
                 if slot.state is SlotState.FAILED:
                     waiting.remove(slot)
-                    if len([s for s in slots if s.state is not SlotState.FAILED]) < need:
+                    if _too_few(slots, need):
                         raise start_timeout_error(slot.index, self.config.start_timeout_s,
                                                   tries=slot.start_failures)
             if len([s for s in slots if s.state is SlotState.LIVE]) >= need:
@@ -471,6 +470,11 @@ def describe_trainers(trainers, backend=None) -> list[dict]:
         except ActorDiedError as e:
             raise start_error(j, e) from e
     return infos
+
+
+def _too_few(slots: list[Slot], need: int) -> bool:
+    """Fewer than ``need`` of ``slots`` are not given up: the run cannot start."""
+    return len([s for s in slots if s.state is not SlotState.FAILED]) < need
 
 
 def error_brief(error: BaseException, limit: int = 500) -> str:
