@@ -27,9 +27,11 @@ from .options import (
 __all__ = ["TrainConfig", "ConfigError", "LR_SCALINGS", "PLACEMENT_STRATEGIES", "BACKENDS",
            "KERAS_BACKENDS", "FRAMEWORK_OPTIONS", "framework_settings"]
 
-# Where the linear scaling rule for K trainers applies (Goyal et al. 2017): nowhere, to the
-# trainers' learning rate, or to the driver's outer learning rate.
-LR_SCALINGS = ("none", "inner", "outer")
+# Where a rule for K trainers applies: nowhere, to the trainers' learning rate (the linear
+# rule of Goyal et al. 2017, times K), to the driver's outer learning rate (times K), or to
+# the trainers' rate times sqrt(K) (the square-root rule for adaptive optimizers such as
+# Adam, Malladi et al. 2022; what auto uses from K = 4, docs/training.md).
+LR_SCALINGS = ("none", "inner", "outer", "sqrt")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 BACKENDS = ("ddlf", "ray")
 KERAS_BACKENDS = ("tensorflow", "jax", "torch")

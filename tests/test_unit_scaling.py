@@ -155,6 +155,18 @@ def test_final_runs_interleave_seeds_and_the_single_process_runs_once_per_seed()
         "dataparallel": TARGET, "defaults": None, "best:allreduce+codec": None}
 
 
+def test_a_k1_only_added_as_the_baseline_runs_no_best_setting():
+    chosen = {"single": GRID[1], "dataparallel@K1": GRID[0], "dataparallel@K4": GRID[5]}
+    # --ks 4: K = 1 is there for T1 and the columns' own K = 1, not for the best settings.
+    added = scaling_plan.final_jobs(1, 0.5, _grid(ks=[4]), chosen)
+    assert {j["column"] for j in added} == {"single", "dataparallel", "defaults"}
+    asked = scaling_plan.final_jobs(1, 0.5, _grid(ks=[1, 4]), chosen)
+    assert "best:allreduce+codec" in {j["column"] for j in asked}
+    # The settings on top of auto name auto, and their one setting.
+    assert scaling_plan.column_spec("best:auto+sqrt", "int4:ef", 4) == (
+        "auto", {"lr_scaling": "sqrt"})
+
+
 def test_selection_tries_the_grid_defined_once_on_validation():
     assert [(c["optimizer"], c["lr"]) for c in GRID] == [
         ("adam", 3e-4), ("adam", 1e-3), ("adam", 2e-3), ("adam", 4e-3),

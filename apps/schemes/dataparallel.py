@@ -32,7 +32,8 @@ optimizer state (the same).
 Settings: allreduce's rounds (``rounds_per_epoch``/``steps_per_round`` only size the
 driver's bookkeeping: evaluations, checkpoints, how far a fault sets a run back),
 ``eval_every``, ``lr_schedule``, ``lr_scaling="inner"`` (the linear scaling rule for
-the larger batch) with ``warmup_rounds``, ``chunk_timeout_s``. There is no outer
+the larger batch) with ``warmup_rounds`` or ``"sqrt"`` (the square-root rule, Adam's),
+``chunk_timeout_s``. There is no outer
 optimizer and no streaming; ``compression=`` takes a codec without error feedback
 (``fp16``, ``int8``) for each hop of the gradient.
 """
@@ -65,7 +66,7 @@ class DataParallelOptions(AllreduceOptions):
 
     def defaults(self, config) -> dict:
         out = dict(self.DEFAULTS)
-        if self.lr_scaling in (None, "none"):
+        if self.lr_scaling in (None, "none", "sqrt"):
             out["warmup_rounds"] = 0
         return out
 

@@ -36,14 +36,16 @@ def evaluate(rate, step: int) -> float:
     return value
 
 
-def k_multiplier(round_index: int, k: int, warmup_rounds: int) -> float:
-    """The linear scaling rule's factor in round ``round_index`` (0-based) for ``k``
-    trainers: ``k`` after the warm-up, rising linearly from 1 during it."""
+def k_multiplier(round_index: int, k: int, warmup_rounds: int, power: float = 1.0) -> float:
+    """The K rule's factor in round ``round_index`` (0-based) for ``k`` trainers:
+    ``k ** power`` (the linear rule at 1, the square-root rule at 0.5) after the warm-up,
+    rising linearly from 1 during it."""
     if k <= 1:
         return 1.0
+    full = float(k) ** power
     if warmup_rounds <= 0 or round_index >= warmup_rounds:
-        return float(k)
-    return 1.0 + (k - 1) * round_index / warmup_rounds
+        return full
+    return 1.0 + (full - 1.0) * round_index / warmup_rounds
 
 
 def steps_in(samples: int, batch_size: int, epochs: int = 1) -> int:
@@ -57,15 +59,17 @@ class InnerRate:
     ``schedule``: a schedule of the step (a trainer's optimizer steps so far in the run,
     what a single process's ``optimizer.iterations`` would be) or None for the rate the
     trainers' optimizer was built with (``base``, reported by the trainers).
-    ``scale_with_k``: the linear scaling rule on the trainers' rate, with its warm-up.
+    ``scale_with_k``: the K rule on the trainers' rate, with its warm-up: the rate times
+    ``K ** power`` (1: the linear rule; 0.5: the square-root rule).
     """
 
     def __init__(self, schedule=None, scale_with_k: bool = False, warmup_rounds: int = 0,
-                 base: float | None = None):
+                 base: float | None = None, power: float = 1.0):
         self.schedule = schedule
         self.scale_with_k = scale_with_k
         self.warmup_rounds = warmup_rounds
         self.base = base
+        self.power = power
 
     @property
     def active(self) -> bool:
@@ -78,13 +82,13 @@ class InnerRate:
         if self.schedule is not None:
             rate = evaluate(self.schedule, step)
         elif self.base is None:
-            raise ValueError("lr_scaling='inner' needs the trainers' learning rate, and they "
-                             "report none: give lr_schedule=, or make the trainer class's "
-                             "get_learning_rate() return its optimizer's rate")
+            raise ValueError("lr_scaling='inner' or 'sqrt' needs the trainers' learning rate, "
+                             "and they report none: give lr_schedule=, or make the trainer "
+                             "class's get_learning_rate() return its optimizer's rate")
         else:
             rate = self.base
         if self.scale_with_k:
-            rate *= k_multiplier(round_index, k, self.warmup_rounds)
+            rate *= k_multiplier(round_index, k, self.warmup_rounds, self.power)
         return rate
 
 
@@ -102,7 +106,10 @@ def check_trainers_rate(options, info: dict) -> None:
     if getattr(options, "lr_schedule", None) is not None:
         raise ConfigError("lr_schedule=", f"sets the trainers' rate each round, but {why}: "
                           "leave lr_schedule= out, or give the trainer class those hooks")
-    if getattr(options, "lr_scaling", None) == "inner":
-        raise ConfigError("lr_scaling='inner'", f"scales the trainers' rate by K, but {why}: "
+    scaling = getattr(options, "lr_scaling", None)
+    if scaling in ("inner", "sqrt"):
+        factor = "K" if scaling == "inner" else "sqrt(K)"
+        raise ConfigError(f"lr_scaling={scaling!r}", f"scales the trainers' rate by {factor}, "
+                          f"but {why}: "
                           "use lr_scaling='outer' (the outer step's rate), or give the "
                           "trainer class those hooks")

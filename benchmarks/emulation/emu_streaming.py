@@ -50,6 +50,15 @@ SETTINGS = {
     "alg6": ("sync", {"rounds_per_epoch": 1, "outer_momentum": 0.0, "lr_scaling": "none"}),
 }
 STREAMING = list(SETTINGS)
+# DDLF's defaults (scheme="auto") with one setting more each, for scaling's best columns
+# (issue 30): what that one setting adds to what a user gets. Not in the streaming grid.
+SETTINGS.update({
+    "auto+sqrt": ("auto", {"lr_scaling": "sqrt"}),
+    # auto without its rate rule from K = 4: the defaults before it (what it adds).
+    "auto+lr_scaling=none": ("auto", {"lr_scaling": "none"}),
+    "auto+overlap": ("auto", {"overlap": True}),
+    "auto+sqrt+overlap": ("auto", {"lr_scaling": "sqrt", "overlap": True}),
+})
 
 
 def options_for(name: str, codec: str, fragments: int) -> tuple[str, dict]:

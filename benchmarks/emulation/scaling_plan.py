@@ -147,13 +147,20 @@ def _numbered(jobs: list[dict]) -> list[dict]:
 def final_jobs(k: int, cap: float, g: dict, chosen: dict) -> list[dict]:
     """The final runs on the cluster of (K, cap), in order: per link rate, seed by seed,
     every column (``g["columns"]``); ``single`` only at K = 1 and on the first rate (it
-    has no link). ``chosen``: the choices file's candidates by key."""
+    has no link); no best column at a K = 1 that ``g["ks"]`` does not list. ``chosen``:
+    the choices file's candidates by key."""
     from benchmarks.emulation.tuned_model import MODEL_DEFAULT
 
+    # A K = 1 that --ks left out is there as the baseline of the other K's efficiencies
+    # (the tuned single process, the defaults' own K = 1): a best setting's K = 1 is not
+    # run there (its throughput efficiency is then not reported).
+    baseline_only = k == 1 and 1 not in g.get("ks", [1])
     out = []
     for i, rate in enumerate(g["rates"]):
         for seed in g["seeds"]:
             for col in g["columns"]:
+                if baseline_only and col.startswith("best:"):
+                    continue
                 if col == "single":
                     if k == 1 and i == 0:
                         out.append(_job(col, 1, cap, None, seed, "final", chosen["single"], g))

@@ -134,6 +134,18 @@ def test_the_inner_k_rule_scales_the_trainers_own_rate(train_cluster):
         [base, 1.5 * base, 2 * base, 2 * base])
 
 
+def test_the_square_root_rule_scales_the_trainers_rate_by_the_root_of_k(train_cluster):
+    # docs/training.md: lr_scaling="sqrt" sets the trainers' rate to sqrt(K) times their
+    # own from the first round (no warm-up unless one is given); the outer step stays.
+    result = train(MODEL, hard_blobs_dataset, "allreduce", workers=2, master_epochs=2,
+                   rounds_per_epoch=2, lr_scaling="sqrt", trainer_cls=RateEchoTrainer,
+                   progress=False)
+    base = MODEL().lr
+    assert [r["learning_rate"] for r in result.history] == pytest.approx(
+        [2 ** 0.5 * base] * 4)
+    assert result.settings["options"]["outer_lr"] == 0.7
+
+
 @pytest.mark.parametrize("scheme,options", [
     ("async", dict(rounds_per_epoch=4)),
     ("downpour", dict(n_fetch=2, n_push=2)),

@@ -152,6 +152,7 @@ def _calls_seen(seen: list):
 @pytest.mark.parametrize("scheme,option,named", [
     ("sync", {"lr_schedule": lambda step: 0.1}, "lr_schedule="),
     ("sync", {"lr_scaling": "inner"}, "lr_scaling='inner'"),
+    ("allreduce", {"lr_scaling": "sqrt"}, "lr_scaling='sqrt'"),
     ("allreduce", {"lr_schedule": lambda step: 0.1}, "lr_schedule="),
     ("async", {"lr_schedule": lambda step: 0.1}, "lr_schedule="),
     ("downpour", {"lr_schedule": lambda step: 0.1}, "lr_schedule="),
@@ -162,6 +163,15 @@ def test_a_rate_setting_is_refused_by_name_before_any_training(scheme, option, n
         _train(scheme, backend=FakeBackend(fail_when=_calls_seen(seen)), **option)
     assert "get_learning_rate" in str(err.value)      # how to fix it
     assert "describe" in seen and set(seen) <= {"__init__", "describe", "get_weights"}, seen
+
+
+def test_auto_leaves_the_rate_of_a_trainer_without_one_alone():
+    # From K = 4 auto scales the trainers' rate by sqrt(K), but only where they report
+    # one: a trainer with the README's hooks and no get_learning_rate still trains.
+    result = _train("auto", workers=4, rounds_per_epoch=2)
+    assert result.settings["options"]["lr_scaling"] == "none"
+    assert "sqrt" not in result.settings["auto"]["line"]
+    assert result.history[-1]["test_accuracy"] > 0.6
 
 
 def test_lr_scaling_outer_needs_no_trainer_rate():

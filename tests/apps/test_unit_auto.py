@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers_modules.numpy_trainer import NumpyTrainer, softmax_model_fn
+from helpers_modules.numpy_trainer import NumpyTrainer, RateEchoTrainer, softmax_model_fn
 
 from ddlf_actors.apps import train
 from ddlf_actors.apps.backends.fake import FakeBackend
@@ -59,6 +59,18 @@ def test_explicit_settings_win():
     assert c.compression == "fp16" and "compression" in c.explicit
     c = auto.choose(4, 20 * MB, _probe(bandwidth=1000 * MB), steps=8)
     assert c.steps == 8 and c.compression is None
+
+
+def test_from_k_4_the_trainers_rate_is_scaled_by_the_root_of_k():
+    probe = _probe(bandwidth=1000 * MB)
+    for k in (2, 3):
+        assert auto.choose(k, 2 * MB, probe, rate_settable=True).lr_scaling is None
+    four = auto.choose(4, 2 * MB, probe, rate_settable=True)
+    assert four.lr_scaling == "sqrt" and "the trainers' rate x2 (sqrt K)" in four.line(4)
+    # A failed probe changes the rounds, not this rule; no settable rate: no rule.
+    assert auto.choose(8, 2 * MB, Probe(failed="x"), rate_settable=True).lr_scaling == "sqrt"
+    assert auto.choose(4, 2 * MB, probe, rate_settable=False).lr_scaling is None
+    assert "rate" not in auto.choose(4, 2 * MB, probe).line(4)
 
 
 def test_a_failed_probe_falls_back_and_says_why():
@@ -113,6 +125,20 @@ def test_explicit_options_skip_the_probe_and_are_kept():
     s = result.settings
     assert s["compression"] == "fp16" and s["options"]["steps_per_round"] == 4
     assert s["auto"]["probe"] is None and set(s["auto"]["explicit"]) == {"compression", "steps"}
+
+
+def test_auto_scales_four_trainers_rate_unless_a_rate_setting_is_given():
+    base = softmax_model_fn()().lr
+    result = _run(workers=4, trainer_cls=RateEchoTrainer)
+    s = result.settings
+    assert s["options"]["lr_scaling"] == "sqrt" and "x2 (sqrt K)" in s["auto"]["line"]
+    assert [r["learning_rate"] for r in result.history] == pytest.approx(
+        [2 * base] * len(result.history))
+    # Given, the setting wins: the trainers keep their own rate.
+    kept = _run(workers=4, trainer_cls=RateEchoTrainer, lr_scaling="none")
+    assert kept.settings["options"]["lr_scaling"] == "none"
+    assert "learning_rate" not in kept.history[0] and "sqrt" not in kept.settings["auto"]["line"]
+    assert _run(workers=2).settings["options"]["lr_scaling"] == "none"
 
 
 class StuckLinkTrainer(NumpyTrainer):

@@ -102,6 +102,12 @@ def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
     assert resolve_options("sync", lr_scaling="inner")[1].outer_lr == 1.0
     assert resolve_options("sync", lr_scaling="outer")[1].outer_lr == \
         SyncOptions.DEFAULTS["outer_lr"]
+    # The square-root rule on the trainers keeps the outer step, and has no warm-up
+    # unless one is given.
+    _, root = resolve_options("allreduce", lr_scaling="sqrt")
+    assert root.outer_lr == SyncOptions.DEFAULTS["outer_lr"] and root.warmup_rounds == 0
+    assert resolve_options("allreduce", lr_scaling="sqrt",
+                           warmup_rounds=4)[1].warmup_rounds == 4
     assert resolve_options("easgd", workers=3)[1].alpha == pytest.approx(0.3)
     assert resolve_options("easgd", workers=3, alpha=0.1)[1].alpha == 0.1
     _, down = resolve_options("downpour")
@@ -109,7 +115,7 @@ def test_defaults_fill_what_a_run_leaves_out_and_follow_what_it_sets():
 
 
 def test_settings_that_contradict_each_other():
-    with pytest.raises(ValueError, match="warmup_rounds=3 ramps up the linear scaling rule"):
+    with pytest.raises(ValueError, match="warmup_rounds=3 ramps up a scaling rule for K"):
         resolve_options("sync", warmup_rounds=3, lr_scaling="none")
     with pytest.raises(ValueError, match="nesterov=True needs outer_momentum > 0"):
         resolve_options("sync", nesterov=True, outer_momentum=0.0)
@@ -210,6 +216,9 @@ def test_rates_schedules_and_the_linear_scaling_rule():
     assert k_multiplier(0, 4, 3) == 1.0 and k_multiplier(3, 4, 3) == 4.0
     assert k_multiplier(1, 4, 3) == pytest.approx(2.0) and k_multiplier(0, 4, 0) == 4.0
     assert k_multiplier(5, 1, 3) == 1.0
+    # The square-root rule: sqrt(K) after the warm-up, reached linearly from 1.
+    assert k_multiplier(0, 4, 0, power=0.5) == 2.0 and k_multiplier(1, 4, 2, 0.5) == 1.5
+    assert k_multiplier(0, 9, 0, 0.5) == pytest.approx(3.0)
     assert steps_in(100, 32) == 4 and steps_in(96, 32, 2) == 6
     assert evaluate(0.1, 7) == 0.1 and evaluate(lambda s: 0.1 * s, 3) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="gave 0.0 at step 0"):
@@ -219,6 +228,8 @@ def test_rates_schedules_and_the_linear_scaling_rule():
     assert [inner.at(r, 0, 2) for r in range(3)] == pytest.approx([0.01, 0.015, 0.02])
     with pytest.raises(ValueError, match="report none"):
         InnerRate(scale_with_k=True).at(0, 0, 2)
+    root = InnerRate(scale_with_k=True, base=0.001, power=0.5)
+    assert [root.at(r, 0, 4) for r in range(2)] == pytest.approx([0.002, 0.002])
 
 
 def test_a_keras_schedule_is_evaluated_on_the_driver():
