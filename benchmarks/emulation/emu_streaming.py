@@ -57,6 +57,9 @@ SETTINGS.update({
     # auto without its rate rule from K = 4: the defaults before it (what it adds).
     "auto+lr_scaling=none": ("auto", {"lr_scaling": "none"}),
     "auto+overlap": ("auto", {"overlap": True}),
+    # auto with its steps per round given (it then picks the codec around them).
+    "auto+steps16": ("auto", {"steps_per_round": 16}),
+    "auto+steps32": ("auto", {"steps_per_round": 32}),
     "auto+sqrt+overlap": ("auto", {"lr_scaling": "sqrt", "overlap": True}),
 })
 
