@@ -48,6 +48,32 @@ def test_a_slower_link_takes_the_first_rung_within_the_budget():
         assert earlier > auto.BUDGET * h * probe.step_s
 
 
+def test_a_32_step_round_may_spend_more_on_its_ring_before_64():
+    # 100 Mbit/s, a 20 MB model, steps of 115 ms: the 32-step int4 ring is about 12 % of
+    # the round's compute (over BUDGET), which measured cheaper than 64 steps' epochs.
+    probe = _probe(step_s=0.115, bandwidth=12 * MB, latency=1e-4, encode=0.05)
+    c = auto.choose(4, 20.4 * MB, probe)
+    ring = auto.ring_seconds(4, 20.4 * MB, "int4:ef", 12 * MB, 1e-4, probe.encode_s)
+    assert auto.BUDGET < ring / (32 * 0.115) <= auto.LONG_ROUND_BUDGET
+    assert (c.steps, c.compression) == (32, "int4:ef")
+    # Only instead of 64 steps: wherever the plain first fit within BUDGET has 32 steps
+    # or fewer, auto picks exactly that, at any link speed.
+    for mb_s in (1, 3, 6, 9, 12, 15, 20, 30, 40, 60, 90, 125, 200, 1000):
+        p = _probe(step_s=0.115, bandwidth=mb_s * MB, latency=1e-4, encode=0.05)
+        ring = {(h, c): auto.ring_seconds(4, 20.4 * MB, c, mb_s * MB, 1e-4, p.encode_s)
+                for h, c in auto.LADDER}
+        first = next(((h, c) for h, c in auto.LADDER
+                      if ring[h, c] <= auto.BUDGET * h * 0.115), None)
+        picked = auto.choose(4, 20.4 * MB, p)
+        if first is not None and first[0] <= 32:
+            assert (picked.steps, picked.compression) == first, mb_s
+        else:
+            long = [r for r in auto.LADDER if r[0] == 32
+                    and ring[r] <= auto.LONG_ROUND_BUDGET * 32 * 0.115]
+            assert (picked.steps, picked.compression) == (long[0] if long else first
+                                                          or (64, "int4:ef")), mb_s
+
+
 def test_a_link_far_too_slow_overlaps_the_best_rung():
     c = auto.choose(4, 20 * MB, _probe(bandwidth=1 * MB))
     assert c.overlap and c.compression == "int4:ef" and c.steps == 64
