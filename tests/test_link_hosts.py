@@ -206,7 +206,21 @@ def test_a_signal_mid_run_removes_the_hosts_and_the_runs_processes(no_leaks, how
     else:
         proc.terminate()
     t0 = time.monotonic()
-    proc.wait(90)
+    try:
+        proc.wait(90)
+    except subprocess.TimeoutExpired:
+        # Seen once under a full suite's load (2026-11-29): say where the run was, then end
+        # it as a user would (SIGTERM, then SIGKILL), so the teardown checks still run.
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        while not lines.empty():
+            seen.append(lines.get())
+        raise AssertionError(f"still running 90 s after {how}; its last output:\n"
+                             + "".join(seen)[-3000:]) from None
     assert time.monotonic() - t0 < 60   # bounded
     time.sleep(0.5)
     while True:
