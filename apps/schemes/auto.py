@@ -15,9 +15,9 @@ The rules (each measured; ``docs/training.md``, "The defaults, by K and by link"
   to encode the model; a round of H steps with codec c takes ``ring(c) = 2(K−1)/K · M ·
   ratio(c) / bandwidth + 2(K−1) · latency + encode(c)`` on top of ``H·t``. ``auto`` takes
   the first rung of :data:`LADDER` (fewest steps per round, then the least lossy codec)
-  with ``ring(c) ≤ 0.1 · H·t``, so a trainer computes at least ~90 % of the time; a
-  before going to 64 steps, whose rounds cost more epochs, auto takes a 32-step round
-  whose ring is up to 0.15 of it (:data:`LONG_ROUND_BUDGET`). When no
+  with ``ring(c) ≤ 0.1 · H·t``, so a trainer computes at least ~90 % of the time; before
+  going to 64 steps, whose rounds cost more epochs, it takes a 32-step round whose ring
+  is up to 0.15 of its compute (:data:`LONG_ROUND_BUDGET`). When no
   rung fits (a link far too slow for the model), the last rung runs with ``overlap=True``,
   which hides a round's ring behind the next round's steps.
 - **From K = 4 the trainers' rate is ×√K** (``lr_scaling="sqrt"``, the square-root rule
@@ -72,6 +72,13 @@ BUDGET = 0.10
 # seeds: 0.53, 0.52 and 0.71 epochs to the target), so a 32-step ring of 11-13 % of the
 # compute (int4:ef there) is cheaper than 64 steps' epochs (0.63 against 0.55 efficiency).
 LONG_ROUND_BUDGET = 0.15
+# Without a probe: what is never far off on an ordinary LAN or a slow link.
+SAFE = (STEPS_PER_ROUND, "int8:ef")
+# The first K whose trainers' rate auto multiplies by sqrt(K). On validation (wide_cnn,
+# Adam 1e-3 compiled, docs/training.md "The rules by K"): K = 4 reached 0.875 in 0.46
+# epochs with twice the rate against 0.54, K = 8 in 0.83 against 0.92; K = 2 with 1.41x
+# took 0.43 against 0.37, so K = 2 (and 3, not measured) keep the model's own rate.
+SQRT_FROM_K = 4
 
 
 def _in_order(rungs: list) -> list:
@@ -83,13 +90,6 @@ def _in_order(rungs: list) -> list:
     return ([(h, c, BUDGET) for h, c in short]
             + [(h, c, LONG_ROUND_BUDGET) for h, c in short if h == 32]
             + [(h, c, BUDGET) for h, c in rungs if h > 32])
-# Without a probe: what is never far off on an ordinary LAN or a slow link.
-SAFE = (STEPS_PER_ROUND, "int8:ef")
-# The first K whose trainers' rate auto multiplies by sqrt(K). On validation (wide_cnn,
-# Adam 1e-3 compiled, docs/training.md "The rules by K"): K = 4 reached 0.875 in 0.46
-# epochs with twice the rate against 0.54, K = 8 in 0.83 against 0.92; K = 2 with 1.41x
-# took 0.43 against 0.37, so K = 2 (and 3, not measured) keep the model's own rate.
-SQRT_FROM_K = 4
 
 
 @dataclasses.dataclass

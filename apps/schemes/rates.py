@@ -20,7 +20,12 @@ import numpy as np
 
 from ..options import ConfigError
 
-__all__ = ["evaluate", "k_multiplier", "InnerRate", "steps_in", "check_trainers_rate"]
+__all__ = ["evaluate", "k_multiplier", "InnerRate", "steps_in", "check_trainers_rate",
+           "INNER_POWERS"]
+
+# The lr_scaling values that scale the trainers' own rate, and the power of K each takes:
+# the linear rule (Goyal et al. 2017) and the square-root rule (Malladi et al. 2022).
+INNER_POWERS = {"inner": 1.0, "sqrt": 0.5}
 
 
 def evaluate(rate, step: int) -> float:
@@ -107,7 +112,7 @@ def check_trainers_rate(options, info: dict) -> None:
         raise ConfigError("lr_schedule=", f"sets the trainers' rate each round, but {why}: "
                           "leave lr_schedule= out, or give the trainer class those hooks")
     scaling = getattr(options, "lr_scaling", None)
-    if scaling in ("inner", "sqrt"):
+    if scaling in INNER_POWERS:
         factor = "K" if scaling == "inner" else "sqrt(K)"
         raise ConfigError(f"lr_scaling={scaling!r}", f"scales the trainers' rate by {factor}, "
                           f"but {why}: "

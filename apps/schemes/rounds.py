@@ -27,7 +27,7 @@ from ..options import (
 from ..records import HistoryRow
 from .orders import EmitRow, Order
 from .outer import OuterOptimizer
-from .rates import InnerRate, steps_in
+from .rates import INNER_POWERS, InnerRate, steps_in
 from .streaming import FragmentOuter
 
 __all__ = ["RoundOptions", "Rounds", "default_rounds", "STEPS_PER_ROUND", "outer_for_k"]
@@ -213,10 +213,9 @@ class Rounds:
             self.outer = OuterOptimizer(options.outer_lr, momentum, nesterov,
                                         scale_with_k=options.lr_scaling == "outer",
                                         warmup_rounds=warmup)
-        self.inner = InnerRate(options.lr_schedule,
-                               scale_with_k=options.lr_scaling in ("inner", "sqrt"),
-                               warmup_rounds=warmup, base=base_rate,
-                               power=0.5 if options.lr_scaling == "sqrt" else 1.0)
+        power = INNER_POWERS.get(options.lr_scaling or "none")
+        self.inner = InnerRate(options.lr_schedule, scale_with_k=power is not None,
+                               warmup_rounds=warmup, base=base_rate, power=power or 1.0)
         self.eval_every = filled(options.eval_every, "eval_every")
         self.inner_steps = 0      # a trainer's optimizer steps so far (lr_schedule's step)
         self.pending_row: HistoryRow | None = None   # evaluated during the next round
