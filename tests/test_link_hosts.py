@@ -6,6 +6,7 @@ are gone after a run, after Ctrl-C and after SIGTERM.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import queue
 import signal
@@ -175,6 +176,8 @@ def test_a_run_ends_every_process_it_started_and_close_removes_the_hosts(no_leak
 
 
 @root_only
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torchrun's ranks need PyTorch: pip install -e '.[torch]'")
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_signal_mid_run_removes_the_hosts_and_the_runs_processes(no_leaks, how):

@@ -51,3 +51,26 @@ def test_each_ddlf_column_trains_with_its_own_setting(monkeypatch):
     ring = seen["ddlf-torch-ring-int4"]
     assert (ring["scheme"], ring["overlap"], ring["compression"]) == ("allreduce", True, "int4:ef")
     assert all(s["optimizer"].keywords == {"lr": 0.02} for s in seen.values())
+
+
+def test_without_torch_the_script_says_so_once_before_any_run(monkeypatch, capsys):
+    """A fresh ``.[train,test]`` install has no torch: every column's child would fail on
+    its own and the table would be a column of errors (or, with ``--link``, two hosts
+    built for ranks that never start)."""
+    import importlib.util
+
+    import pytest
+
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    monkeypatch.syspath_prepend(_ROOT)
+    from benchmarks.peers import torch_compare
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else find_spec(name, *a))
+    ran = []
+    monkeypatch.setattr(torch_compare, "run_all", lambda *a: ran.append(a))
+    with pytest.raises(SystemExit) as exit_:
+        torch_compare.main(["--columns", "torch-ddp", "--seeds", "0"])
+    assert exit_.value.code == 2 and ran == []
+    assert "pip install -e '.[torch]'" in capsys.readouterr().err

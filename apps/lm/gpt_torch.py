@@ -38,9 +38,9 @@ def gpt_tiny_torch(vocab_size: int = 256, context: int = 128, size: str = "tiny"
     optimizer steps the cosine decays over (each trainer's, see
     ``lm.steps_per_trainer``); None keeps the peak after the warm-up. ``warmup_steps``:
     100, or a tenth of ``total_steps`` when that is less."""
+    shape = resolve_size(size, layers, heads, dim)   # a bad shape is refused without torch
     import torch
 
-    shape = resolve_size(size, layers, heads, dim)
     GPT = _classes()["GPT"]
     model = GPT(int(vocab_size), int(context), shape["layers"], shape["heads"], shape["dim"],
                 float(dropout))

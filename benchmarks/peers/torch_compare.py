@@ -101,6 +101,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")   # before numpy and torch load
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
@@ -499,6 +500,11 @@ def main(argv=None) -> int:
     unknown = [c for c in columns if c not in ALL_COLUMNS]
     if unknown:
         p.error(f"unknown columns {unknown}; known: {', '.join(ALL_COLUMNS)}")
+    # Every column trains PyTorch; without it each run would fail in its own child process
+    # and the table would be a column of errors, so say it once, before anything starts.
+    if importlib.util.find_spec("torch") is None:
+        p.error("every column trains PyTorch, which is not installed in this Python: "
+                "pip install -e '.[torch]'")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.omp_wait_policy == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"   # inherited by every run's processes
