@@ -155,13 +155,18 @@ def test_final_runs_interleave_seeds_and_the_single_process_runs_once_per_seed()
         "dataparallel": TARGET, "defaults": None, "best:allreduce+codec": None}
 
 
-def test_a_k1_only_added_as_the_baseline_runs_no_best_setting():
+def test_a_k1_only_added_as_the_baseline_runs_no_best_setting_and_no_data_parallel():
     chosen = {"single": GRID[1], "dataparallel@K1": GRID[0], "dataparallel@K4": GRID[5]}
-    # --ks 4: K = 1 is there for T1 and the columns' own K = 1, not for the best settings.
+    # --ks 4: K = 1 is there for T1 and the defaults' own K = 1, not for the best settings
+    # or data-parallel (a ring of one), which then need no choice at K = 1 either.
     added = scaling_plan.final_jobs(1, 0.5, _grid(ks=[4]), chosen)
-    assert {j["column"] for j in added} == {"single", "dataparallel", "defaults"}
+    assert {j["column"] for j in added} == {"single", "defaults"}
+    assert {j["column"] for j in scaling_plan.select_jobs(
+        1, 0.5, _grid(ks=[4], seeds=[1001]), GRID)} == {"single"}
     asked = scaling_plan.final_jobs(1, 0.5, _grid(ks=[1, 4]), chosen)
-    assert "best:allreduce+codec" in {j["column"] for j in asked}
+    assert {"best:allreduce+codec", "dataparallel"} <= {j["column"] for j in asked}
+    assert {j["column"] for j in scaling_plan.select_jobs(
+        1, 0.5, _grid(ks=[1, 4], seeds=[1001]), GRID)} == {"single", "dataparallel"}
     # The settings on top of auto name auto, and their one setting.
     assert scaling_plan.column_spec("best:auto+sqrt", "int4:ef", 4) == (
         "auto", {"lr_scaling": "sqrt"})
@@ -266,3 +271,15 @@ print(json.dumps([same, differ, [describe_optimizer(m.optimizer) for m in ms]]))
     same, differ, optimizers = json.loads(out.stdout.strip().splitlines()[-1])
     assert same and differ
     assert optimizers[1:] == ["Adam lr 0.0003", "SGD m0.9 lr 0.1"]
+
+
+def test_a_selection_grid_from_the_command_line_is_checked_before_anything_runs():
+    from benchmarks.emulation.scaling import select_grid
+
+    assert select_grid(None) == list(GRID)
+    assert select_grid("adam:0.001, adam:0.002,sgdm:0.03") == [
+        GRID[1], GRID[2], GRID[5]]
+    for bad, why in ((",", "at least one"), ("adam:0.001,adam:1e-3", "named twice"),
+                     ("model", "not a candidate"), ("adam:x", "adam:RATE")):
+        with pytest.raises(ValueError, match=why):
+            select_grid(bad)

@@ -43,6 +43,10 @@ def add_arguments(p) -> None:
     p.add_argument("--select-epochs", type=int, default=2, help="scaling --select: epochs (2)")
     p.add_argument("--select-seeds", type=int, default=1,
                    help="scaling --select: seeds 1001.. (1)")
+    p.add_argument("--select-grid",
+                   help="scaling --select: the candidates, comma-separated adam:RATE, "
+                        "sgdm:RATE or sgd:RATE (default: tuned_model.GRID, Adam and SGD "
+                        "m0.9 at 7 rates); the choices file records which were tried")
     p.add_argument("--limit", type=int, help="scaling: train on the first N images (smoke)")
     p.add_argument("--eval-limit", type=int,
                    help="scaling: evaluate on the first M images (default: all, or 1000 "
@@ -88,6 +92,7 @@ def _grid(a) -> tuple[dict, list[str]]:
     try:
         best = parse_optimizer(a.best_optimizer)
         cpus = scaling_plan.parse_cpus(a.cpus)
+        grid = select_grid(a.select_grid)
     except ValueError as e:
         raise SystemExit(str(e)) from None
     g = {"columns": columns, "rates": a.rates.split(","),
@@ -98,8 +103,24 @@ def _grid(a) -> tuple[dict, list[str]]:
          "max_rounds": a.max_rounds, "stop_at": [s for s in a.stop_at_target.split(",") if s],
          "best_candidate": best,
          "ks": [int(k) for k in (a.ks or "1,2,4,8").split(",")], "cpus": cpus,
-         "node_cpus": a.node_cpus, "skipped": skipped}
+         "node_cpus": a.node_cpus, "skipped": skipped, "grid": grid}
     return g, skipped
+
+
+def select_grid(text: str | None) -> list[dict]:
+    """``--select-grid``'s candidates (``tuned_model.GRID`` without it); ``ValueError``
+    for a bad or repeated one, or one that is the model's own optimizer (not tuned)."""
+    from benchmarks.emulation.tuned_model import GRID, MODEL_DEFAULT, parse_optimizer
+
+    if not text:
+        return [dict(c) for c in GRID]
+    out = [parse_optimizer(t.strip()) for t in text.split(",") if t.strip()]
+    if not out or MODEL_DEFAULT in out:
+        raise ValueError(f"--select-grid {text!r}: name at least one adam:RATE, sgdm:RATE "
+                         "or sgd:RATE (the model's own optimizer is not a candidate)")
+    if len({json.dumps(c, sort_keys=True) for c in out}) < len(out):
+        raise ValueError(f"--select-grid {text!r}: a candidate is named twice")
+    return out
 
 
 def _select_grid(g: dict) -> tuple[dict, list]:
@@ -107,7 +128,6 @@ def _select_grid(g: dict) -> tuple[dict, list]:
     single process once (K = 1 at the largest cap), data-parallel once per K (K = 1
     included: the final grid runs it at every cap's K = 1)."""
     from benchmarks.emulation import scaling_plan
-    from benchmarks.emulation.tuned_model import GRID
     from benchmarks.training.column_process import SELECT_SEED_BASE
 
     sel = {**g, "seeds": [SELECT_SEED_BASE + i for i in range(1, g["select_seeds"] + 1)],
@@ -115,7 +135,7 @@ def _select_grid(g: dict) -> tuple[dict, list]:
            "columns": [c for c in g["columns"] if c in ("single", "dataparallel")]}
     out, seen = [], set()
     for k, cap in scaling_plan.clusters(g["ks"], g["cpus"], g["node_cpus"]):
-        jobs = [j for j in scaling_plan.select_jobs(k, cap, sel, GRID)
+        jobs = [j for j in scaling_plan.select_jobs(k, cap, sel, g["grid"])
                 if scaling_plan.choice_key(j["column"], k) not in seen]
         seen |= {scaling_plan.choice_key(j["column"], k) for j in jobs}
         if jobs:
@@ -132,7 +152,9 @@ def _final_clusters(g: dict, path: str | None) -> list:
     from benchmarks.emulation.tuned_model import MODEL_DEFAULT
 
     plan = scaling_plan.clusters(g["ks"], g["cpus"], g["node_cpus"])
-    keys = scaling_plan.needed_choices(g["columns"], [k for k, _ in plan])
+    # A K = 1 that --ks leaves out runs only the baselines (scaling_plan.final_jobs).
+    keys = scaling_plan.needed_choices(g["columns"], [k for k, _ in plan
+                                                      if k != 1 or 1 in g["ks"]])
     if path is None:
         chosen = {key: MODEL_DEFAULT for key in keys}
     else:
@@ -206,7 +228,7 @@ def _run(a, g: dict, plan: list, path: str, skipped: list) -> int:
     from benchmarks.emulation import harness, scaling_plan, scaling_table
     from benchmarks.emulation.cpu_caps import cgroup_unavailable
     from benchmarks.emulation.single_column import handle
-    from benchmarks.emulation.tuned_model import GRID, label
+    from benchmarks.emulation.tuned_model import label
 
     why = netns_unavailable() or cgroup_unavailable()
     if why:
@@ -233,7 +255,7 @@ def _run(a, g: dict, plan: list, path: str, skipped: list) -> int:
         for key in dict.fromkeys(key for key, _r in keyed):
             runs = [r for kk, r in keyed if kk == key]
             rows = []
-            for cand in GRID:
+            for cand in g["grid"]:
                 got = [r for r in runs if r["candidate"] == cand]
                 row = protocol.candidate_row(cand, got, g["target"])
                 row["label"] = label(cand)
@@ -242,7 +264,8 @@ def _run(a, g: dict, plan: list, path: str, skipped: list) -> int:
         meta.update(when=time.strftime("%Y-%m-%d %H:%M:%S"))
         protocol.write_choices(path, tables, {"target": g["target"], "select_epochs":
                                               g["epochs"], "limit": g["limit"],
-                                              "seeds": g["seeds"], "when": meta["when"]})
+                                              "seeds": g["seeds"], "when": meta["when"],
+                                              "grid": [label(c) for c in g["grid"]]})
         for key, rows in tables.items():
             print()
             print(protocol.selection_table(key, rows, g["target"], g["epochs"]))

@@ -147,19 +147,21 @@ def _numbered(jobs: list[dict]) -> list[dict]:
 def final_jobs(k: int, cap: float, g: dict, chosen: dict) -> list[dict]:
     """The final runs on the cluster of (K, cap), in order: per link rate, seed by seed,
     every column (``g["columns"]``); ``single`` only at K = 1 and on the first rate (it
-    has no link); no best column at a K = 1 that ``g["ks"]`` does not list. ``chosen``:
+    has no link); no best or data-parallel column at a K = 1 that ``g["ks"]`` does not
+    list. ``chosen``:
     the choices file's candidates by key."""
     from benchmarks.emulation.tuned_model import MODEL_DEFAULT
 
     # A K = 1 that --ks left out is there as the baseline of the other K's efficiencies
-    # (the tuned single process, the defaults' own K = 1): a best setting's K = 1 is not
-    # run there (its throughput efficiency is then not reported).
+    # (the tuned single process, the defaults' own K = 1): a best setting's or
+    # data-parallel's K = 1 is not run there (their throughput efficiency is then not
+    # reported).
     baseline_only = k == 1 and 1 not in g.get("ks", [1])
     out = []
     for i, rate in enumerate(g["rates"]):
         for seed in g["seeds"]:
             for col in g["columns"]:
-                if baseline_only and col.startswith("best:"):
+                if baseline_only and (col.startswith("best:") or col == DATAPARALLEL):
                     continue
                 if col == "single":
                     if k == 1 and i == 0:
@@ -172,13 +174,16 @@ def final_jobs(k: int, cap: float, g: dict, chosen: dict) -> list[dict]:
 
 def select_jobs(k: int, cap: float, g: dict, grid) -> list[dict]:
     """The selection runs on (K, cap): the first link rate only, seed by seed, every
-    candidate of ``grid`` for ``single`` (K = 1) and ``dataparallel``; on the validation
-    split (``stage="select"``)."""
+    candidate of ``grid`` for ``single`` (K = 1) and ``dataparallel`` (not at a K = 1
+    that ``g["ks"]`` does not list); on the validation split (``stage="select"``)."""
     out = []
     rate = g["rates"][0]
+    baseline_only = k == 1 and 1 not in g.get("ks", [1])   # as in final_jobs
     for seed in g["seeds"]:
         for col in g["columns"]:
             if col == "single" and k != 1 or col not in ("single", DATAPARALLEL):
+                continue
+            if col == DATAPARALLEL and baseline_only:
                 continue
             for cand in grid:
                 out.append(_job(col, k, cap, None if col == "single" else rate, seed,
