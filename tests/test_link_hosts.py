@@ -182,12 +182,21 @@ def test_a_run_ends_every_process_it_started_and_close_removes_the_hosts(no_leak
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_a_signal_mid_run_removes_the_hosts_and_the_runs_processes(no_leaks, how):
     """torch_compare.py --link interrupted while torchrun's two ranks train."""
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(BENCH, "peers", "torch_compare.py"), "--link", "100mbit",
-         "--priority", "0.02", "--columns", "torch-ddp", "--seeds", "0", "--epochs", "50",
-         "--limit", "640", "--eval-limit", "100", "--evals-per-epoch", "1", "--timeout",
-         "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+    # A user's Ctrl-C reaches a script whose SIGINT is at its default. A suite started in
+    # the background of a non-interactive shell (`nohup pytest ... &`) has SIGINT ignored,
+    # children inherit that, and Python then installs no KeyboardInterrupt: the script
+    # ignored the Ctrl-C until SIGTERM (two full-suite runs on 2026-11-29). A handler, unlike
+    # SIG_IGN, is reset to the default across exec, so the child starts as from a terminal.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(BENCH, "peers", "torch_compare.py"), "--link",
+             "100mbit", "--priority", "0.02", "--columns", "torch-ddp", "--seeds", "0",
+             "--epochs", "50", "--limit", "640", "--eval-limit", "100", "--evals-per-epoch",
+             "1", "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True).start()
     seen: list = []
