@@ -36,6 +36,7 @@ from .arrays import combine_shards, nbytes, shard_range
 from .frameworks import FrameworkAdapter, UnknownFrameworkError, torch_imports
 from .frameworks.heap import keep_freed_memory
 from .frameworks.threads import limit_threads
+from .schemes import initial_weights
 from .schemes.allreduce import AllreduceTrainer
 from .schemes.downpour import DownpourTrainer
 from .schemes.dp_trainer import DataParallelTrainer
@@ -242,6 +243,9 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                 "partitioned": self.partitioned, "node": _node_id(),
                 "num_test": 0 if self.x_test is None else int(len(self.x_test)),
                 "weights_bytes": nbytes(weights),
+                # What the start compares with its weights: those who hold them are not
+                # sent them (schemes/initial_weights.py).
+                "weights_fingerprint": initial_weights.fingerprint(weights),
                 "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights],
                 "learning_rate": self.get_learning_rate(),
                 "framework": self.adapter.name if self.adapter is not None else None,

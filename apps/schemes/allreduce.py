@@ -40,6 +40,7 @@ from typing import Callable, ClassVar
 
 from ..arrays import nbytes
 from ..options import number_in, option
+from . import initial_weights
 from .evaluation import Evaluations
 from .events import CallDone, RowDone, TrainerLost, TrainersJoined
 from .machine import RunContext
@@ -122,10 +123,14 @@ class AllreduceMachine(RingMembers):
 
     # -- the run -------------------------------------------------------------------------------
     def begin(self, weights: list) -> list[Order]:
-        """The one time the driver sends the weights (one ``put``), with the velocity a
-        resumed run continues from (None otherwise: adopted trainers may hold an old one)."""
+        """The one time the driver sends the weights (one ``put``), to the trainers that do
+        not hold them already (``initial_weights.holders``: on a new run, usually none),
+        with the velocity a resumed run continues from (None otherwise: adopted trainers
+        may hold an old one)."""
         live = self.members()
-        ref = self.wire.put(weights)
+        # Streamed rounds start from the weights inside stream_start's call: always sent.
+        held = set() if self.streamed else initial_weights.holders(live, weights)
+        ref = self.wire.put(weights) if len(held) < len(live) else None
         outer = self.rounds.outer
         velocity = ([p.velocity or [] for p in outer.parts] if self.streamed
                     else outer.velocity)
@@ -141,14 +146,15 @@ class AllreduceMachine(RingMembers):
                                                                 v_ref or [[]] * self.F,
                                                                 state), {}), wait=False))
             else:
-                orders.append(self.call(slot, ("set_weights", (ref,), {}), wait=False))
+                if slot.index not in held:
+                    orders.append(self.call(slot, ("set_weights", (ref,), {}), wait=False))
                 orders.append(self.call(slot, ("set_outer_velocity", (v_ref,), {}),
                                         wait=False))
             if self.feedback:   # a resumed run's hop feedback, or none (trainers reused)
                 hops = self.pending_hops.pop(slot.index, None)
                 orders.append(self.call(slot, ("set_hop_feedback", (hops,), {}), wait=False))
-        self.bytes_sent += len(live) * (nbytes(weights) + nbytes(
-            [a for v in velocity for a in v] if self.streamed else velocity or []))
+        self.bytes_sent += (len(live) - len(held)) * nbytes(weights) + len(live) * nbytes(
+            [a for v in velocity for a in v] if self.streamed else velocity or [])
         self.fresh.difference_update(s.index for s in live)
         return orders + self._next_round()
 

@@ -209,7 +209,7 @@ class Driver:
         try:
             self.pool = TrainerPool(self.model_fn, self.dataset, self.config, self.emit,
                                     adopted=self._adopted, backend=self.backend,
-                                    trainer_cls=self.trainer_cls)
+                                    trainer_cls=self.trainer_cls, build_seed=self.seed)
             self.pool.start()
             check_framework(self.config, self.pool.live()[0].about)
             check_trainers_rate(self.options, self.pool.live()[0].about)

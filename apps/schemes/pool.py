@@ -42,6 +42,7 @@ from ddlf_actors.errors import ActorDiedError, UnschedulableError
 from .. import backends, datasets
 from ..config import ConfigError, TrainConfig
 from ..records import EventKind
+from . import initial_weights
 from .errors import TrainerStartError
 from .slots import LOSS_ERRORS, Slot, SlotState
 
@@ -109,8 +110,12 @@ class TrainerPool:
     def __init__(self, model_fn, dataset, config: TrainConfig,
                  emit: Callable[[EventKind, Slot | None, str], None],
                  adopted: list | None = None, backend: backends.Backend | None = None,
-                 trainer_cls: type | None = None):
+                 trainer_cls: type | None = None, build_seed: int | None = None):
         self.model_fn = model_fn
+        # The trainers build from SeededBuild(model_fn, build_seed): the same initial
+        # weights on each, which the start then need not send (initial_weights.py).
+        self._build_fn = (model_fn if build_seed is None
+                          else initial_weights.SeededBuild(model_fn, build_seed))
         self.dataset = dataset
         self.config = config
         self.emit = emit
@@ -249,7 +254,7 @@ class TrainerPool:
         # Framework settings only when there are some: a TrainerActor subclass written
         # before them keeps its (model_fn, dataset, index, num_cpus) signature.
         extra = self.config.framework_options()
-        slot.handle = cls.remote(self.model_fn, self.dataset, slot.index, self.config.num_cpus,
+        slot.handle = cls.remote(self._build_fn, self.dataset, slot.index, self.config.num_cpus,
                                  *([extra] if extra else []))
         slot.ready_ref = slot.handle.describe.remote()
         slot.info = None
