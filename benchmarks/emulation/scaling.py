@@ -125,8 +125,8 @@ def select_grid(text: str | None) -> list[dict]:
 
 def _select_grid(g: dict) -> tuple[dict, list]:
     """Selection's settings (the validation split, seeds 1001..) and its clusters: the
-    single process once (K = 1 at the largest cap), data-parallel once per K (K = 1
-    included: the final grid runs it at every cap's K = 1)."""
+    single process once (K = 1 at the largest cap), data-parallel once per K (K = 1 only
+    where ``--ks`` lists it, as the final grid runs it)."""
     from benchmarks.emulation import scaling_plan
     from benchmarks.training.column_process import SELECT_SEED_BASE
 
