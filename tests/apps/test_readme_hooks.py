@@ -119,6 +119,25 @@ def test_every_scheme_trains_the_readme_subclass(scheme):
     assert result.history[-1]["test_accuracy"] > 0.6   # chance is 0.25
 
 
+def _unseeded_arrays():
+    """README's model function, drawing its kernel from NumPy's global generator."""
+    return [np.random.normal(0, 0.01, (64, 4)).astype(np.float32), np.zeros(4, np.float32)]
+
+
+@pytest.mark.parametrize("scheme", ["allreduce", "dataparallel"])
+def test_the_ring_start_sends_no_weights_to_readme_trainers_that_built_them(scheme):
+    # The trainers build from the run's seed (schemes/initial_weights.py), so the start
+    # sends the README subclass nothing: round 1 carries one copy more than round 2 (the
+    # driver fetching trainer 0's weights), not one per trainer more. Resume and the
+    # codecs, which are sent the weights, are the tests around this one.
+    result = _train(scheme, model_fn=_unseeded_arrays, workers=3, rounds_per_epoch=1)
+    rows = result.history
+    assert rows[-1]["test_accuracy"] > 0.6
+    copy = (64 * 4 + 4) * 4
+    first, second = (r["bytes_sent"] + r["bytes_received"] for r in rows[:2])
+    assert first - second == copy
+
+
 @pytest.mark.parametrize("scheme", registry.names())
 @pytest.mark.parametrize("compression", ["zstd", "int8:ef"])
 def test_a_lossless_and_a_lossy_codec(scheme, compression):
