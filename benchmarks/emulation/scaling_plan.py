@@ -144,19 +144,22 @@ def _numbered(jobs: list[dict]) -> list[dict]:
     return jobs
 
 
+def _baseline_only(k: int, g: dict) -> bool:
+    """A K = 1 that --ks left out is there as the baseline of the other K's efficiencies
+    (the tuned single process, the defaults' own K = 1): a best setting's or
+    data-parallel's K = 1 is not run there (their throughput efficiency is then not
+    reported)."""
+    return k == 1 and 1 not in g.get("ks", [1])
+
+
 def final_jobs(k: int, cap: float, g: dict, chosen: dict) -> list[dict]:
     """The final runs on the cluster of (K, cap), in order: per link rate, seed by seed,
     every column (``g["columns"]``); ``single`` only at K = 1 and on the first rate (it
     has no link); no best or data-parallel column at a K = 1 that ``g["ks"]`` does not
-    list. ``chosen``:
-    the choices file's candidates by key."""
+    list. ``chosen``: the choices file's candidates by key."""
     from benchmarks.emulation.tuned_model import MODEL_DEFAULT
 
-    # A K = 1 that --ks left out is there as the baseline of the other K's efficiencies
-    # (the tuned single process, the defaults' own K = 1): a best setting's or
-    # data-parallel's K = 1 is not run there (their throughput efficiency is then not
-    # reported).
-    baseline_only = k == 1 and 1 not in g.get("ks", [1])
+    baseline_only = _baseline_only(k, g)
     out = []
     for i, rate in enumerate(g["rates"]):
         for seed in g["seeds"]:
@@ -178,7 +181,7 @@ def select_jobs(k: int, cap: float, g: dict, grid) -> list[dict]:
     that ``g["ks"]`` does not list); on the validation split (``stage="select"``)."""
     out = []
     rate = g["rates"][0]
-    baseline_only = k == 1 and 1 not in g.get("ks", [1])   # as in final_jobs
+    baseline_only = _baseline_only(k, g)
     for seed in g["seeds"]:
         for col in g["columns"]:
             if col == "single" and k != 1 or col not in ("single", DATAPARALLEL):
