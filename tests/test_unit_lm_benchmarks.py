@@ -78,3 +78,26 @@ def test_the_emulated_table_gives_efficiency_against_k_1(bench):
                          2.0)
     assert "| 100mbit | sync | 1 | 1 | 200.0 | 1/1 |" in table
     assert "| 100mbit | sync | 4 | 1 | 70.0 | 1/1 | 71% |" in table
+
+
+def test_the_split_batch_column_is_ddlf_on_half_the_batch_and_only_when_named(bench,
+                                                                               monkeypatch):
+    lm_compare, _, _ = bench
+    seen = []
+    monkeypatch.setattr(lm_compare, "run_ddlf",
+                        lambda args, batch=lm_compare.BATCH: seen.append(batch) or {})
+    lm_compare.RUNNERS["ddlf-split-batch"](None)
+    assert seen == [lm_compare.BATCH // 2]
+    assert "ddlf-split-batch" not in lm_compare.COLUMNS   # not in the table
+    with pytest.raises(SystemExit) as e:
+        lm_compare.main(["--columns", "ddlf-spilt-batch", "--estimate"])
+    assert e.value.code == 2
+
+
+def test_a_diagnostic_ddlf_column_gets_its_own_ratios_after_the_defaults(bench):
+    _, lm_report, _ = bench
+    results = [_run("ddlf-split-batch", 0, [3.0, 1.9], 50.0), _run("torch-1p", 0, [3.0, 1.9], 100.0),
+               _run("ddlf-default", 0, [3.0, 1.9], 80.0)]
+    lines = lm_report.ratio_lines(results, 2.0)
+    assert lines[0] == "ddlf-default / torch-1p, time to the target: 0.80x (target <= 1.0x)"
+    assert "ddlf-split-batch / torch-1p, time to the target: 0.50x (target <= 1.0x)" in lines

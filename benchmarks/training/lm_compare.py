@@ -40,6 +40,10 @@ torchft-diloco  torchft's ``DiLoCo``: 2 replicas of 1 thread, inner the model's 
 ddlf-default    ``train(lm.GptModelFn(ds, ...), ds, workers=2)`` on an embedded DDLF
                 cluster with every scheme setting at its default (run as the scaling issue
                 leaves them, not re-tuned for text).
+ddlf-split-batch  (only when named in ``--columns``) ddlf-default with each trainer on 16
+                windows a step, half the single process's batch: as many optimizer steps
+                per token as one process takes. A diagnostic of why DDLF learns less per
+                token than one process, not a column of the issue's table.
 
 The model is ``--size small`` (6.1 M parameters; ``tiny`` for smoke runs) with windows of
 ``--context`` 128 bytes (the byte tokenizer). The run's helpers (processes, timelines,
@@ -336,7 +340,8 @@ def run_diloco(args) -> dict:
         lighthouse.shutdown()
 
 
-def run_ddlf(args) -> dict:
+def run_ddlf(args, batch: int = BATCH) -> dict:
+    """DDLF's defaults on 2 trainers of ``batch`` windows a step each."""
     import ddlf_actors as ddlf
     from ddlf_actors.apps import lm, train
     from ddlf_actors.apps.callbacks import Callback
@@ -353,14 +358,14 @@ def run_ddlf(args) -> dict:
     eval_split = "validation" if args.split == "val" else "test"
     ds = type(ds)(ds.source, context=args.context, eval_split=eval_split,
                   eval_windows=args.eval_windows)
-    per_trainer = lm.steps_per_trainer(len(x), 2, BATCH, 1)
+    per_trainer = lm.steps_per_trainer(len(x), 2, batch, 1)
     fn = lm.GptModelFn(ds, framework="torch", size=args.size, learning_rate=args.lr,
                        total_steps=max(1, round(per_trainer * args.epochs)), seed=args.seed)
-    rounds = default_rounds(len(x) / 2, BATCH)
+    rounds = default_rounds(len(x) / 2, batch)
     ddlf.init(num_cpus=2)
     try:
         result = train(fn, ds, workers=2, master_epochs=math.ceil(args.epochs),
-                       batch_size=BATCH, seed=args.seed, progress=False,
+                       batch_size=batch, seed=args.seed, progress=False,
                        callbacks=[StopAt()],
                        eval_every=max(1, round(rounds * min(1.0, args.epochs)
                                                / args.evals_per_epoch)))
@@ -375,7 +380,9 @@ def run_ddlf(args) -> dict:
 
 
 RUNNERS = {"torch-1p": run_single, "torch-ddp": run_ddp, "torchft-diloco": run_diloco,
-           "ddlf-default": run_ddlf}
+           "ddlf-default": run_ddlf,
+           # Not one of COLUMNS (the issue's table): a diagnostic, named in --columns.
+           "ddlf-split-batch": lambda args: run_ddlf(args, BATCH // 2)}
 
 
 # -- the parent ---------------------------------------------------------------------------------
@@ -481,9 +488,9 @@ def main(argv=None) -> int:
         return 0
 
     columns = [c for c in args.columns.split(",") if c]
-    unknown = [c for c in columns if c not in COLUMNS]
+    unknown = [c for c in columns if c not in RUNNERS]
     if unknown:
-        p.error(f"unknown columns {unknown}; known: {', '.join(COLUMNS)}")
+        p.error(f"unknown columns {unknown}; known: {', '.join(RUNNERS)}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.estimate:
         print(f"about {estimate(args, columns, seeds) / 3600:.1f} h")

@@ -54,23 +54,26 @@ def report_table(results: list, target: float | None, title: str) -> str:
 
 
 def ratio_lines(results: list, target: float | None) -> list:
-    """DDLF's defaults against the single process and DDP, per seed: the issue's targets
-    (time to the target loss <= 1.0x and <= 0.7x; the loss after the budget within 2 %)."""
+    """DDLF's defaults (and any other ``ddlf-*`` column run) against the single process and
+    DDP, per seed: the issue's targets (time to the target loss <= 1.0x and <= 0.7x; the
+    loss after the budget within 2 %)."""
     by = {(r["column"], r["seed"]): figures(r, target) for r in results if "timeline" in r}
+    ours = sorted({c for c, _ in by if c.startswith("ddlf-")}, key=lambda c: c != "ddlf-default")
     out = []
-    for other, goal in (("torch-1p", 1.0), ("torch-ddp", 0.7)):
-        ratios, losses = [], []
-        for (column, seed), f in by.items():
-            g = by.get((other, seed))
-            if column != "ddlf-default" or not g:
-                continue
-            if f["time_to_target"] and g["time_to_target"]:
-                ratios.append(f["time_to_target"] / g["time_to_target"])
-            losses.append(f["final_loss"] / g["final_loss"] - 1)
-        if ratios:
-            out.append(f"ddlf-default / {other}, time to the target: "
-                       f"{', '.join(f'{x:.2f}x' for x in ratios)} (target <= {goal}x)")
-        if losses:
-            out.append(f"ddlf-default / {other}, loss after the budget: "
-                       f"{', '.join(f'{100 * x:+.1f} %' for x in losses)}")
+    for mine in ours:
+        for other, goal in (("torch-1p", 1.0), ("torch-ddp", 0.7)):
+            ratios, losses = [], []
+            for (column, seed), f in by.items():
+                g = by.get((other, seed))
+                if column != mine or not g:
+                    continue
+                if f["time_to_target"] and g["time_to_target"]:
+                    ratios.append(f["time_to_target"] / g["time_to_target"])
+                losses.append(f["final_loss"] / g["final_loss"] - 1)
+            if ratios:
+                out.append(f"{mine} / {other}, time to the target: "
+                           f"{', '.join(f'{x:.2f}x' for x in ratios)} (target <= {goal}x)")
+            if losses:
+                out.append(f"{mine} / {other}, loss after the budget: "
+                           f"{', '.join(f'{100 * x:+.1f} %' for x in losses)}")
     return out
