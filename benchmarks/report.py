@@ -44,6 +44,7 @@ from benchmarks import protocol  # noqa: E402
 from benchmarks.emulation import emu_streaming, scaling_table  # noqa: E402
 from benchmarks.peers.torch_report import figures  # noqa: E402
 from benchmarks.runtime.microbench_report import fmt  # noqa: E402
+from benchmarks.training.lm_report import figures as lm_figures  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 MANIFEST = os.path.join(RESULTS, "headlines.json")
@@ -135,17 +136,26 @@ def _meta(h: dict, loads: list | None = None) -> list:
 
 
 def _torch(h: dict, results: str, facts: dict) -> list:
+    """``torch_compare.py``'s table (a target accuracy, reached going up), or with
+    ``"metric": "loss"`` ``lm_compare.py``'s (a target loss, reached going down; the loss
+    after the budget and tokens/s instead of the last accuracy)."""
     runs = [r for name in h["raw"] for r in _runs(name, results) if r.get("split") == "test"]
     target = h["target"]
+    loss = h.get("metric") == "loss"
+    fig = lm_figures if loss else figures
+    final, final_head = (("final_loss", "test loss after the budget") if loss else
+                         ("final_acc", "test acc after the last epoch"))
     by_col: dict = {}
     for r in runs:
-        by_col.setdefault(r["column"], []).append(figures(r, target) | {"lr": r["lr"]})
+        by_col.setdefault(r["column"], []).append(fig(r, target) | {"lr": r["lr"]})
     order = [c for c in h["columns"] if c in by_col]
     link = h.get("link")
-    head = ["column", "lr", "s/epoch", f"epochs to {target}", f"time to {target} (s)"]
+    goal = format(target, ".4g")
+    head = ["column", "lr", "s/epoch", *(["tokens/s"] if loss else []), f"epochs to {goal}",
+            f"time to {goal} (s)"]
     if link:
         head.append(f"vs {h['baseline']}")
-    head += ["test acc after the last epoch"]
+    head += [final_head]
     head += ["link MB (run)", "MB/exchange"] if link else ["start-up (s)"]
     lines = _meta(h, [r["loadavg"] for r in runs])
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -157,19 +167,20 @@ def _torch(h: dict, results: str, facts: dict) -> list:
     base = shown.get(h.get("baseline"), {}).get("time_to_target")
     for col in order:
         f = by_col[col]
-        for key, spec in (("time_to_target", ".1f"), ("s_per_epoch", ".1f"),
-                          ("final_acc", ".4f")):
+        for key, spec in (("time_to_target", ".1f"), ("s_per_epoch", ".1f"), (final, ".4f")):
             facts[f"{h['id']}.{col}.{key}"] = _fmt(_median([x[key] for x in f]), spec)
         lr = "model's" if col in h.get("untuned", ()) else f"{f[0]['lr']:g}"
-        cells = [h["columns"][col], lr, _span([x["s_per_epoch"] for x in f], ".1f"),
-                 _span([x["epochs_to_target"] for x in f], ".2f"),
-                 _span([x["time_to_target"] for x in f], ".1f")]
+        cells = [h["columns"][col], lr, _span([x["s_per_epoch"] for x in f], ".1f")]
+        if loss:
+            cells.append(_span([x["tokens_per_s"] for x in f], ",.0f"))
+        cells += [_span([x["epochs_to_target"] for x in f], ".2f"),
+                  _span([x["time_to_target"] for x in f], ".1f")]
         if link:
             t = shown[col]["time_to_target"]
             cells.append("1.00×" if col == h["baseline"] else
                          "–" if col in h.get("untuned", ()) or not (t and base) else
                          _ratio(t / base))
-        cells.append(_span([x["final_acc"] for x in f], ".4f"))
+        cells.append(_span([x[final] for x in f], ".4f"))
         if link:
             cells += [f"{_median([x['link_mb'] for x in f]):,.0f}",
                       f"{_median([x.get('mb_per_exchange') for x in f]):.2f}"]

@@ -208,3 +208,30 @@ def test_superseded_by_must_name_a_listed_run(copies):
     (results / "headlines.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="superseded_by 'no-such-run'"):
         report.generate(str(results))
+
+
+def test_a_loss_headline_reaches_its_target_going_down(tmp_path):
+    # lm_compare.py's runs: the torch_compare kind with "metric": "loss".
+    def run(column, seed, losses, train_s):
+        rows = [{"epoch": (i + 1) / len(losses), "train_s": train_s * (i + 1) / len(losses),
+                 "test_loss": x, "test_accuracy": 0.3} for i, x in enumerate(losses)]
+        return {"column": column, "seed": seed, "lr": 1e-3, "split": "test", "loadavg": 1.0,
+                "timeline": rows, "train_s": train_s, "tokens_per_epoch": 1000,
+                "startup_s": 2.0}
+
+    runs = [run("torch-1p", s, [3.0, 2.5, 2.2], 100.0) for s in range(3)]
+    runs += [run("ddlf-default", s, [2.9, 2.6, 2.4], 60.0) for s in range(3)]
+    (tmp_path / "lm.json").write_text(json.dumps(runs))
+    h = {"id": "lm", "kind": "torch_compare", "metric": "loss", "title": "t",
+         "date": "2026-11-29", "machine": "m", "about": "a", "commands": ["x"],
+         "raw": ["lm.json"], "target": 2.5, "baseline": "torch-1p",
+         "columns": {"torch-1p": "torch-1p", "ddlf-default": "ddlf-default"},
+         "ratios": [{"id": "vs-1p", "a": "ddlf-default", "b": "torch-1p",
+                     "figure": "s_per_epoch", "text": "s/epoch"}]}
+    facts: dict = {}
+    table = "\n".join(report.KINDS["torch_compare"](h, str(tmp_path), facts))
+    assert "| tokens/s | epochs to 2.5 | time to 2.5 (s) | test loss after the budget |" in table
+    assert "| torch-1p | 0.001 | 100.0 | 10 | 0.67 | 66.7 | 2.2000 | 2.0 |" in table
+    # ddlf-default is above 2.5 until its last row (2.4): 1.00 epochs, 60 s.
+    assert "| ddlf-default | 0.001 | 60.0 | 17 | 1.00 | 60.0 | 2.4000 | 2.0 |" in table
+    assert facts["lm.ddlf-default.final_loss"] == "2.4000" and facts["lm.vs-1p"] == "0.60×"
