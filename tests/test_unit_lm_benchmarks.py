@@ -101,3 +101,18 @@ def test_a_diagnostic_ddlf_column_gets_its_own_ratios_after_the_defaults(bench):
     lines = lm_report.ratio_lines(results, 2.0)
     assert lines[0] == "ddlf-default / torch-1p, time to the target: 0.80x (target <= 1.0x)"
     assert "ddlf-split-batch / torch-1p, time to the target: 0.50x (target <= 1.0x)" in lines
+
+
+def test_the_emulated_defaults_are_what_train_runs_given_nothing(bench):
+    import inspect
+
+    from ddlf_actors.apps import train
+
+    _, _, lm_emu = bench
+    assert lm_emu.setting("defaults", "int4:ef") == (
+        inspect.signature(train).parameters["scheme"].default, {})
+    assert lm_emu.setting("allreduce+overlap+codec", "int4:ef") == (
+        "allreduce", {"overlap": True, "compression": "int4:ef"})
+    with pytest.raises(SystemExit, match="unknown setting"):
+        lm_emu.setting("defualts", "int4:ef")
+    assert lm_emu.main(["--settings", "defaults", "--estimate", "--size", "tiny"]) == 0

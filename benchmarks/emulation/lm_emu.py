@@ -2,9 +2,9 @@
 trainer nodes of 0.5 CPU, links of 100 Mbit/s and 1 Gbit/s, time to a target loss.
 
     sudo python benchmarks/emulation/lm_emu.py [--ks 1,2,4] [--rates 100mbit,1gbit] \\
-        [--settings sync,allreduce+overlap+codec] [--seeds 1,2,3] [--epochs 1] \\
+        [--settings defaults,allreduce+overlap+codec] [--seeds 1,2,3] [--epochs 1] \\
         [--target 1.9] [--size small] [--context 128] [--json lm_emu.json]
-    sudo python benchmarks/emulation/lm_emu.py --ks 1,2 --rates 1gbit --settings sync \\
+    sudo python benchmarks/emulation/lm_emu.py --ks 1,2 --rates 1gbit --settings defaults \\
         --seeds 1 --size tiny --context 64 --max-rounds 4                # a smoke run
     python benchmarks/emulation/lm_emu.py --estimate [...]               # the grid's hours
 
@@ -12,9 +12,10 @@ The emulation harness (``harness.run``) builds the hosts (one network namespace 
 ``tc tbf`` link of the rate both ways, each trainer node in a cgroup of ``--node-cpus``),
 starts a head and K nodes, and runs this script's :func:`driver` in the driver's host
 (``lm_emu.py _driver ADDRESS PLAN``), which trains ``lm.GptModelFn`` (PyTorch, ``--size``)
-on Debian's fortunes (byte tokens, windows of ``--context``) with each setting of
-``emu_streaming.SETTINGS`` (``sync``: DDLF's defaults; ``allreduce+overlap+codec``: its
-setting for slow links, int4 with error feedback), seeds interleaved, evaluating on the
+on Debian's fortunes (byte tokens, windows of ``--context``) with each setting:
+``defaults`` (DDLF's defaults: ``train()`` given no scheme, that is ``scheme="auto"``, as the
+scaling issue leaves them) or one of ``emu_streaming.SETTINGS`` (``allreduce+overlap+codec``:
+the ring for slow links, int4 with error feedback; ``sync``: the star), seeds interleaved, evaluating on the
 validation split 4 times an epoch. Every run starts from the same initial weights; the
 cosine of every run decays over its own steps.
 
@@ -61,10 +62,19 @@ TRAINER_RATE = {"tiny": 4_400.0, "small": 950.0}
 TOKENS = 2_291_436   # fortunes' training split, bytes
 
 
+def setting(name: str, codec: str) -> tuple[str, dict]:
+    """``(scheme, train options)`` of setting ``name``: ``defaults`` is exactly what
+    ``train()`` runs when given nothing; the others are ``emu_streaming``'s."""
+    if name == "defaults":
+        return "auto", {}
+    return emu_streaming.options_for(name, codec, 1)
+
+
 def driver(address: str, plan: dict) -> None:
     """Every (rate, seed, setting) of ``plan`` on one cluster of K trainers, one
     ``RESULT`` line per run (``harness.run`` reads them)."""
     import ddlf_actors as ddlf
+    from benchmarks.protocol import cadence, ran
     from ddlf_actors.apps import TrainConfig, datasets, lm, train
     from ddlf_actors.apps.callbacks import Callback
     from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
@@ -94,14 +104,15 @@ def driver(address: str, plan: dict) -> None:
                 raise SystemExit("the parent did not shape the links")
             for seed in plan["seeds"]:
                 for name in plan["settings"]:
-                    scheme, opts = emu_streaming.options_for(name, plan["codec"], 1)
-                    every = emu_streaming.eval_every(opts, k, num_train, 32,
-                                                     plan["evals_per_epoch"])
-                    every = max(1, round(every * min(1.0, plan["epochs"])))
+                    scheme, opts = setting(name, plan["codec"])
+                    # evals_per_epoch evaluations within a budget of less than an epoch too
+                    per_epoch = max(1, round(plan["evals_per_epoch"]
+                                             / min(1.0, plan["epochs"])))
+                    when = cadence.evaluations(scheme, opts, k, num_train, per_epoch)
                     load = os.getloadavg()[0]
                     t0 = time.perf_counter()
                     result = train(build, ds, scheme, trainers=trainers, initial_weights=w0,
-                                   workers=k, seed=seed, progress=False, eval_every=every,
+                                   workers=k, seed=seed, progress=False, **when,
                                    master_epochs=max(1, int(-(-plan["epochs"] // 1))),
                                    callbacks=[StopAt(plan["epochs"], plan["max_rounds"])],
                                    **opts)
@@ -111,7 +122,7 @@ def driver(address: str, plan: dict) -> None:
                     rows = [{key: r.get(key) for key in keys} for r in result.history]
                     print("RESULT " + json.dumps({
                         "rate": rate, "codec": name, "k": k, "seed": seed, "scheme": scheme,
-                        "options": opts, "rows": rows, "total_s": time.perf_counter() - t0,
+                        "options": opts, "ran": ran.describe_run(result), "rows": rows, "total_s": time.perf_counter() - t0,
                         "load": [load, os.getloadavg()[0]]}), flush=True)
     finally:
         stop_trainers(trainers)
@@ -178,7 +189,7 @@ def estimate(plan: dict, ks: list) -> float:
                 rounds = TOKENS * plan["epochs"] / (k * 32 * plan["context"] * 16)
                 ratio = 7.5 if "codec" in name else 1.0
                 per_round = 2 * k * params * 4 * 8 / (mbit * 1e6) / ratio
-                if "allreduce" in name:
+                if "allreduce" in name or name == "defaults":   # auto runs the ring
                     per_round = 2 * (k - 1) / max(k, 1) * params * 4 * 8 / (mbit * 1e6) / ratio
                 total += (1.2 * compute + rounds * per_round + 30) * len(plan["seeds"])
     return total
@@ -188,8 +199,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ks", default="1,2,4")
     p.add_argument("--rates", default="100mbit,1gbit")
-    p.add_argument("--settings", default="sync,allreduce+overlap+codec",
-                   help="of emu_streaming.SETTINGS (sync: DDLF's defaults)")
+    p.add_argument("--settings", default="defaults,allreduce+overlap+codec",
+                   help="defaults (DDLF's: scheme auto) or of emu_streaming.SETTINGS")
     p.add_argument("--codec", default="int4:ef")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--epochs", type=float, default=1.0)
@@ -209,7 +220,7 @@ def main(argv=None) -> int:
     ks = [int(k) for k in a.ks.split(",")]
     settings = a.settings.split(",")
     for name in settings:
-        emu_streaming.options_for(name, a.codec, 1)
+        setting(name, a.codec)
     plan = {"mode": "lm", "rates": a.rates.split(","), "settings": settings,
             "seeds": [int(s) for s in a.seeds.split(",")], "epochs": a.epochs,
             "codec": a.codec, "size": a.size, "context": a.context, "node_cpus": a.node_cpus,
