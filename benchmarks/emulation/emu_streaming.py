@@ -61,6 +61,9 @@ SETTINGS.update({
     "auto+steps16": ("auto", {"steps_per_round": 16}),
     "auto+steps32": ("auto", {"steps_per_round": 32}),
     "auto+sqrt+overlap": ("auto", {"lr_scaling": "sqrt", "overlap": True}),
+    # auto with each trainer on 16 samples a step, half the batch (the noise-scale rule's
+    # test at K = 8: K times the batch against the model's gradient noise scale).
+    "auto+batch16": ("auto", {"batch_size": 16}),
 })
 
 

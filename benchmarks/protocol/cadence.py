@@ -31,11 +31,12 @@ def rounds_per_epoch(scheme: str | None, options: dict, workers: int, num_train:
                      batch_size: int = 32) -> int | None:
     """Rounds per epoch a run of ``scheme`` (None: the default) with ``options`` makes on
     ``num_train`` samples split over ``workers`` trainers, as the scheme sizes them; None
-    for a scheme that does not count in rounds."""
+    for a scheme that does not count in rounds. A ``batch_size`` in ``options`` (a
+    setting that changes it) wins over ``batch_size``."""
     from ddlf_actors.apps.schemes import split_options
 
     config, opts = split_options(scheme or default_scheme(),
-                                 {**options, "workers": workers, "batch_size": batch_size})
+                                 {"batch_size": batch_size, **options, "workers": workers})
     opts = opts.resolve(config).for_data(config, [{"num_train": num_train,
                                                    "partitioned": False}])
     if "rounds_per_epoch" not in opts.names():

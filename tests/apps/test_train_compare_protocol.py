@@ -363,3 +363,16 @@ def test_the_harness_asks_round_schemes_for_evaluations_per_epoch():
     assert cadence.evaluations("allreduce", {}, 4, 60000, 8) == {"evals_per_epoch": 8}
     assert cadence.evaluations("async", {}, 4, 60000, 8) == \
         cadence.eval_every("async", {}, 4, 60000, 8)
+
+
+def test_a_setting_that_halves_the_batch_is_counted_in_the_predicted_rounds():
+    """emu_streaming's auto+batch16 gives train() batch_size=16: the harness's prediction
+    of the rounds (reported beside the rounds run) must count with it, not with 32."""
+    from benchmarks.emulation.emu_streaming import options_for
+    from benchmarks.protocol import cadence
+
+    scheme, opts = options_for("auto+batch16", "int8:ef", 1)
+    assert opts == {"batch_size": 16}
+    # About 16 local steps a round: 7,500 samples per trainer are 234 steps of 32, 469 of 16.
+    assert cadence.rounds_per_epoch("allreduce", {}, 8, 60000) == round(7500 / 32 / 16) == 15
+    assert cadence.rounds_per_epoch("allreduce", opts, 8, 60000) == round(7500 / 16 / 16) == 29
