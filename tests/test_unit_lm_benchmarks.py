@@ -96,7 +96,8 @@ def test_the_split_batch_column_is_ddlf_on_half_the_batch_and_only_when_named(be
 
 def test_a_diagnostic_ddlf_column_gets_its_own_ratios_after_the_defaults(bench):
     _, lm_report, _ = bench
-    results = [_run("ddlf-split-batch", 0, [3.0, 1.9], 50.0), _run("torch-1p", 0, [3.0, 1.9], 100.0),
+    results = [_run("ddlf-split-batch", 0, [3.0, 1.9], 50.0),
+               _run("torch-1p", 0, [3.0, 1.9], 100.0),
                _run("ddlf-default", 0, [3.0, 1.9], 80.0)]
     lines = lm_report.ratio_lines(results, 2.0)
     assert lines[0] == "ddlf-default / torch-1p, time to the target: 0.80x (target <= 1.0x)"

@@ -13,11 +13,12 @@ The emulation harness (``harness.run``) builds the hosts (one network namespace 
 starts a head and K nodes, and runs this script's :func:`driver` in the driver's host
 (``lm_emu.py _driver ADDRESS PLAN``), which trains ``lm.GptModelFn`` (PyTorch, ``--size``)
 on Debian's fortunes (byte tokens, windows of ``--context``) with each setting:
-``defaults`` (DDLF's defaults: ``train()`` given no scheme, that is ``scheme="auto"``, as the
-scaling issue leaves them) or one of ``emu_streaming.SETTINGS`` (``allreduce+overlap+codec``:
-the ring for slow links, int4 with error feedback; ``sync``: the star), seeds interleaved, evaluating on the
-validation split 4 times an epoch. Every run starts from the same initial weights; the
-cosine of every run decays over its own steps.
+``defaults`` (DDLF's defaults: ``train()`` given no scheme, that is ``scheme="auto"``, as
+the scaling issue leaves them) or one of ``emu_streaming.SETTINGS``
+(``allreduce+overlap+codec``: the ring for slow links, int4 with error feedback; ``sync``:
+the star), seeds interleaved, evaluating on the validation split 4 times an epoch. Every
+run starts from the same initial weights; the cosine of every run decays over its own
+steps.
 
 Per (link, setting, K): the median time to ``--target`` (a validation loss: the tuned
 single process's after one epoch, from ``training/lm_compare.py --select``'s choices, or
@@ -122,7 +123,8 @@ def driver(address: str, plan: dict) -> None:
                     rows = [{key: r.get(key) for key in keys} for r in result.history]
                     print("RESULT " + json.dumps({
                         "rate": rate, "codec": name, "k": k, "seed": seed, "scheme": scheme,
-                        "options": opts, "ran": ran.describe_run(result), "rows": rows, "total_s": time.perf_counter() - t0,
+                        "options": opts, "ran": ran.describe_run(result), "rows": rows,
+                        "total_s": time.perf_counter() - t0,
                         "load": [load, os.getloadavg()[0]]}), flush=True)
     finally:
         stop_trainers(trainers)
