@@ -67,7 +67,9 @@ def setting(name: str, codec: str) -> tuple[str, dict]:
     """``(scheme, train options)`` of setting ``name``: ``defaults`` is exactly what
     ``train()`` runs when given nothing; the others are ``emu_streaming``'s."""
     if name == "defaults":
-        return "auto", {}
+        from benchmarks.protocol import cadence
+
+        return cadence.default_scheme(), {}
     return emu_streaming.options_for(name, codec, 1)
 
 

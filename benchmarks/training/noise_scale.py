@@ -52,18 +52,23 @@ __all__ = ["noise_scale", "main"]
 MODELS = ("gpt-tiny", "gpt-small", "paper_cnn", "wide_cnn")
 
 
-def noise_scale(small: list, b: int) -> dict:
-    """``{"G2", "trace", "b_simple"}`` from the gradients ``small`` (each a list of arrays)
-    of ``n`` disjoint batches of ``b`` samples: their mean is one batch of ``n·b``.
-    ``b_simple`` is None where the estimate of ``|G|²`` is not positive (the noise
-    swamps the mean: more batches are needed)."""
-    n = len(small)
+def noise_scale(small, b: int) -> dict:
+    """``{"G2", "trace", "b_simple"}`` from the gradients ``small`` (an iterable, each a list
+    of arrays) of ``n`` disjoint batches of ``b`` samples: their mean is one batch of
+    ``n·b``. ``b_simple`` is None where the estimate of ``|G|²`` is not positive (the
+    noise swamps the mean: more batches are needed)."""
+    # A running sum and sum of squared norms: one gradient's size in memory, not n of them
+    # (wide_cnn's 32 gradients would be 1.3 GB in float64).
+    n, total, sq = 0, None, 0.0
+    for grads in small:
+        v = np.concatenate([np.ravel(g).astype(np.float64) for g in grads])
+        total = v if total is None else total + v
+        sq += float(v @ v)
+        n += 1
     if n < 2:
         raise ValueError("the noise scale needs at least 2 batches' gradients")
-    flat = np.stack([np.concatenate([np.ravel(g).astype(np.float64) for g in grads])
-                     for grads in small])
-    small_sq = float(np.mean(np.sum(flat * flat, axis=1)))
-    mean = flat.mean(axis=0)
+    small_sq = sq / n
+    mean = total / n
     big_sq = float(mean @ mean)
     big = n * b
     g2 = (big * big_sq - b * small_sq) / (big - b)
@@ -89,6 +94,16 @@ def _data(name: str, seed: int):
     return frameworks.for_model(model)(model, {}), x, y
 
 
+def _gradients(adapter, x, y, probe, b: int, losses: list):
+    """The gradient of each batch of ``b`` of the rows ``probe``, one at a time (their
+    losses appended to ``losses``)."""
+    for i in range(len(probe) // b):
+        idx = np.sort(probe[i * b:(i + 1) * b])
+        g, loss = adapter.compute_gradients(x[idx], y[idx])
+        losses.append(loss)
+        yield g
+
+
 def measure(name: str, at: list, b: int, n: int, seed: int) -> list:
     adapter, x, y = _data(name, seed)
     rng = np.random.default_rng(seed)
@@ -103,13 +118,8 @@ def measure(name: str, at: list, b: int, n: int, seed: int) -> list:
             done += step
         probe = rng.choice(len(x), n * b, replace=False)
         t0 = time.perf_counter()
-        grads, losses = [], []
-        for i in range(n):
-            idx = np.sort(probe[i * b:(i + 1) * b])
-            g, loss = adapter.compute_gradients(x[idx], y[idx])
-            grads.append(g)
-            losses.append(loss)
-        est = noise_scale(grads, b)
+        losses: list = []
+        est = noise_scale(_gradients(adapter, x, y, probe, b, losses), b)
         rows.append({"model": name, "epochs": epochs, "loss": float(np.mean(losses)), **est,
                      "probe_s": time.perf_counter() - t0})
         shown = "-" if est["b_simple"] is None else f"{est['b_simple']:.0f}"
