@@ -13,7 +13,8 @@ the two: the simple noise scale ``B_simple = tr(Σ) / |G|²``, about the batch a
 a bigger batch stops buying progress per step. A rule for ``auto`` would compare K times
 the batch with it; this script measures it, to see whether it does separate the models.
 
-How (their appendix A, unbiased from two batch sizes): at each point of a single
+How (their appendix A, unbiased from two batch sizes; ``apps/schemes/noise.py``, which
+``auto``'s start-up probe uses too): at each point of a single
 process's training (``--at``, in epochs; the process trains with its own optimizer at
 ``--batch`` in between), the gradient of ``--batches`` disjoint batches of ``b =
 --batch`` samples through the framework adapter's ``compute_gradients`` (DDLF's own,
@@ -47,33 +48,11 @@ if _ROOT not in sys.path:   # run as a file: ddlf_actors from the checkout
 
 import numpy as np  # noqa: E402
 
-__all__ = ["noise_scale", "main"]
+from ddlf_actors.apps.schemes.noise import estimate  # noqa: E402
+
+__all__ = ["main"]
 
 MODELS = ("gpt-tiny", "gpt-small", "paper_cnn", "wide_cnn")
-
-
-def noise_scale(small, b: int) -> dict:
-    """``{"G2", "trace", "b_simple"}`` from the gradients ``small`` (an iterable, each a list
-    of arrays) of ``n`` disjoint batches of ``b`` samples: their mean is one batch of
-    ``n·b``. ``b_simple`` is None where the estimate of ``|G|²`` is not positive (the
-    noise swamps the mean: more batches are needed)."""
-    # A running sum and sum of squared norms: one gradient's size in memory, not n of them
-    # (wide_cnn's 32 gradients would be 1.3 GB in float64).
-    n, total, sq = 0, None, 0.0
-    for grads in small:
-        v = np.concatenate([np.ravel(g).astype(np.float64) for g in grads])
-        total = v if total is None else total + v
-        sq += float(v @ v)
-        n += 1
-    if n < 2:
-        raise ValueError("the noise scale needs at least 2 batches' gradients")
-    small_sq = sq / n
-    mean = total / n
-    big_sq = float(mean @ mean)
-    big = n * b
-    g2 = (big * big_sq - b * small_sq) / (big - b)
-    trace = (small_sq - big_sq) / (1.0 / b - 1.0 / big)
-    return {"G2": g2, "trace": trace, "b_simple": trace / g2 if g2 > 0 else None}
 
 
 def _data(name: str, seed: int):
@@ -119,7 +98,7 @@ def measure(name: str, at: list, b: int, n: int, seed: int) -> list:
         probe = rng.choice(len(x), n * b, replace=False)
         t0 = time.perf_counter()
         losses: list = []
-        est = noise_scale(_gradients(adapter, x, y, probe, b, losses), b)
+        est = estimate(_gradients(adapter, x, y, probe, b, losses), b)
         rows.append({"model": name, "epochs": epochs, "loss": float(np.mean(losses)), **est,
                      "probe_s": time.perf_counter() - t0})
         shown = "-" if est["b_simple"] is None else f"{est['b_simple']:.0f}"
