@@ -120,7 +120,8 @@ class TrainConfig:
     master_epochs: int = option(1, help="passes over the training set", check=int_at_least(1))
     worker_epochs: int = option(1, help="local epochs per piece of work (the paper's N)",
                                 check=int_at_least(1))
-    batch_size: int = option(32, help="per trainer", check=int_at_least(1))
+    batch_size: int = option(32, help="per trainer (scheme auto may split it between the "
+                             "trainers: split_batch)", check=int_at_least(1))
     num_cpus: float = option(1, help="CPUs (the framework's threads) per trainer", check=_cpus,
                              cli="float")
     # The fewest trainers a run goes on with; default 1, or the low end of workers=(lo, hi).

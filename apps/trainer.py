@@ -74,7 +74,8 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
     ``get_optimizer_state``/``set_optimizer_state`` (no state: checkpoints hold none, and a
     resume says so once), ``buffer_mask`` (no buffers), ``local_model`` (``result.model``
     raises, naming ``result.weights``), ``compute_gradients``/``apply_gradients`` (none:
-    ``scheme="dataparallel"`` is refused when the run starts, naming them).
+    ``scheme="dataparallel"`` is refused when the run starts, naming them, and
+    ``scheme="auto"`` keeps each trainer's batch), ``step_schedule`` (``"none"``).
     """
 
     #: The framework adapter; None: the one whose framework the built model belongs to.
@@ -211,6 +212,13 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                     "apply_gradients(gradients)")
         return self.adapter.gradients_missing()
 
+    def step_schedule(self) -> str:
+        """How the model's own rate schedule counts: ``"none"``, ``"samples"`` or
+        ``"steps"`` (``FrameworkAdapter.step_schedule``). ``scheme="auto"`` splits the batch
+        between the trainers only where it is not ``"steps"``. Without an adapter:
+        ``"none"`` (override it if your ``fit`` follows a schedule of steps)."""
+        return self.adapter.step_schedule() if self.adapter is not None else "none"
+
     def get_learning_rate(self) -> float | None:
         """The optimizer's rate now, or None when it has no rate the run can set. Without
         an adapter: None, so ``lr_schedule=`` and ``lr_scaling="inner"`` are refused when
@@ -248,6 +256,7 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
                 "weights_fingerprint": initial_weights.fingerprint(weights),
                 "weights": [[list(np.shape(w)), np.asarray(w).dtype.str] for w in weights],
                 "learning_rate": self.get_learning_rate(),
+                "step_schedule": self.step_schedule(),
                 "framework": self.adapter.name if self.adapter is not None else None,
                 "buffers": self.buffer_mask(), "keras_backend": _keras_backend(),
                 "gradients_missing": self.gradients_missing(),

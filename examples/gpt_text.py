@@ -32,7 +32,10 @@ def main() -> None:
           else datasets.corpus("fortunes", **options))
     ds.prepare()   # find (or fetch) the files and tokenize them on this node; train() would
     steps = lm.steps_per_trainer(ds.windows("train"), args.workers, 32, args.epochs)
-    model_fn = lm.GptModelFn(ds, framework=args.framework, size="tiny", total_steps=steps)
+    # batch_size: the batch those steps are of, so the schedule follows samples if the run
+    # splits the batch between the trainers (scheme="auto" may).
+    model_fn = lm.GptModelFn(ds, framework=args.framework, size="tiny", total_steps=steps,
+                             batch_size=32)
     print(f"{ds.__name__}: {ds.windows('train'):,} training windows, "
           f"{ds.info['tokens']['validation']:,} validation tokens; {model_fn}")
 

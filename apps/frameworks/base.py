@@ -128,6 +128,13 @@ class FrameworkAdapter:
         :meth:`get_optimizer_state` had nothing to return then (the start-up probe's steps
         must leave no trace). Adapters whose state is complete from the start need not."""
 
+    def step_schedule(self) -> str:
+        """How the optimizer's own rate schedule counts: ``"none"`` (it has none),
+        ``"samples"`` (it follows the samples trained: :meth:`fit` tells it each step's
+        batch) or ``"steps"`` (it counts steps, so a smaller batch runs through it sooner:
+        ``scheme="auto"`` then keeps each trainer's batch). This default: none."""
+        return "none"
+
     def get_learning_rate(self) -> float | None:
         """The optimizer's rate now, or None if it has no settable one."""
         raise NotImplementedError

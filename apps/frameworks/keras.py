@@ -159,6 +159,17 @@ class KerasAdapter(FrameworkAdapter):
         except (TypeError, ValueError):
             return None
 
+    def step_schedule(self) -> str:
+        """``"steps"`` for an optimizer compiled with a ``LearningRateSchedule`` (it counts
+        the optimizer's iterations), else none."""
+        opt = getattr(self.model, "optimizer", None)
+        if opt is None:
+            return "none"
+        from keras.optimizers.schedules import LearningRateSchedule
+
+        return ("steps" if isinstance(getattr(opt, "_learning_rate", None), LearningRateSchedule)
+                else "none")
+
     def set_learning_rate(self, rate: float) -> None:
         opt = self.model.optimizer
         try:

@@ -202,6 +202,8 @@ class TorchAdapter(FrameworkAdapter):
         xt, yt = _tensor(x, _input_dtype(x)), _tensor(y, np.int64)
         n = len(xt)
         model.train()
+        if hasattr(opt, "set_step_batch"):   # a schedule that follows samples (lm.gpt_torch)
+            opt.set_step_batch(batch_size)
         mean = 0.0
         for _ in range(int(epochs)):
             total = torch.zeros((), dtype=torch.float64)
@@ -373,6 +375,13 @@ class TorchAdapter(FrameworkAdapter):
                 for p, s, g in zip(params, saved, grads):
                     p.copy_(s)
                     p.grad = g
+
+    def step_schedule(self) -> str:
+        """An optimizer with ``step_schedule()`` says how its schedule counts (the GPT's
+        ``ScheduledAdamW``); any other has none that DDLF steps (DDLF never calls a torch
+        ``LRScheduler``)."""
+        own = getattr(self.optimizer, "step_schedule", None)
+        return own() if callable(own) else "none"
 
     def get_learning_rate(self) -> float | None:
         groups = self.optimizer.param_groups

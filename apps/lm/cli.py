@@ -108,7 +108,8 @@ def model_fn(args, ds):
     workers = args.workers if isinstance(args.workers, int) else args.workers[1]
     steps = steps_per_trainer(ds.windows("train"), workers, args.batch_size,
                               args.master_epochs, args.worker_epochs)
-    options = {"total_steps": steps}
+    # The batch those steps are of: the schedule follows samples if auto splits the batch.
+    options = {"total_steps": steps, "batch_size": args.batch_size}
     if args.learning_rate is not None:
         options["learning_rate"] = args.learning_rate
     return GptModelFn(ds, framework=args.framework, size=MODELS[args.model or "gpt-tiny"],

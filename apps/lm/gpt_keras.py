@@ -32,6 +32,7 @@ def gpt_tiny(vocab_size: int = 256, context: int = 128, size: str = "tiny", *,
              dropout: float = 0.0, learning_rate: float = DEFAULTS["learning_rate"],
              weight_decay: float = DEFAULTS["weight_decay"],
              warmup_steps: int | None = None, total_steps: int | None = None,
+             batch_size: int | None = None,
              seed: int = 0, compile: bool = True):
     """A compiled Keras GPT of ``size`` from ids ``(batch, time)``, time at most
     ``context``, to logits ``(batch, time, vocab_size)``; arguments as ``gpt_tiny_torch``

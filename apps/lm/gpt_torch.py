@@ -31,13 +31,16 @@ def gpt_tiny_torch(vocab_size: int = 256, context: int = 128, size: str = "tiny"
                    dropout: float = 0.0, learning_rate: float = DEFAULTS["learning_rate"],
                    weight_decay: float = DEFAULTS["weight_decay"],
                    warmup_steps: int | None = None, total_steps: int | None = None,
-                   seed: int = 0):
+                   batch_size: int | None = None, seed: int = 0):
     """A GPT of ``size`` (``sizes.SIZES``; ``layers``/``heads``/``dim`` override it) over
     ``vocab_size`` ids and windows of at most ``context``, as a ``torch.nn.Module`` from
     ids ``(batch, time)`` to logits ``(batch, time, vocab_size)``. ``total_steps``: the
     optimizer steps the cosine decays over (each trainer's, see
     ``lm.steps_per_trainer``); None keeps the peak after the warm-up. ``warmup_steps``:
-    100, or a tenth of ``total_steps`` when that is less."""
+    100, or a tenth of ``total_steps`` when that is less. ``batch_size``: the batch those
+    steps are of (``lm.steps_per_trainer``'s); given, the schedule follows samples, so a
+    trainer stepping on a smaller batch (``scheme="auto"`` splitting it) warms up and
+    decays over the same samples; None: it counts steps of whatever batch."""
     shape = resolve_size(size, layers, heads, dim)   # a bad shape is refused without torch
     import torch
 
@@ -53,7 +56,8 @@ def gpt_tiny_torch(vocab_size: int = 256, context: int = 128, size: str = "tiny"
                 p.zero_()
     model.hyper = {"learning_rate": float(learning_rate), "weight_decay": float(weight_decay),
                    "warmup_steps": warmup_for(warmup_steps, total_steps),
-                   "total_steps": None if total_steps is None else int(total_steps)}
+                   "total_steps": None if total_steps is None else int(total_steps),
+                   "batch_size": None if batch_size is None else int(batch_size)}
     model.settings = {"vocab_size": int(vocab_size), "context": int(context), **shape,
                       "dropout": float(dropout), "seed": int(seed), **model.hyper}
     return model
@@ -136,17 +140,30 @@ def _classes() -> dict:
                  {"params": rest, "weight_decay": 0.0}],
                 peak=h["learning_rate"], warmup_steps=h["warmup_steps"],
                 total_steps=h["total_steps"], alpha=h["alpha"], clip_norm=h["clip_norm"],
-                betas=(h["beta_1"], h["beta_2"]))
+                betas=(h["beta_1"], h["beta_2"]), schedule_batch=h.get("batch_size"))
 
     class ScheduledAdamW(torch.optim.AdamW):
         """AdamW whose rate follows ``warmup_cosine`` of the steps it has taken (its
-        ``step`` state, so checkpoints carry the schedule), clipping gradients first."""
+        ``step`` state, so checkpoints carry the schedule), clipping gradients first.
+        With ``schedule_batch`` the schedule is in steps of that batch: steps of another
+        (``set_step_batch``, which the adapter's ``fit`` calls) count as their share of
+        one, so the schedule follows samples."""
 
         def __init__(self, groups, peak, warmup_steps, total_steps, alpha, clip_norm,
-                     betas):
+                     betas, schedule_batch=None):
             super().__init__(groups, lr=0.0, betas=betas)
             self.schedule = (float(peak), int(warmup_steps), total_steps, float(alpha))
             self.clip_norm = clip_norm
+            self.schedule_batch = schedule_batch
+            self.step_batch = schedule_batch
+
+        def set_step_batch(self, batch_size: int) -> None:
+            self.step_batch = int(batch_size)
+
+        def step_schedule(self) -> str:
+            if self.schedule[2] is None and self.schedule[1] == 0:
+                return "none"
+            return "samples" if self.schedule_batch else "steps"
 
         def steps_taken(self) -> int:
             for group in self.param_groups:
@@ -158,7 +175,10 @@ def _classes() -> dict:
 
         @torch.no_grad()
         def step(self, closure=None):
-            rate = warmup_cosine(self.steps_taken(), *self.schedule)
+            taken = self.steps_taken()
+            if self.schedule_batch and self.step_batch:
+                taken = taken * self.step_batch / self.schedule_batch
+            rate = warmup_cosine(taken, *self.schedule)
             for group in self.param_groups:
                 group["lr"] = rate
             if self.clip_norm:

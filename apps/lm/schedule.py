@@ -31,10 +31,12 @@ def warmup_for(warmup_steps: int | None, total_steps: int | None) -> int:
     return min(default, max(1, int(total_steps) // 10))
 
 
-def warmup_cosine(step: int, peak: float, warmup_steps: int, total_steps: int | None,
+def warmup_cosine(step: float, peak: float, warmup_steps: int, total_steps: int | None,
                   alpha: float = 0.1) -> float:
-    """The rate at ``step`` (steps taken so far). ``total_steps`` None: no decay."""
-    step = max(0, int(step))
+    """The rate at ``step`` (steps taken so far, in steps of the batch the schedule was
+    set for: a fraction where the steps are of a smaller batch). ``total_steps`` None: no
+    decay."""
+    step = max(0.0, float(step))
     if warmup_steps > 0 and step < warmup_steps:
         return peak * step / warmup_steps
     if total_steps is None:

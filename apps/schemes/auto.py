@@ -20,13 +20,27 @@ The rules (each measured; ``docs/training.md``, "The defaults, by K and by link"
   is up to 0.15 of its compute (:data:`LONG_ROUND_BUDGET`). When no
   rung fits (a link far too slow for the model), the last rung runs with ``overlap=True``,
   which hides a round's ring behind the next round's steps.
+- **The batch: each trainer's, or split between them** (:func:`batch_rule`). K trainers
+  that average every round learn per sample about as one process with K times the batch
+  does. That costs nothing on a model whose gradient noise scale (``noise.py``) is well
+  above K times the batch, and a great deal on one far below it, whose progress follows
+  its steps (a small GPT: ``docs/language-models.md``). The probe measures the noise scale
+  ``B`` and a step's time on the batch ``b`` and on ``b/K``; by McCandlish et al.'s model
+  the samples to a target grow as ``1 + batch/B``, so the time to it goes as ``(1 +
+  global batch/B) · (a step's seconds / its samples)``. ``auto`` splits the batch (each
+  trainer steps on ``b/K``, K of them on ``b`` together, as one process would) when that
+  is predicted to reach the target at least :data:`SPLIT_GAIN` sooner; else each trainer
+  steps on ``b``. A model whose rate schedule counts steps and cannot count samples keeps
+  its batch (a split would run it twice as fast through its schedule).
 - **From K = 4 the trainers' rate is ×√K** (``lr_scaling="sqrt"``, the square-root rule
   for Adam-like optimizers): K trainers that average every round move about as far per
   sample as one process with K times the batch, for which Adam's rate scales with √K.
   Only where the trainers report a rate the run can set, and neither ``lr_scaling`` nor
-  ``lr_schedule`` is given (:data:`SQRT_FROM_K`).
-- **An explicit option always wins.** A ``compression=`` or ``rounds_per_epoch=`` given
-  is kept, and what is left is chosen around it; with both given there is no probe.
+  ``lr_schedule`` is given (:data:`SQRT_FROM_K`), and not with a split batch (K trainers
+  then step on one process's batch together).
+- **An explicit option always wins.** A ``compression=``, ``rounds_per_epoch=`` or
+  ``split_batch=`` given is kept, and what is left is chosen around it; with all three
+  given there is no probe.
 - **A setting only another scheme reads names that scheme.** ``backup_workers=1`` (or
   a ``(down, up)`` codec pair, which only the star sends) runs ``sync``, as asked, instead
   of refusing the setting: :func:`named_by`.
@@ -51,7 +65,7 @@ from .probe import Probe
 from .rounds import STEPS_PER_ROUND
 
 __all__ = ["AutoOptions", "AutoMachine", "Choice", "choose", "LADDER", "SAFE", "BUDGET",
-           "LONG_ROUND_BUDGET", "SQRT_FROM_K",
+           "LONG_ROUND_BUDGET", "SQRT_FROM_K", "SPLIT_GAIN", "batch_rule", "split_of",
            "CODEC_RATIO", "ring_seconds", "codec_ratio", "probe_codecs", "resolve",
            "named_by"]
 
@@ -79,6 +93,12 @@ SAFE = (STEPS_PER_ROUND, "int8:ef")
 # epochs with twice the rate against 0.54, K = 8 in 0.83 against 0.92; K = 2 with 1.41x
 # took 0.43 against 0.37, so K = 2 (and 3, not measured) keep the model's own rate.
 SQRT_FROM_K = 4
+# How much sooner a split batch must be predicted to reach the target before auto splits:
+# the probe's noise scale comes from a few batches at the start (it grows as a model
+# trains: gpt-tiny 1 at the start, 43 after 0.6 epochs; benchmarks/training/
+# noise_scale.py), so a split must win by a margin that survives that, and a model near
+# the line keeps the batch the CNN tables were measured with.
+SPLIT_GAIN = 0.2
 
 
 def _in_order(rungs: list) -> list:
@@ -102,6 +122,10 @@ class AutoOptions(AllreduceOptions):
         None, check=boolean,
         help="measure the trainers' step time and links at the start (default on); off: "
              "choose from K alone (16 steps a round, int8:ef between trainers)")
+    split_batch: bool | None = option(
+        None, check=boolean,
+        help="split batch_size between the trainers (each steps on batch_size/K) instead "
+             "of giving each all of it (default: by the probe's noise scale and step times)")
     probe_timeout_s: float | None = option(
         None, check=number_in(0.0, float("inf"), low_open=True, high_open=True),
         help="give the start-up probe at most this long (default 20 s), then fall back")
@@ -137,6 +161,10 @@ class Choice:
     explicit: tuple = ()
     # "sqrt": the trainers' rate times sqrt(K) (SQRT_FROM_K); None: theirs as compiled.
     lr_scaling: str | None = None
+    # Each trainer's batch when auto split the run's between them (None: the run's), and
+    # the batch rule's figures.
+    batch_size: int | None = None
+    batch_reason: str = ""
 
     def line(self, k: int) -> str:
         codec = "no codec" if self.compression is None else f"{self.compression} per hop"
@@ -144,8 +172,11 @@ class Choice:
         extra = ", overlapped" if self.overlap else ""
         if self.lr_scaling == "sqrt":
             extra += f", the trainers' rate x{k ** 0.5:.3g} (sqrt K)"
+        if self.batch_size is not None:
+            extra += f", {self.batch_size} samples a step per trainer (the batch split {k} ways)"
         given = f" ({', '.join(self.explicit)} as given)" if self.explicit else ""
-        return f"auto: {what}, {self.steps} local steps a round, {codec}{extra}{given}: {self.reason}"
+        why = self.reason + (f"; {self.batch_reason}" if self.batch_reason else "")
+        return f"auto: {what}, {self.steps} local steps a round, {codec}{extra}{given}: {why}"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -181,15 +212,67 @@ def ring_seconds(k: int, model_bytes: float, codec: str | None, bandwidth: float
 
 
 def choose(k: int, model_bytes: float, probe: Probe | None, *, compression: Any = None,
-           steps: int | None = None, rate_settable: bool = False) -> Choice:
+           steps: int | None = None, rate_settable: bool = False, batch_size: int = 32,
+           split: bool | None = None, schedule: str = "none") -> Choice:
     """The settings for K trainers of a model of ``model_bytes``, from ``probe`` (None or
-    failed: :data:`SAFE`), keeping a given ``compression`` or ``steps`` (per round);
-    ``rate_settable``: the trainers report a rate and the run was given no rate setting,
-    so from :data:`SQRT_FROM_K` their rate is scaled by sqrt(K)."""
+    failed: :data:`SAFE`), keeping a given ``compression`` or ``steps`` (per round) or
+    ``split`` (the batch); ``rate_settable``: the trainers report a rate and the run was
+    given no rate setting, so from :data:`SQRT_FROM_K` their rate is scaled by sqrt(K)
+    (unless the batch is split); ``batch_size``: the run's; ``schedule``: how the trainers'
+    rate schedule counts (``TrainerActor.step_schedule``)."""
+    per_trainer, batch_why = batch_rule(k, batch_size, probe, split=split, schedule=schedule)
+    if per_trainer != batch_size and probe is not None and probe.split_step_s is not None:
+        # The ring's budget is a share of the rounds' compute on the batch they will run.
+        probe = dataclasses.replace(probe, step_s=probe.split_step_s)
     choice = _rounds(k, model_bytes, probe, compression=compression, steps=steps)
-    if rate_settable and k >= SQRT_FROM_K:
+    if split is not None:
+        choice.explicit += ("split_batch",)
+    if per_trainer != batch_size:
+        choice.batch_size = per_trainer
+    choice.batch_reason = batch_why
+    if rate_settable and k >= SQRT_FROM_K and choice.batch_size is None:
         choice.lr_scaling = "sqrt"
     return choice
+
+
+def split_of(batch_size: int, k: int) -> int:
+    """Each of ``k`` trainers' batch when they split ``batch_size`` (rounded up: never a
+    smaller batch in all than the run's)."""
+    return max(1, -(-int(batch_size) // int(k)))
+
+
+def batch_rule(k: int, batch_size: int, probe: Probe | None, *, split: bool | None = None,
+               schedule: str = "none") -> tuple[int, str]:
+    """``(each trainer's batch, why)``: ``batch_size``, or :func:`split_of` it when
+    ``split`` says so or, with ``split`` None, when the probe's noise scale and step times
+    predict the split batch reaches a target at least :data:`SPLIT_GAIN` sooner (the
+    module's docstring). ``why`` is "" where there was nothing to decide (one trainer)."""
+    b = int(batch_size)
+    small = split_of(b, k)
+    if k == 1 or small == b:
+        return b, ""
+    if split is not None:
+        return (small, "the batch split, as given") if split else (b, "")
+    if schedule == "steps":
+        return b, (f"each trainer steps on the batch of {b}: the trainers' rate schedule "
+                   "counts steps, and a split batch would run through it sooner")
+    if probe is None or probe.failed:
+        return b, ""
+    if probe.noise is None or probe.split_step_s is None or not probe.step_s:
+        why = probe.noise_failed or "the probe did not measure it"
+        return b, f"each trainer steps on the batch of {b} (no noise scale: {why})"
+    noise_scale = probe.noise.get("b_simple")
+    if noise_scale is None:   # |G|² not measurable over the noise: far below the scale
+        return b, (f"each trainer steps on the batch of {b}: the gradients' noise swamps "
+                   "their mean, so K times the batch is still below the noise scale")
+    whole = (1 + k * b / noise_scale) * probe.step_s / b
+    shared = (1 + k * small / noise_scale) * probe.split_step_s / small
+    figures = (f"gradient noise scale {noise_scale:.0f} against {k} x {b}, a step of "
+               f"{small} takes {probe.split_step_s / probe.step_s:.2f} of one of {b}: "
+               f"{shared / whole:.2f} of the time to a target")
+    if shared <= (1 - SPLIT_GAIN) * whole:
+        return small, f"batch split ({figures})"
+    return b, f"batch kept ({figures})"
 
 
 def _rounds(k: int, model_bytes: float, probe: Probe | None, *, compression: Any,
@@ -258,15 +341,27 @@ def resolve(given: SchemeOptions, config, options: SchemeOptions, backend, live:
         choice = Choice.from_json(recorded)
     else:
         found = None
-        explicit = config.compression is not None and steps is not None
+        schedule = info.get("step_schedule", "none")
+        # The batch rule measures only where it may split: not a given split_batch, not a
+        # schedule that counts steps, not a batch of one.
+        weigh_batch = (given.split_batch is None and schedule != "steps"
+                       and split_of(config.batch_size, k) != config.batch_size)
+        explicit = (config.compression is not None and steps is not None
+                    and not weigh_batch)
         if k > 1 and options.probe and not explicit:
             found = probe.measure(backend, [s.handle for s in live], config.batch_size,
                                   probe_codecs(config.compression),
-                                  timeout_s=float(options.probe_timeout_s or 20.0))
+                                  timeout_s=float(options.probe_timeout_s or 20.0),
+                                  # the links only matter to a ladder still to choose
+                                  link=config.compression is None or steps is None,
+                                  split_batch=split_of(config.batch_size, k)
+                                  if weigh_batch else None)
         settable = (info.get("learning_rate") is not None and given.lr_scaling is None
                     and given.lr_schedule is None)
         choice = choose(k, float(info["weights_bytes"]), found,
-                        compression=config.compression, steps=steps, rate_settable=settable)
+                        compression=config.compression, steps=steps, rate_settable=settable,
+                        batch_size=config.batch_size, split=given.split_batch,
+                        schedule=schedule)
     machine_cls = registry.get(choice.scheme)
     target = machine_cls.Options
     fields = {n: getattr(given, n) for n in target.names() if hasattr(given, n)}
@@ -278,6 +373,8 @@ def resolve(given: SchemeOptions, config, options: SchemeOptions, backend, live:
         fields["lr_scaling"] = choice.lr_scaling
     if config.compression is None and choice.compression is not None:
         config = dataclasses.replace(config, compression=choice.compression)
+    if choice.batch_size is not None:   # the rounds, the plan and every train call take it
+        config = dataclasses.replace(config, batch_size=choice.batch_size)
     return choice, machine_cls, target(**fields).resolve(config), config
 
 

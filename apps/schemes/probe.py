@@ -4,7 +4,8 @@ ring's links, measured on the trainers themselves before the first round.
 What ``auto.choose`` needs to pick the steps per round and the codec is three numbers:
 how long a local step takes, how long encoding the model's size costs with each codec,
 and how fast a trainer reaches its right-hand neighbour in the ring (the ring's slowest
-link sets its pace). Each is measured where it happens, on the trainers, in a second or
+link sets its pace). For the batch rule it needs two more: a step's time on the batch
+split K ways, and the gradient noise scale (``noise.py``) from a few batches' gradients. Each is measured where it happens, on the trainers, in a second or
 two (:class:`ProbeTrainer`, which ``TrainerActor`` inherits); :func:`measure` runs them
 on every live trainer at once and never waits longer than its timeout: a probe that does
 not finish (a link that drops, a trainer that hangs) comes back as a
@@ -28,12 +29,20 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import backends
+from . import noise
 
-__all__ = ["Probe", "ProbeTrainer", "measure", "LINK_SIZES"]
+__all__ = ["Probe", "ProbeTrainer", "measure", "LINK_SIZES", "NOISE_BATCHES",
+           "NOISE_BUDGET_S"]
 
 # The two message sizes of the link probe: a small one for the latency, a large one for
 # the bandwidth (the difference of their times is the large one's transfer).
 LINK_SIZES = (64 * 1024, 4 * 1024 * 1024)
+# The noise scale's gradients per trainer: 8 batches (with K = 2, 16 pooled) tell a
+# model near its noise scale from one far below it (benchmarks/training/noise_scale.py at
+# 0 epochs: gpt-tiny 1, paper_cnn 81, wide_cnn 86, with 32), at the cost of 8 steps' work.
+NOISE_BATCHES = 8
+# ... and at most this long on them once 4 are done (a slow node's probe stays short).
+NOISE_BUDGET_S = 4.0
 
 
 @dataclasses.dataclass
@@ -41,10 +50,18 @@ class Probe:
     """What :func:`measure` found. ``step_s``: seconds per local step (the slowest
     trainer's); ``encode_s``: codec spec -> seconds to encode and decode the whole model
     once; ``bandwidth_Bps`` and ``latency_s``: the ring's slowest link (None with one
-    trainer); ``failed``: why the probe gave up, or None."""
+    trainer); ``split_step_s``: a step of ``split_batch`` samples; ``noise``: the gradient
+    noise scale's estimate (``noise_failed``: why there is none); ``failed``: why the probe
+    gave up, or None."""
 
     step_s: float | None = None
     encode_s: dict = dataclasses.field(default_factory=dict)
+    # The batch rule's figures: the split batch, a step's seconds on it, and the pooled
+    # noise estimate (noise.combine's), or why there is none.
+    split_batch: int | None = None
+    split_step_s: float | None = None
+    noise: dict | None = None
+    noise_failed: str | None = None
     bandwidth_Bps: float | None = None
     latency_s: float | None = None
     seconds: float = 0.0
@@ -64,6 +81,7 @@ class ProbeTrainer:
     set_weights: Callable[[list], None]
     get_optimizer_state: Callable[[], Any]
     set_optimizer_state: Callable[[Any], None]
+    compute_gradients: Callable[..., tuple]
 
     def probe_step(self, batch_size: int, steps: int = 3) -> dict:
         """Seconds per local step of ``batch_size`` (after one untimed step, which traces
@@ -88,6 +106,27 @@ class ProbeTrainer:
                 if adapter is not None:
                     adapter.reset_optimizer_state()
         return {"step_s": spent}
+
+    def probe_noise(self, batch_size: int, batches: int = NOISE_BATCHES,
+                    budget_s: float = NOISE_BUDGET_S, seed: int = 0) -> dict:
+        """The noise scale's estimate (``noise.estimate``) from the gradients of up to
+        ``batches`` disjoint batches of ``batch_size`` rows drawn from this trainer's data
+        at its current weights (which it does not change); it stops early after
+        ``budget_s`` once 4 are done."""
+        n = min(int(batches), len(self.x) // batch_size)
+        if n < 2:
+            raise ValueError(f"{len(self.x)} rows hold fewer than 2 batches of {batch_size}")
+        rows = np.random.default_rng(seed).choice(len(self.x), n * batch_size, replace=False)
+        t0 = time.perf_counter()
+
+        def gradients():
+            for i in range(n):
+                if i >= 4 and time.perf_counter() - t0 > budget_s:
+                    return
+                idx = np.sort(rows[i * batch_size:(i + 1) * batch_size])
+                yield self.compute_gradients(self.x[idx], self.y[idx])[0]
+
+        return {**noise.estimate(gradients(), batch_size), "seconds": time.perf_counter() - t0}
 
     def probe_codecs(self, specs: list) -> dict:
         """Seconds to encode and decode a float32 vector of the model's size with each codec
@@ -138,19 +177,24 @@ def link_figures(sizes, seconds) -> tuple[float, float]:
 
 
 def measure(backend, handles: list, batch_size: int, codec_specs: list,
-            timeout_s: float = 20.0, link: bool = True) -> Probe:
+            timeout_s: float = 20.0, link: bool = True, split_batch: int | None = None) -> Probe:
     """Probe the trainers ``handles`` (ring order): every trainer's step, the first one's
     codecs and, with ``link`` and more than one trainer, each trainer's link to its right
-    neighbour, all at once. Never waits longer than ``timeout_s``: a probe that does not
-    finish comes back with ``failed`` set (its calls may still be queued on the trainers;
-    each gives up by itself within ``timeout_s``)."""
+    neighbour, all at once; with ``split_batch``, every trainer's step on it and its
+    gradients' noise scale too. Never waits longer than ``timeout_s``: a probe that does
+    not finish comes back with ``failed`` set (its calls may still be queued on the
+    trainers; each gives up by itself within ``timeout_s``)."""
     t0 = time.perf_counter()
     k = len(handles)
     steps = [h.probe_step.remote(batch_size) for h in handles]
+    splits = ([h.probe_step.remote(split_batch) for h in handles]
+              if split_batch is not None else [])
+    noises = ([h.probe_noise.remote(batch_size, seed=i) for i, h in enumerate(handles)]
+              if split_batch is not None else [])
     codec_ref = handles[0].probe_codecs.remote(list(codec_specs)) if codec_specs else None
     links = ([h.probe_link.remote(handles[(i + 1) % k], LINK_SIZES, timeout_s)
               for i, h in enumerate(handles)] if link and k > 1 else [])
-    refs = steps + ([codec_ref] if codec_ref is not None else []) + links
+    refs = steps + splits + noises + ([codec_ref] if codec_ref is not None else []) + links
     ready, _ = backend.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if len(ready) < len(refs):
         return Probe(seconds=time.perf_counter() - t0,
@@ -169,5 +213,23 @@ def measure(backend, handles: list, batch_size: int, codec_specs: list,
         return Probe(seconds=time.perf_counter() - t0,
                      failed=f"a measurement failed: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
-    return Probe(step_s=step_s, encode_s=encode_s, bandwidth_Bps=bandwidth, latency_s=latency,
-                 seconds=time.perf_counter() - t0)
+    found = Probe(step_s=step_s, encode_s=encode_s, bandwidth_Bps=bandwidth,
+                  latency_s=latency)
+    if split_batch is not None:
+        _batch_figures(backend, found, split_batch, splits, noises)
+    found.seconds = time.perf_counter() - t0
+    return found
+
+
+def _batch_figures(backend, found: Probe, split_batch: int, splits: list, noises: list) -> None:
+    """The batch rule's figures into ``found``: the slowest trainer's step on
+    ``split_batch``, and the trainers' noise estimates pooled. A trainer that cannot give
+    its gradients (a ``TrainerActor`` without ``compute_gradients``) leaves ``noise`` None
+    and says why in ``noise_failed``: the batch is then kept."""
+    found.split_batch = split_batch
+    try:
+        found.split_step_s = max(backend.get(r)["step_s"] for r in splits)
+        found.noise = noise.combine(backend.get(noises))
+    except Exception as e:   # any trainer's failure: keep the batch, say why
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        found.noise_failed = f"{type(e).__name__}: {first}"[:300]

@@ -95,7 +95,7 @@ def driver(address: str, plan: dict) -> None:
                          eval_windows=plan["eval_windows"]).prepare()
     steps = lm.steps_per_trainer(ds.windows("train"), k, 32, 1)
     build = lm.GptModelFn(ds, framework="torch", size=plan["size"],
-                          total_steps=max(1, round(steps * plan["epochs"])))
+                          total_steps=max(1, round(steps * plan["epochs"])), batch_size=32)
     ddlf.init(address=address)
     trainers = start_trainers(build, ds, TrainConfig(workers=k, progress=False))
     try:

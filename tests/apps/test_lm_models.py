@@ -110,6 +110,26 @@ def test_torch_gpt_optimizer_warms_up_decays_and_carries_its_schedule(torch):
     assert other.get_learning_rate() == pytest.approx(schedule.warmup_cosine(6, 2e-3, 4, 20))
 
 
+def test_torch_gpt_schedule_follows_samples_when_told_its_batch(torch):
+    # Built for steps of 8 (batch_size=8): a trainer stepping on 4 (auto splitting the
+    # batch 2 ways) takes two steps per step of the schedule, so it warms up and decays
+    # over the same samples; told nothing, the schedule counts steps of any batch.
+    model = models.gpt_tiny_torch(256, 16, **SMALL, learning_rate=2e-3, warmup_steps=4,
+                                  total_steps=20, batch_size=8)
+    adapter = frameworks.for_model(model)(model, {})
+    assert adapter.step_schedule() == "samples"
+    x, y = _windows(n=48)
+    rates = []
+    for k in range(6):
+        adapter.fit(x[4 * k:4 * k + 4], y[4 * k:4 * k + 4], 1, 4)
+        rates.append(adapter.get_learning_rate())
+    assert rates == pytest.approx([schedule.warmup_cosine(k / 2, 2e-3, 4, 20) for k in range(6)])
+    plain = models.gpt_tiny_torch(256, 16, **SMALL, warmup_steps=4, total_steps=20)
+    assert frameworks.for_model(plain)(plain, {}).step_schedule() == "steps"
+    flat = models.gpt_tiny_torch(256, 16, **SMALL, warmup_steps=0)
+    assert frameworks.for_model(flat)(flat, {}).step_schedule() == "none"
+
+
 def test_torch_adapter_trains_the_gpt_on_token_windows(torch):
     model = models.gpt_tiny_torch(256, 16, **SMALL, learning_rate=3e-3, warmup_steps=2)
     adapter = frameworks.for_model(model)(model, {})
@@ -154,6 +174,8 @@ def test_keras_gpt_schedule_is_the_same_function(keras):
         assert float(sched(step)) == pytest.approx(schedule.warmup_cosine(step, 2e-3, 4, 20),
                                                    rel=1e-5, abs=1e-9)
     assert float(rate) == 0.0   # step 0
+    # Keras' schedule counts the optimizer's iterations: auto keeps the batch of a run.
+    assert frameworks.for_model(model)(model, {}).step_schedule() == "steps"
     excluded = [v for v in model.trainable_variables if len(v.shape) < 2]
     assert excluded and all(model.optimizer._use_weight_decay(v) is False for v in excluded)
 

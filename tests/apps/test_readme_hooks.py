@@ -281,3 +281,33 @@ def test_checkpoint_and_resume_is_bit_equal_on_a_cluster(train_cluster, tmp_path
     _same(whole.weights, resumed.weights)
     assert [r["round"] for r in resumed.history] == list(range(1, 7))
     assert "no optimizer state" in _kinds(resumed, "resumed")[0]["detail"]
+
+
+
+class RequiredHooksOnly(ReadmeTrainer):
+    """The README's subclass without its optional gradient hooks."""
+
+    compute_gradients = TrainerActor.compute_gradients
+    apply_gradients = TrainerActor.apply_gradients
+
+
+def test_auto_weighs_the_batch_of_the_readme_subclass_from_its_gradients():
+    # auto's batch rule measures the gradient noise scale through compute_gradients: the
+    # README's subclass has it, so the rule decides, and says from what.
+    result = _train("auto", rounds_per_epoch=2, batch_size=16)
+    probe = result.settings["auto"]["probe"]
+    assert probe["noise"]["n"] >= 4 and probe["split_step_s"] > 0
+    assert "gradient noise scale" in result.settings["auto"]["line"]
+    assert result.config.batch_size == (result.settings["auto"]["batch_size"] or 16)
+    assert result.history[-1]["test_accuracy"] > 0.6
+
+
+def test_auto_keeps_the_batch_of_a_trainer_without_gradients_and_says_why():
+    # Without compute_gradients there is no noise scale: each trainer keeps the batch.
+    result = train(MODEL, hard_blobs_dataset, "auto", trainer_cls=RequiredHooksOnly,
+                   backend=FakeBackend(), rounds_per_epoch=2, batch_size=16, **RUN)
+    line = result.settings["auto"]["line"]
+    assert result.settings["auto"]["batch_size"] is None and result.config.batch_size == 16
+    assert "each trainer steps on the batch of 16 (no noise scale: " in line
+    assert "compute_gradients" in line
+    assert result.history[-1]["test_accuracy"] > 0.6

@@ -4,6 +4,7 @@ choice."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -105,6 +106,66 @@ def test_a_failed_probe_falls_back_and_says_why():
     assert "did not finish" in c.reason and "probe failed" in c.reason
 
 
+def _batch_probe(noise_scale, split_cost=0.55, step_s=0.1, batch=32, k=2):
+    """Figures of a probe that weighed the batch: ``split_cost`` is a step of the split
+    batch's time over a whole one's."""
+    g2 = 1.0
+    return dataclasses.replace(
+        _probe(step_s=step_s, bandwidth=1000 * MB), split_batch=auto.split_of(batch, k),
+        split_step_s=split_cost * step_s,
+        noise={"G2": g2, "trace": noise_scale * g2, "b_simple": noise_scale, "n": 16})
+
+
+def test_the_batch_is_split_when_the_noise_scale_is_far_below_k_batches():
+    # gpt-tiny's figures: a noise scale of a few windows, a step of 16 about half of 32's.
+    c = auto.choose(2, 3.4 * MB, _batch_probe(3.0), batch_size=32)
+    assert c.batch_size == 16
+    assert "batch split (gradient noise scale 3 against 2 x 32" in c.line(2)
+    assert "16 samples a step per trainer (the batch split 2 ways)" in c.line(2)
+    # The prediction: (1 + 32/3)·0.55·0.1/16 against (1 + 64/3)·0.1/32.
+    predicted = ((1 + 32 / 3) * 0.55 * 0.1 / 16) / ((1 + 64 / 3) * 0.1 / 32)
+    assert f"{predicted:.2f} of the time to a target" in c.line(2)
+    # Four trainers split 32 into 8 each, and their rate is not scaled: together they step
+    # on one process's batch.
+    four = auto.choose(4, 3.4 * MB, _batch_probe(3.0, k=4), batch_size=32, rate_settable=True)
+    assert four.batch_size == 8 and four.lr_scaling is None
+
+
+def test_the_batch_is_kept_near_the_noise_scale_or_where_small_steps_cost_as_much():
+    # wide_cnn's: a noise scale of ~86 images, a step of 16 costing 0.85 of 32's.
+    c = auto.choose(2, 20 * MB, _batch_probe(86.0, split_cost=0.85), batch_size=32)
+    assert c.batch_size is None and "batch kept (gradient noise scale 86" in c.line(2)
+    # A split predicted to gain less than SPLIT_GAIN keeps the batch: 0.9 of the time here.
+    near = auto.choose(2, 20 * MB, _batch_probe(60.0, split_cost=0.55), batch_size=32)
+    predicted = ((1 + 32 / 60) * 0.55 / 16) / ((1 + 64 / 60) / 32)
+    assert 1 - auto.SPLIT_GAIN < predicted < 1
+    assert near.batch_size is None and f"{predicted:.2f} of the time" in near.line(2)
+    # Four trainers of that CNN keep theirs too, and scale their rate.
+    four = auto.choose(4, 20 * MB, _batch_probe(86.0, 0.85, k=4), batch_size=32,
+                       rate_settable=True)
+    assert four.batch_size is None and four.lr_scaling == "sqrt"
+
+
+def test_the_batch_rule_keeps_the_batch_when_it_cannot_weigh_it():
+    tiny = _batch_probe(3.0)
+    # A schedule that counts steps would run through twice as fast on half the batch.
+    assert auto.batch_rule(2, 32, tiny, schedule="steps")[0] == 32
+    # No noise estimate (a trainer without compute_gradients), or one swamped by noise.
+    failed = dataclasses.replace(tiny, noise=None, noise_failed="UnknownFrameworkError: no")
+    b, why = auto.batch_rule(2, 32, failed)
+    assert b == 32 and "no noise scale: UnknownFrameworkError" in why
+    swamped = dataclasses.replace(tiny, noise={"G2": -1.0, "trace": 5.0, "b_simple": None})
+    assert auto.batch_rule(2, 32, swamped)[0] == 32
+    # No probe, one trainer, a batch of one: nothing to split.
+    assert auto.batch_rule(2, 32, None) == (32, "")
+    assert auto.batch_rule(1, 32, tiny) == (32, "")
+    assert auto.batch_rule(2, 1, tiny) == (1, "")
+    # Given, it wins either way, and a split rounds up: 3 trainers of 32 take 11 each.
+    assert auto.batch_rule(2, 32, None, split=True)[0] == 16
+    assert auto.batch_rule(3, 32, None, split=True)[0] == 11
+    assert auto.batch_rule(2, 32, tiny, split=False)[0] == 32
+
+
 def test_link_figures_split_latency_from_bandwidth():
     bw, lat = link_figures([1000, 1_001_000], [0.001, 0.011])
     assert lat == pytest.approx(0.001) and bw == pytest.approx(1e8)
@@ -132,6 +193,9 @@ def _data():
 
 
 def _run(**options):
+    # The batch rule weighs measured step times: kept out of the tests of the other rules
+    # (they count rounds of 16), and tested on its own below with fixed figures.
+    options.setdefault("split_batch", False)
     return train(softmax_model_fn(), _data, workers=options.pop("workers", 2), master_epochs=1,
                  batch_size=16, trainer_cls=options.pop("trainer_cls", NumpyTrainer),
                  backend=FakeBackend(), progress=False, seed=3, **options)
@@ -150,7 +214,13 @@ def test_explicit_options_skip_the_probe_and_are_kept():
     result = _run(compression="fp16", steps_per_round=4)
     s = result.settings
     assert s["compression"] == "fp16" and s["options"]["steps_per_round"] == 4
-    assert s["auto"]["probe"] is None and set(s["auto"]["explicit"]) == {"compression", "steps"}
+    assert s["auto"]["probe"] is None
+    assert set(s["auto"]["explicit"]) == {"compression", "steps", "split_batch"}
+    # With the batch left to auto, the probe runs for it alone (no link is measured).
+    weighed = _run(compression="fp16", steps_per_round=4, split_batch=None).settings
+    assert weighed["auto"]["probe"]["noise"]["n"] >= 4
+    assert weighed["auto"]["probe"]["bandwidth_Bps"] is None
+    assert weighed["compression"] == "fp16" and weighed["options"]["steps_per_round"] == 4
 
 
 def test_auto_scales_four_trainers_rate_unless_a_rate_setting_is_given():
@@ -219,3 +289,33 @@ def test_eval_every_and_evals_per_epoch_are_one_or_the_other():
 
     with pytest.raises(ConfigError, match="evals_per_epoch=4 and eval_every=2 both set"):
         _run(evals_per_epoch=4, eval_every=2)
+
+
+class TextLikeTrainer(NumpyTrainer):
+    """Reports a GPT's figures to the probe: a step's time in proportion to its batch, and
+    a noise scale of 2 samples (far below 2 trainers x 16)."""
+
+    def probe_step(self, batch_size, steps=3):
+        return {"step_s": 0.01 * batch_size}
+
+    def probe_noise(self, batch_size, batches=8, budget_s=4.0, seed=0):
+        return {"G2": 1.0, "trace": 2.0, "b_simple": 2.0, "n": batches, "seconds": 0.0}
+
+
+def test_a_split_batch_runs_every_round_on_it_and_a_resume_keeps_it(tmp_path):
+    # 512 rows a trainer: 16 steps of 16 are 2 rounds an epoch; of 8, 4.
+    split = _run(trainer_cls=TextLikeTrainer, split_batch=None, checkpoint_dir=str(tmp_path))
+    s = split.settings
+    assert s["auto"]["batch_size"] == 8 and split.config.batch_size == 8
+    assert "8 samples a step per trainer (the batch split 2 ways)" in s["auto"]["line"]
+    assert len(split.history) == 4 and split.history[-1]["test_accuracy"] > 0.5
+    again = train(softmax_model_fn(), _data, workers=2, master_epochs=2, batch_size=16,
+                  trainer_cls=TextLikeTrainer, backend=FakeBackend(), progress=False,
+                  resume=str(tmp_path))
+    assert again.config.batch_size == 8 and again.settings["auto"] == {
+        **s["auto"], "line": again.settings["auto"]["line"]}
+    assert len(again.history) == 8
+    # Given, split_batch=False wins: each trainer steps on the whole batch.
+    kept = _run(trainer_cls=TextLikeTrainer, split_batch=False)
+    assert kept.config.batch_size == 16 and len(kept.history) == 2
+    assert kept.settings["auto"]["probe"]["noise"] is None
