@@ -85,9 +85,11 @@ def test_the_split_batch_column_is_ddlf_on_half_the_batch_and_only_when_named(be
     lm_compare, _, _ = bench
     seen = []
     monkeypatch.setattr(lm_compare, "run_ddlf",
-                        lambda args, batch=lm_compare.BATCH: seen.append(batch) or {})
+                        lambda args, batch=lm_compare.BATCH, **given:
+                        seen.append((batch, given)) or {})
     lm_compare.RUNNERS["ddlf-split-batch"](None)
-    assert seen == [lm_compare.BATCH // 2]
+    # Half the batch per trainer, which auto must not split again.
+    assert seen == [(lm_compare.BATCH // 2, {"split_batch": False})]
     assert "ddlf-split-batch" not in lm_compare.COLUMNS   # not in the table
     with pytest.raises(SystemExit) as e:
         lm_compare.main(["--columns", "ddlf-spilt-batch", "--estimate"])

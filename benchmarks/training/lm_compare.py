@@ -37,13 +37,16 @@ torchft-diloco  torchft's ``DiLoCo``: 2 replicas of 1 thread, inner the model's 
                 outer SGD 0.7 Nesterov 0.9 (DiLoCo's), a sync every 16 inner steps (DDLF's
                 default round), a lighthouse; output to files (``torch_compare``'s lesson:
                 an undrained stderr pipe stalled a replica mid-quorum).
-ddlf-default    ``train(lm.GptModelFn(ds, ...), ds, workers=2)`` on an embedded DDLF
-                cluster with every scheme setting at its default (run as the scaling issue
-                leaves them, not re-tuned for text).
+ddlf-default    ``train(lm.GptModelFn(ds, ..., batch_size=32), ds, workers=2)`` on an
+                embedded DDLF cluster with every scheme setting at its default (run as the
+                scaling issue leaves them, not re-tuned for text): ``auto`` decides whether
+                each trainer steps on the 32 windows or on 16 (its batch rule).
 ddlf-split-batch  (only when named in ``--columns``) ddlf-default with each trainer on 16
-                windows a step, half the single process's batch: as many optimizer steps
-                per token as one process takes. A diagnostic of why DDLF learns less per
-                token than one process, not a column of the issue's table.
+                windows a step (``batch_size=16, split_batch=False``), half the single
+                process's batch: as many optimizer steps per token as one process takes.
+                The diagnostic that showed why the defaults learned less per token than
+                one process before ``auto`` weighed the batch; not a column of the issue's
+                table.
 
 The model is ``--size small`` (6.1 M parameters; ``tiny`` for smoke runs) with windows of
 ``--context`` 128 bytes (the byte tokenizer). The run's helpers (processes, timelines,
@@ -340,12 +343,11 @@ def run_diloco(args) -> dict:
         lighthouse.shutdown()
 
 
-def run_ddlf(args, batch: int = BATCH) -> dict:
-    """DDLF's defaults on 2 trainers of ``batch`` windows a step each."""
+def run_ddlf(args, batch: int = BATCH, **given) -> dict:
+    """DDLF's defaults on 2 trainers given a batch of ``batch`` windows, and ``given``."""
     import ddlf_actors as ddlf
     from ddlf_actors.apps import lm, train
     from ddlf_actors.apps.callbacks import Callback
-    from ddlf_actors.apps.schemes.rounds import default_rounds
 
     class StopAt(Callback):
         """Ends the run at the budget's epoch (a fraction of an epoch, in smoke runs)."""
@@ -360,29 +362,33 @@ def run_ddlf(args, batch: int = BATCH) -> dict:
                   eval_windows=args.eval_windows)
     per_trainer = lm.steps_per_trainer(len(x), 2, batch, 1)
     fn = lm.GptModelFn(ds, framework="torch", size=args.size, learning_rate=args.lr,
-                       total_steps=max(1, round(per_trainer * args.epochs)), seed=args.seed)
-    rounds = default_rounds(len(x) / 2, batch)
+                       total_steps=max(1, round(per_trainer * args.epochs)), seed=args.seed,
+                       batch_size=batch)
     ddlf.init(num_cpus=2)
     try:
         result = train(fn, ds, workers=2, master_epochs=math.ceil(args.epochs),
                        batch_size=batch, seed=args.seed, progress=False,
-                       callbacks=[StopAt()],
-                       eval_every=max(1, round(rounds * min(1.0, args.epochs)
-                                               / args.evals_per_epoch)))
+                       callbacks=[StopAt()], **given,
+                       # per epoch, not per round: auto may split the batch, which
+                       # doubles the rounds (a budget under an epoch evaluates as often)
+                       evals_per_epoch=max(1, round(args.evals_per_epoch
+                                                    / min(1.0, args.epochs))))
     finally:
         ddlf.shutdown()
     tl = ddlf_timeline(result.history)
     return {"startup_s": result.startup_s, "train_s": tl.train_s, "timeline": tl.rows,
             "tokens_per_epoch": len(x) * args.context,
-            "settings": {k: v for k, v in result.options.to_json().items()
-                         if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
-                                  "nesterov", "eval_every")}}
+            "settings": {**{k: v for k, v in result.options.to_json().items()
+                            if k in ("rounds_per_epoch", "outer_lr", "outer_momentum",
+                                     "nesterov", "eval_every", "evals_per_epoch")},
+                         "batch_size": result.config.batch_size,
+                         "auto": (result.settings.get("auto") or {}).get("line")}}
 
 
 RUNNERS = {"torch-1p": run_single, "torch-ddp": run_ddp, "torchft-diloco": run_diloco,
            "ddlf-default": run_ddlf,
            # Not one of COLUMNS (the issue's table): a diagnostic, named in --columns.
-           "ddlf-split-batch": lambda args: run_ddlf(args, BATCH // 2)}
+           "ddlf-split-batch": lambda args: run_ddlf(args, BATCH // 2, split_batch=False)}
 
 
 # -- the parent ---------------------------------------------------------------------------------
