@@ -101,11 +101,27 @@ def _owned_by(root, pid) -> list[str]:
     return [f for f in _files(root) if f.split("-")[0] == str(pid)]
 
 
-def _wait_for(cond, timeout=15.0, what="condition"):
+def _owners(root) -> str:
+    """Each segment left in ``root`` and whether the process its name holds is alive: what
+    a failed sweep test needs to say (the sweep removes only the dead's)."""
+    out = []
+    for f in _files(root):
+        pid = int(f.split("-")[0])
+        try:
+            p = psutil.Process(pid)
+            who = f"pid {pid} {p.status()} ({' '.join(p.cmdline()[:4])})"
+        except psutil.Error:
+            who = f"pid {pid} gone"
+        out.append(f"{f}: {who}")
+    return "; ".join(out) or "none"
+
+
+def _wait_for(cond, timeout=15.0, what="condition", detail=None):
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+            pytest.fail(f"timed out after {timeout} s waiting for {what}"
+                        + (f"; {detail()}" if detail else ""))
         time.sleep(0.1)
 
 
@@ -250,7 +266,8 @@ def test_sigkilled_driver_leaves_no_segments(shm_env):
             # The child's node daemon sees its lifeline close, kills its workers and sweeps
             # (at once: the killed driver may still be an unreaped zombie then, which the
             # sweep counts as gone; see the test below).
-            _wait_for(lambda: not _files(shm_env), timeout=30, what="the killed driver's segments to go")
+            _wait_for(lambda: not _files(shm_env), timeout=30, what="the killed driver's segments to go",
+                      detail=lambda: f"left: {_owners(shm_env)}; cluster {cluster}")
         finally:
             if child.poll() is None:
                 child.kill()
