@@ -5,8 +5,9 @@ What ``auto.choose`` needs to pick the steps per round and the codec is three nu
 how long a local step takes, how long encoding the model's size costs with each codec,
 and how fast a trainer reaches its right-hand neighbour in the ring (the ring's slowest
 link sets its pace). For the batch rule it needs two more: a step's time on the batch
-split K ways, and the gradient noise scale (``noise.py``) from a few batches' gradients. Each is measured where it happens, on the trainers, in a second or
-two (:class:`ProbeTrainer`, which ``TrainerActor`` inherits); :func:`measure` runs them
+split K ways, and the gradient noise scale (``noise.py``) from a few batches' gradients.
+Each is measured where it happens, on the trainers, in a few seconds
+(:class:`ProbeTrainer`, which ``TrainerActor`` inherits); :func:`measure` runs them
 on every live trainer at once and never waits longer than its timeout: a probe that does
 not finish (a link that drops, a trainer that hangs) comes back as a
 :class:`Probe` with ``failed`` set, and ``auto`` falls back to settings that need no
