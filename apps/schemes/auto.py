@@ -283,6 +283,10 @@ def _rounds(k: int, model_bytes: float, probe: Probe | None, *, compression: Any
     if k == 1:
         return Choice("allreduce", steps or STEPS_PER_ROUND, compression, False,
                       "K = 1 sends nothing, and the outer step is off", None, explicit)
+    if compression is not None and steps is not None:   # nothing left for the link to decide
+        return Choice("allreduce", steps, compression, False,
+                      "the codec and the steps per round as given",
+                      None if probe is None else probe.to_json(), explicit)
     if probe is None or probe.failed or probe.step_s is None or not probe.bandwidth_Bps:
         why = ("the probe is off (probe=False)" if probe is None else
                f"the start-up probe failed: {probe.failed}; these need no measurement")

@@ -221,6 +221,8 @@ def test_explicit_options_skip_the_probe_and_are_kept():
     assert weighed["auto"]["probe"]["noise"]["n"] >= 4
     assert weighed["auto"]["probe"]["bandwidth_Bps"] is None
     assert weighed["compression"] == "fp16" and weighed["options"]["steps_per_round"] == 4
+    assert "the codec and the steps per round as given" in weighed["auto"]["line"]
+    assert "probe failed" not in weighed["auto"]["line"]
 
 
 def test_auto_scales_four_trainers_rate_unless_a_rate_setting_is_given():
