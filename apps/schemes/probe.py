@@ -212,8 +212,7 @@ def measure(backend, handles: list, batch_size: int, codec_specs: list,
             latency = statistics.median(lat for _, lat in figures)
     except Exception as e:   # a measurement that raised (TimeoutError on a link): say which
         return Probe(seconds=time.perf_counter() - t0,
-                     failed=f"a measurement failed: {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+                     failed=f"a measurement failed: {_brief(e)}")
     found = Probe(step_s=step_s, encode_s=encode_s, bandwidth_Bps=bandwidth,
                   latency_s=latency)
     if split_batch is not None:
@@ -232,5 +231,10 @@ def _batch_figures(backend, found: Probe, split_batch: int, splits: list, noises
         found.split_step_s = max(backend.get(r)["step_s"] for r in splits)
         found.noise = noise.combine(backend.get(noises))
     except Exception as e:   # any trainer's failure: keep the batch, say why
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        found.noise_failed = f"{type(e).__name__}: {first}"[:300]
+        found.noise_failed = _brief(e)[:300]
+
+
+def _brief(error: BaseException) -> str:
+    """``Type: first line of the message``: what a probe's line says of a failure."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"

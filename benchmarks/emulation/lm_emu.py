@@ -109,8 +109,8 @@ def driver(address: str, plan: dict) -> None:
                 for name in plan["settings"]:
                     scheme, opts = setting(name, plan["codec"])
                     # evals_per_epoch evaluations within a budget of less than an epoch too
-                    per_epoch = max(1, round(plan["evals_per_epoch"]
-                                             / min(1.0, plan["epochs"])))
+                    per_epoch = cadence.evals_per_epoch(plan["evals_per_epoch"],
+                                                        plan["epochs"])
                     when = cadence.evaluations(scheme, opts, k, num_train, per_epoch)
                     load = os.getloadavg()[0]
                     t0 = time.perf_counter()

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import inspect
 
-__all__ = ["default_scheme", "rounds_per_epoch", "eval_every", "evaluations"]
+__all__ = ["default_scheme", "rounds_per_epoch", "eval_every", "evaluations",
+           "evals_per_epoch"]
 
 
 def default_scheme() -> str:
@@ -68,3 +69,9 @@ def evaluations(scheme: str | None, options: dict, workers: int, num_train: int,
     if "evals_per_epoch" in registry.get(scheme or default_scheme()).Options.names():
         return {"evals_per_epoch": evals_per_epoch}
     return eval_every(scheme, options, workers, num_train, evals_per_epoch, batch_size)
+
+
+def evals_per_epoch(evals: int, epochs: float) -> int:
+    """Evaluations per epoch that give a run of ``epochs`` its ``evals`` per epoch, and a
+    budget of less than an epoch as many within it."""
+    return max(1, round(evals / min(1.0, epochs)))

@@ -346,6 +346,7 @@ def run_diloco(args) -> dict:
 def run_ddlf(args, batch: int = BATCH, **given) -> dict:
     """DDLF's defaults on 2 trainers given a batch of ``batch`` windows, and ``given``."""
     import ddlf_actors as ddlf
+    from benchmarks.protocol import cadence
     from ddlf_actors.apps import lm, train
     from ddlf_actors.apps.callbacks import Callback
 
@@ -371,8 +372,8 @@ def run_ddlf(args, batch: int = BATCH, **given) -> dict:
                        callbacks=[StopAt()], **given,
                        # per epoch, not per round: auto may split the batch, which
                        # doubles the rounds (a budget under an epoch evaluates as often)
-                       evals_per_epoch=max(1, round(args.evals_per_epoch
-                                                    / min(1.0, args.epochs))))
+                       evals_per_epoch=cadence.evals_per_epoch(args.evals_per_epoch,
+                                                               args.epochs))
     finally:
         ddlf.shutdown()
     tl = ddlf_timeline(result.history)
