@@ -78,6 +78,17 @@ def test_the_emulated_table_gives_efficiency_against_k_1(bench):
                          2.0)
     assert "| 100mbit | sync | 1 | 1 | 200.0 | 1/1 |" in table
     assert "| 100mbit | sync | 4 | 1 | 70.0 | 1/1 | 71% |" in table
+    # A run's training seconds (its evaluations taken out) count when recorded.
+    timed = run(4, [(40, 2.2), (70, 1.95)])
+    for row, train_s in zip(timed["rows"], (30.0, 50.0)):
+        row["train_s"] = train_s
+    assert lm_emu.time_to(timed, 2.0) == 50.0
+    assert "| 100mbit | sync | 4 | 1 | 50.0 | 1/1 | 100% |" in lm_emu.table(
+        [run(1, [(100, 2.5), (200, 1.9)]), timed], 2.0)
+    # Without its own K = 1 a setting is against the defaults' K = 1, on any link.
+    alone = {**run(1, [(100, 2.5), (200, 1.9)]), "codec": "defaults"}
+    dp = {**run(4, [(100, 1.9)]), "codec": "dataparallel", "rate": "1gbit"}
+    assert "| 1gbit | dataparallel | 4 | 1 | 100.0 | 1/1 | 50% |" in lm_emu.table([alone, dp], 2.0)
 
 
 def test_the_split_batch_column_is_ddlf_on_half_the_batch_and_only_when_named(bench,

@@ -16,9 +16,13 @@ on Debian's fortunes (byte tokens, windows of ``--context``) with each setting:
 ``defaults`` (DDLF's defaults: ``train()`` given no scheme, that is ``scheme="auto"``, as
 the scaling issue leaves them) or one of ``emu_streaming.SETTINGS``
 (``allreduce+overlap+codec``: the ring for slow links, int4 with error feedback; ``sync``:
-the star), seeds interleaved, evaluating on the validation split 4 times an epoch. Every
-run starts from the same initial weights; the cosine of every run decays over its own
-steps.
+the star), seeds interleaved, evaluating on the validation split 16 times an epoch. Every
+run starts its own trainers (``train()`` without ``trainers=``), so each starts from its
+seed's initial weights (the same at every K) with a fresh optimizer, and its cosine decays
+over its own steps. Reusing one pool of trainers restored the weights but not the
+optimizer: a later seed started from the previous run's Adam moments and decayed rate.
+Times are training time: the rounds' wall time minus the trainers' evaluations in them,
+the trainers' start-up reported apart, as ``lm_compare.py`` counts them.
 
 Per (link, setting, K): the median time to ``--target`` (a validation loss: the tuned
 single process's after one epoch, from ``training/lm_compare.py --select``'s choices, or
@@ -27,10 +31,16 @@ trainer alone: no other trainer to wait for, its link idle), utilization, the lo
 the budget and seconds per epoch. The issue's targets: K = 4 at 100 Mbit/s reaches the
 target at >= 70 % efficiency and in <= 1.0x torchft DiLoCo's time under the same links.
 
-**Not built here**: the data-parallel (DDP) and torchft DiLoCo columns across K emulated
-hosts. ``link_hosts.py`` emulates two hosts (``peers/torch_compare.py --link``); K = 4
-needs its hosts generalised to K. Until then the DiLoCo comparison is at K = 2 through
-``torch_compare.py``'s harness, and this table holds DDLF's columns.
+``dataparallel`` is the issue's data-parallel column: ``train(..., "dataparallel")``, a
+gradient all-reduce over the ring every step, each trainer on a batch of 32 (as
+``lm_compare.py``'s DDP ranks), the model's own rate (1e-3, the rate the 2-core table
+chose for DDP; not chosen again at each K). Without a K = 1 of its own, a setting's
+efficiency is against the defaults' K = 1.
+
+**Not built here**: the torchft DiLoCo column across K emulated hosts.
+``link_hosts.py`` emulates two hosts (``peers/torch_compare.py --link``); K = 4 needs its
+hosts generalised to K. Until then the DiLoCo comparison is at K = 2 through
+``torch_compare.py``'s harness.
 
 Durations: a ``small`` GPT trainer at 0.5 CPU makes about 950 tokens/s (half of the 1,892
 tokens per CPU second ``training/lm_frameworks.py --size small`` measured), so one epoch
@@ -70,6 +80,8 @@ def setting(name: str, codec: str) -> tuple[str, dict]:
         from benchmarks.protocol import cadence
 
         return cadence.default_scheme(), {}
+    if name == "dataparallel":   # the issue's data-parallel column: an all-reduce a step
+        return "dataparallel", {}
     return emu_streaming.options_for(name, codec, 1)
 
 
@@ -78,9 +90,8 @@ def driver(address: str, plan: dict) -> None:
     ``RESULT`` line per run (``harness.run`` reads them)."""
     import ddlf_actors as ddlf
     from benchmarks.protocol import cadence, ran
-    from ddlf_actors.apps import TrainConfig, datasets, lm, train
+    from ddlf_actors.apps import datasets, lm, train
     from ddlf_actors.apps.callbacks import Callback
-    from ddlf_actors.apps.schemes.pool import start_trainers, stop_trainers
 
     class StopAt(Callback):
         def __init__(self, epochs, rounds):
@@ -94,13 +105,9 @@ def driver(address: str, plan: dict) -> None:
     ds = datasets.corpus("fortunes", context=plan["context"],
                          eval_windows=plan["eval_windows"]).prepare()
     steps = lm.steps_per_trainer(ds.windows("train"), k, 32, 1)
-    build = lm.GptModelFn(ds, framework="torch", size=plan["size"],
-                          total_steps=max(1, round(steps * plan["epochs"])), batch_size=32)
+    num_train = ds.windows("train")
     ddlf.init(address=address)
-    trainers = start_trainers(build, ds, TrainConfig(workers=k, progress=False))
     try:
-        w0 = ddlf.get(trainers[0].get_weights.remote())
-        num_train = ds.windows("train")
         for rate in plan["rates"]:
             print(f"RATE {rate}", flush=True)
             if sys.stdin.readline().strip() != "OK":
@@ -108,33 +115,43 @@ def driver(address: str, plan: dict) -> None:
             for seed in plan["seeds"]:
                 for name in plan["settings"]:
                     scheme, opts = setting(name, plan["codec"])
+                    build = lm.GptModelFn(ds, framework="torch", size=plan["size"],
+                                          total_steps=max(1, round(steps * plan["epochs"])),
+                                          batch_size=32, seed=seed)
                     # evals_per_epoch evaluations within a budget of less than an epoch too
                     per_epoch = cadence.evals_per_epoch(plan["evals_per_epoch"],
                                                         plan["epochs"])
                     when = cadence.evaluations(scheme, opts, k, num_train, per_epoch)
                     load = os.getloadavg()[0]
                     t0 = time.perf_counter()
-                    result = train(build, ds, scheme, trainers=trainers, initial_weights=w0,
-                                   workers=k, seed=seed, progress=False, **when,
+                    result = train(build, ds, scheme, workers=k, seed=seed, progress=False,
+                                   **when,
                                    master_epochs=max(1, int(-(-plan["epochs"] // 1))),
                                    callbacks=[StopAt(plan["epochs"], plan["max_rounds"])],
                                    **opts)
-                    keys = ("round", "epoch", "time_s", "wall_s", "compute_total_s",
+                    keys = ("round", "epoch", "time_s", "wall_s", "eval_s", "compute_total_s",
                             "bytes_sent", "bytes_received", "ring_bytes", "test_loss",
                             "bits_per_byte", "tokens", "workers")
-                    rows = [{key: r.get(key) for key in keys} for r in result.history]
+                    rows, train_s = [], 0.0
+                    for r in result.history:
+                        train_s += float(r.get("wall_s") or 0.0) - float(r.get("eval_s") or 0.0)
+                        rows.append({**{key: r.get(key) for key in keys}, "train_s": train_s})
                     print("RESULT " + json.dumps({
                         "rate": rate, "codec": name, "k": k, "seed": seed, "scheme": scheme,
                         "options": opts, "ran": ran.describe_run(result), "rows": rows,
+                        "startup_s": result.startup_s,
+                        "batch_size": result.config.batch_size,
+                        "auto": (result.settings.get("auto") or {}).get("line"),
                         "total_s": time.perf_counter() - t0,
                         "load": [load, os.getloadavg()[0]]}), flush=True)
     finally:
-        stop_trainers(trainers)
         ddlf.shutdown()
 
 
 def time_to(r: dict, target: float) -> float | None:
-    return next((x["time_s"] for x in r["rows"]
+    """Training seconds to the first evaluation at or under ``target``. Runs recorded
+    before ``train_s`` (the preview of cd0366e) count their rows' ``time_s``."""
+    return next((x.get("train_s", x["time_s"]) for x in r["rows"]
                  if x["test_loss"] is not None and x["test_loss"] <= target), None)
 
 
@@ -161,12 +178,16 @@ def table(results: list, target: float) -> str:
                 f"{len(hit)}/{len(times)}")
 
     t1 = {(rate, name): reached(runs)[0] for (rate, name, k), runs in groups.items() if k == 1}
+    # A setting without its own K = 1 (data-parallel, or a link not run at K = 1) is
+    # against the tuned K = 1: DDLF's defaults on one trainer, which sends nothing, so its
+    # time is the same on every link.
+    alone = [t for (rate, name), t in sorted(t1.items()) if name == "defaults" and t]
     for (rate, name, k), runs in sorted(groups.items()):
         tt, hits = reached(runs)
-        base = t1.get((rate, name))
+        base = t1.get((rate, name)) or (alone[0] if alone else None)
         eff = base / (k * tt) if base and tt else None
         epochs = max(x["epoch"] for x in runs[0]["rows"]) if runs[0]["rows"] else 0
-        per_epoch = med(r["rows"][-1]["time_s"] / max(epochs, 1e-9) for r in runs if r["rows"])
+        per_epoch = med(r["rows"][-1].get("train_s", r["rows"][-1]["time_s"]) / max(epochs, 1e-9) for r in runs if r["rows"])
         load = [v for r in runs for v in r["load"]]
         out.append(f"| {rate} | {name} | {k} | {len(runs)} | {fmt(tt)} | {hits} | "
                    f"{fmt(eff, '.0%')} | "
@@ -214,7 +235,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--node-cpus", type=float, default=0.5)
     p.add_argument("--priority", type=float, default=8.0)
-    p.add_argument("--evals-per-epoch", type=int, default=4)
+    p.add_argument("--evals-per-epoch", type=int, default=16)
     p.add_argument("--max-rounds", type=int, default=0, help="a smoke run: rounds per run")
     p.add_argument("--eval-windows", type=int,
                    help="evaluate on the validation split's first N windows (smoke runs)")
