@@ -175,9 +175,11 @@ def same_host(key) -> bool:
 
 
 def _start_time(pid: int) -> int:
-    import psutil
+    """The start of ``pid`` in a segment's name: hundredths of ``process_identity``'s
+    (ticks since boot on Linux), steady when the wall clock moves."""
+    from . import process_identity
 
-    return int(psutil.Process(pid).create_time())
+    return round(process_identity.start_time(pid) * 100)
 
 
 # -- creating and reusing segments -------------------------------------------------------------
@@ -566,7 +568,7 @@ def worker_object(conn: Connection, segs):
 # -- sweeping ------------------------------------------------------------------------------------
 def sweep(s: _Store | None = None) -> int:
     """Unlink the segments whose creator (pid and start time in the name) is gone."""
-    import psutil
+    from . import process_identity
 
     s = s or _get()
     if s is None:
@@ -584,11 +586,8 @@ def sweep(s: _Store | None = None) -> int:
         key = (int(parts[0]), int(parts[1]))
         ok = alive.get(key)
         if ok is None:
-            try:   # a zombie has exited: a node sweeps as soon as its driver dies, unreaped
-                p = psutil.Process(key[0])
-                ok = abs(int(p.create_time()) - key[1]) <= 1 and p.status() != psutil.STATUS_ZOMBIE
-            except psutil.Error:
-                ok = False
+            # a zombie has exited: a node sweeps as soon as its driver dies, unreaped
+            ok = process_identity.is_running(key[0], key[1] / 100)
             alive[key] = ok
         if not ok:
             try:

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from ddlf_actors.runtime import process, runtime_env
-from ddlf_actors.runtime.launch import remote
+from ddlf_actors.runtime.launch import records, remote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -149,10 +149,10 @@ def test_a_process_that_merely_has_a_recorded_pid_is_never_signalled(host_env):
     try:
         state_dir = os.path.join(host_env["DDLF_TEMP_DIR"], "clusters", "local")
         os.makedirs(state_dir)
-        start = psutil.Process(bystander.pid).create_time()
-        for role, ctime in (("node", start), ("head", start - 100)):   # not DDLF; not it
+        start = records.process_start_time(bystander.pid)
+        for role, began in (("node", start), ("head", start - 100)):   # not DDLF; not it
             with open(os.path.join(state_dir, f"{role}.json"), "w") as f:
-                json.dump({"role": role, "pid": bystander.pid, "create_time": ctime}, f)
+                json.dump({"role": role, "pid": bystander.pid, "start_time": began}, f)
         stopped = _answer(_agent(host_env, {"verb": "stop", "cluster": "local"}))
         assert stopped["stopped"] == [] and len(stopped["gone"]) == 2   # nothing signalled
         assert bystander.poll() is None

@@ -348,7 +348,7 @@ def test_sweep_unlinks_the_segments_of_an_exited_unreaped_creator(shm_env):
     try:
         _wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE,
                   what="the child to exit (it stays unreaped)")
-        start = int(psutil.Process(zombie.pid).create_time())
+        start = shm_store._start_time(zombie.pid)
         dead = os.path.join(store.dir, f"{zombie.pid}-{start}-1-abcdef")
         mine = os.path.join(store.dir, f"{store.tag}-1-abcdef")   # a running creator's
         for path in (dead, mine):

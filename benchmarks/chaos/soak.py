@@ -55,6 +55,7 @@ if _ROOT not in sys.path:  # run from a source checkout without installing
 
 import ddlf_actors as ddlf  # noqa: E402
 from ddlf_actors.errors import DDLFError, GetTimeoutError  # noqa: E402
+from ddlf_actors.runtime import process_identity  # noqa: E402
 from ddlf_actors.runtime.client import current  # noqa: E402
 from ddlf_actors.runtime.wire.auth import read_token_file  # noqa: E402
 
@@ -88,7 +89,8 @@ def square(x, nap=0.0):
 class Tracker:
     """Every process this run started: the session's records plus their descendants.
 
-    Kept as (pid, create_time) so that a reused pid is never mistaken for ours.
+    Kept as (pid, start time) so that a reused pid is never mistaken for ours
+    (``process_identity``: psutil's ``create_time()`` moves when the clock does).
     """
 
     def __init__(self, session: str):
@@ -114,25 +116,15 @@ class Tracker:
             return
         for q in procs:
             with contextlib.suppress(psutil.Error):
-                self.seen.setdefault(q.pid, q.create_time())
+                self.seen.setdefault(q.pid, process_identity.start_time(q.pid))
 
     def ours(self, pid: int) -> bool:
         self.refresh()
-        try:
-            return self.seen.get(pid) == psutil.Process(pid).create_time()
-        except psutil.Error:
-            return False
+        return process_identity.matches(pid, self.seen.get(pid))
 
     def alive(self) -> list[int]:
-        left = []
-        for pid, created in self.seen.items():
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                    left.append(pid)
-            except psutil.Error:
-                pass
-        return left
+        return [pid for pid, started in self.seen.items()
+                if process_identity.is_running(pid, started)]
 
 
 def cli(*args, timeout=90) -> subprocess.CompletedProcess:

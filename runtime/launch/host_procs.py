@@ -142,7 +142,7 @@ def _start_head(state: HostState, ip: str, req: dict, env: dict) -> dict:
             *dash_args]
     proc, info = process.start_daemon(args, "head", state.log_path("head"), env=env)
     ctime = process_start_time(proc.pid)
-    rec = {"role": "head", "pid": proc.pid, "create_time": ctime, "address": info["address"],
+    rec = {"role": "head", "pid": proc.pid, "start_time": ctime, "address": info["address"],
            "token_file": info["token_file"], "dashboard_url": info.get("dashboard_url"),
            "dashboard_note": note, "epoch": f"{proc.pid}-{ctime}", "started_at": time.time()}
     state.write("head", rec)
@@ -158,7 +158,7 @@ def _start_node(state: HostState, ip: str, head_address: str, epoch: str, token_
         if req.get(key) is not None:
             args += [flag, str(req[key])]
     proc, info = process.start_daemon(args, "node", state.log_path("node"), env=env)
-    rec = {"role": "node", "pid": proc.pid, "create_time": process_start_time(proc.pid),
+    rec = {"role": "node", "pid": proc.pid, "start_time": process_start_time(proc.pid),
            "node_id": info["node_id"], "address": info["address"], "head_address": head_address,
            "head_epoch": epoch, "started_at": time.time()}
     state.write("node", rec)

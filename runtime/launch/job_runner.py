@@ -84,7 +84,7 @@ def run_job(state: HostState, req: dict, stdin_fd: int = 0) -> int:
     proc = subprocess.Popen([sys.executable, script, *req.get("args", [])], cwd=wd, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    rec = {"job_id": job_id, "pid": proc.pid, "create_time": process_start_time(proc.pid),
+    rec = {"job_id": job_id, "pid": proc.pid, "start_time": process_start_time(proc.pid),
            "script": req["script"], "args": req.get("args", []), "started": time.time(),
            "status": "RUNNING", "head": head["address"]}
     state.write_job(rec)

@@ -17,29 +17,35 @@ import os
 
 import psutil
 
-from .. import config
+from .. import config, process_identity
 
 __all__ = ["HostState", "alive", "process_start_time"]
 
 
 def process_start_time(pid: int) -> float | None:
+    """What a record keeps as ``start_time`` (``process_identity.start_time``), or None
+    if ``pid`` is gone."""
     try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
+        return process_identity.start_time(pid)
+    except (psutil.Error, OSError):
         return None
 
 
 def alive(rec: dict | None, marker: str = "ddlf_actors") -> bool:
-    """True if the process ``rec`` names still runs: same pid, same start time, DDLF code."""
+    """True if the process ``rec`` names still runs: same pid, same start, DDLF code."""
     if not rec or not rec.get("pid"):
         return False
     try:
-        proc = psutil.Process(int(rec["pid"]))
-        if abs(proc.create_time() - float(rec.get("create_time", -1))) > 0.05:
-            return False
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return marker in " ".join(proc.cmdline())
+        pid = int(rec["pid"])
+        if "start_time" in rec:
+            if not process_identity.is_running(pid, rec["start_time"]):
+                return False
+        else:   # a record of a DDLF before start_time: the wall-clock start, to a second
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - float(rec.get("create_time", -1))) > 1.0 or \
+                    proc.status() == psutil.STATUS_ZOMBIE:
+                return False
+        return marker in " ".join(psutil.Process(pid).cmdline())
     except (psutil.Error, ValueError, TypeError):
         return False
 
