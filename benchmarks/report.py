@@ -373,9 +373,45 @@ def _microbench(h: dict, results: str, facts: dict) -> list:
                     "s or x ideal (lower is better).", ""]
 
 
+# -- emulation/lm_emu.py ----------------------------------------------------------------------
+
+
+def _lm_emu(h: dict, results: str, facts: dict) -> list:
+    """``lm_emu.py``'s table (a target loss on emulated nodes). Facts:
+    ``ID.K<k>.<rate>.<setting>.ttt_eff`` and ``.time``, and ``ID.K<k>.<rate>.vs.<setting>``:
+    the defaults' time over that setting's at the same K and link."""
+    from benchmarks.emulation import lm_emu
+
+    runs = [r for name in h["raw"] for r in _runs(name, results)]
+    target = h["target"]
+    lines = _meta(h, [v for r in runs for v in r["load"]])
+    lines += lm_emu.table(runs, target).splitlines()
+    rows = lm_emu.groups(runs, target)
+    for g in rows:
+        key = f"{h['id']}.K{g['k']}.{g['rate']}.{g['setting']}"
+        facts[key + ".ttt_eff"] = "-" if g["efficiency"] is None else f"{g['efficiency']:.0%}"
+        facts[key + ".time"] = "-" if g["time"] is None else f"{g['time']:.1f}"
+    mine = {(g["k"], g["rate"]): g["time"] for g in rows if g["setting"] == "defaults"}
+    ratios = []
+    for g in rows:
+        ours = mine.get((g["k"], g["rate"]))
+        if g["setting"] == "defaults" or ours is None:
+            continue
+        value = "-" if not g["time"] else f"{ours / g['time']:.2f}×"
+        facts[f"{h['id']}.K{g['k']}.{g['rate']}.vs.{g['setting']}"] = value
+        ratios.append(f"- DDLF's defaults against {g['setting']} at K = {g['k']}, "
+                      f"{g['rate']}, time to the target: **{value}**"
+                      + ("" if g["time"] else " (it never reached the target in the budget)"))
+    return lines + ["", "Medians over the seeds; `reached`: the seeds that reached the target "
+                    "loss within the budget (a median needs more than half). Times are "
+                    "training time: start-up and evaluations taken out. Efficiency "
+                    "T1/(K·TK) against the defaults at K = 1 (one trainer, no traffic).",
+                    *ratios, ""]
+
+
 KINDS = {"torch_compare": _torch, "streaming": _streaming, "scaling": _scaling,
          "scaling_columns": _scaling_columns, "train_compare": _train_compare,
-         "microbench": _microbench}
+         "microbench": _microbench, "lm_emu": _lm_emu}
 _FACT = re.compile(r"\{\{([^{}]+)\}\}")
 
 

@@ -76,19 +76,43 @@ def test_the_emulated_table_gives_efficiency_against_k_1(bench):
 
     table = lm_emu.table([run(1, [(100, 2.5), (200, 1.9)]), run(4, [(40, 2.2), (70, 1.95)])],
                          2.0)
-    assert "| 100mbit | sync | 1 | 1 | 200.0 | 1/1 |" in table
-    assert "| 100mbit | sync | 4 | 1 | 70.0 | 1/1 | 71% |" in table
+    assert "| 100mbit | sync | 1 | 1 | 200.0 | 1.000 | 1/1 |" in table
+    assert "| 100mbit | sync | 4 | 1 | 70.0 | 1.000 | 1/1 | 71% |" in table
     # A run's training seconds (its evaluations taken out) count when recorded.
     timed = run(4, [(40, 2.2), (70, 1.95)])
     for row, train_s in zip(timed["rows"], (30.0, 50.0)):
         row["train_s"] = train_s
     assert lm_emu.time_to(timed, 2.0) == 50.0
-    assert "| 100mbit | sync | 4 | 1 | 50.0 | 1/1 | 100% |" in lm_emu.table(
+    assert "| 100mbit | sync | 4 | 1 | 50.0 | 1.000 | 1/1 | 100% |" in lm_emu.table(
         [run(1, [(100, 2.5), (200, 1.9)]), timed], 2.0)
     # Without its own K = 1 a setting is against the defaults' K = 1, on any link.
     alone = {**run(1, [(100, 2.5), (200, 1.9)]), "codec": "defaults"}
     dp = {**run(4, [(100, 1.9)]), "codec": "dataparallel", "rate": "1gbit"}
-    assert "| 1gbit | dataparallel | 4 | 1 | 100.0 | 1/1 | 50% |" in lm_emu.table([alone, dp], 2.0)
+    assert "| 1gbit | dataparallel | 4 | 1 | 100.0 | 1.000 | 1/1 | 50% |" in lm_emu.table(
+        [alone, dp], 2.0)
+    # torchft's DiLoCo reports its evaluations only: no compute or driver bytes to show.
+    diloco = {"rate": "1gbit", "codec": lm_emu.DILOCO, "k": 4, "seed": 1, "load": [1.0, 1.0],
+              "rows": [{"epoch": 0.5, "train_s": 80.0, "time_s": 80.0, "test_loss": 1.9}]}
+    assert "| 1gbit | torchft-diloco | 4 | 1 | 80.0 | 0.500 | 1/1 | 62% | - | 1.9000 | 160.0 | - |" \
+        in lm_emu.table([alone, diloco], 2.0)
+
+
+def test_the_emulated_table_prints_from_raw_files(bench, tmp_path, capsys):
+    import gzip
+    import json
+
+    _, _, lm_emu = bench
+    rows = [{"epoch": 0.25, "train_s": 30.0, "time_s": 31.0, "test_loss": 1.9}]
+    one = {"rate": "1gbit", "codec": "defaults", "k": 1, "seed": 1, "load": [1, 1], "rows": rows}
+    with gzip.open(tmp_path / "a.json.gz", "wt") as f:
+        json.dump({"plan": {}, "results": [one]}, f)
+    (tmp_path / "b.json").write_text(json.dumps({"plan": {}, "results": [{**one, "k": 2}]}))
+    assert lm_emu.main(["--from", f"{tmp_path / 'a.json.gz'},{tmp_path / 'b.json'}",
+                        "--target", "2.0"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1gbit | defaults | 2 | 1 | 30.0 | 0.250 | 1/1 | 50% |" in out
+    with pytest.raises(SystemExit, match="--target or --choices"):
+        lm_emu.main(["--from", str(tmp_path / "b.json")])
 
 
 def test_the_split_batch_column_is_ddlf_on_half_the_batch_and_only_when_named(bench,
@@ -130,3 +154,51 @@ def test_the_emulated_defaults_are_what_train_runs_given_nothing(bench):
     with pytest.raises(SystemExit, match="unknown setting"):
         lm_emu.setting("defualts", "int4:ef")
     assert lm_emu.main(["--settings", "defaults", "--estimate", "--size", "tiny"]) == 0
+
+
+def test_diloco_across_k_hosts_puts_replica_r_in_its_host_with_the_world_size(bench,
+                                                                             monkeypatch):
+    """lm_emu.py's torchft-diloco column (``torchft_diloco.linked_diloco``): the lighthouse
+    in host 0 sized for K replicas, replica r in host r + 1 on that host's address, each
+    with the run's flags; replica 0's line is the result. Stand-in processes, no torch."""
+    import subprocess
+    import sys
+    import types
+
+    from benchmarks.peers import torchft_diloco
+
+    monkeypatch.setitem(sys.modules, "torchft", types.ModuleType("torchft"))
+    started = []
+
+    class Hosts:
+        ips = [f"10.9.0.{i + 1}" for i in range(5)]
+
+        def popen(self, i, cmd, **kw):
+            if "--lighthouse-server" in cmd:
+                code = ("import json, sys; print(json.dumps({'lighthouse_port': 7, "
+                        "'barrier_port': 8}), flush=True); sys.stdin.read()")
+            else:
+                rank = cmd[cmd.index("--diloco-replica") + 1]
+                code = (f"import json; print(json.dumps({{'rank': {rank}, 'timeline': [], "
+                        "'train_s': 1.0, 'startup_s': 0.5}))")
+            proc = subprocess.Popen([sys.executable, "-c", code], **kw)
+            started.append((i, cmd, proc))
+            return proc
+
+    args = type("A", (), {"timeout": 60})()
+    try:
+        got = torchft_diloco.linked_diloco(args, Hosts(), "lm_compare.py",
+                                           replica_hosts=range(1, 5), flags=["--seed", "3"])
+    finally:
+        for _, _, proc in started:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(10)
+    assert got == {"rank": 0, "timeline": [], "train_s": 1.0, "startup_s": 0.5}
+    lighthouse = started[0][1]
+    assert started[0][0] == 0 and lighthouse[lighthouse.index("--diloco-world") + 1] == "4"
+    for r, (host, cmd, _) in enumerate(started[1:]):
+        assert host == r + 1 and cmd[cmd.index("--diloco-replica") + 1] == str(r)
+        assert cmd[cmd.index("--host-ip") + 1] == Hosts.ips[r + 1]
+        assert cmd[cmd.index("--lighthouse") + 1] == "http://10.9.0.1:7"
+        assert cmd[cmd.index("--diloco-world") + 1] == "4" and cmd[-2:] == ["--seed", "3"]

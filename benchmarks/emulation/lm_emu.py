@@ -2,11 +2,12 @@
 trainer nodes of 0.5 CPU, links of 100 Mbit/s and 1 Gbit/s, time to a target loss.
 
     sudo python benchmarks/emulation/lm_emu.py [--ks 1,2,4] [--rates 100mbit,1gbit] \\
-        [--settings defaults,allreduce+overlap+codec] [--seeds 1,2,3] [--epochs 1] \\
+        [--settings defaults,dataparallel,torchft-diloco] [--seeds 1,2,3] [--epochs 1] \\
         [--target 1.9] [--size small] [--context 128] [--json lm_emu.json]
     sudo python benchmarks/emulation/lm_emu.py --ks 1,2 --rates 1gbit --settings defaults \\
         --seeds 1 --size tiny --context 64 --max-rounds 4                # a smoke run
     python benchmarks/emulation/lm_emu.py --estimate [...]               # the grid's hours
+    python benchmarks/emulation/lm_emu.py --from a.json,b.json --target 2.6968  # a table
 
 The emulation harness (``harness.run``) builds the hosts (one network namespace each, a
 ``tc tbf`` link of the rate both ways, each trainer node in a cgroup of ``--node-cpus``),
@@ -37,10 +38,12 @@ gradient all-reduce over the ring every step, each trainer on a batch of 32 (as
 chose for DDP; not chosen again at each K). Without a K = 1 of its own, a setting's
 efficiency is against the defaults' K = 1.
 
-**Not built here**: the torchft DiLoCo column across K emulated hosts.
-``link_hosts.py`` emulates two hosts (``peers/torch_compare.py --link``); K = 4 needs its
-hosts generalised to K. Until then the DiLoCo comparison is at K = 2 through
-``torch_compare.py``'s harness.
+``torchft-diloco`` is the issue's DiLoCo column (:func:`diloco_runs`): torchft's
+``DiLoCo`` as ``lm_compare.py`` runs it on 2 cores (the model's AdamW inside, outer SGD
+0.7 Nesterov 0.9, a sync every 16 steps, 32 windows a step per replica), one replica in
+each of K hosts of the same namespaces, links and caps, the lighthouse in host 0. It
+evaluates after a sync (the only time its replicas hold one model), so its first
+evaluation past each point of the grid can come up to 16 steps late.
 
 Durations: a ``small`` GPT trainer at 0.5 CPU makes about 950 tokens/s (half of the 1,892
 tokens per CPU second ``training/lm_frameworks.py --size small`` measured), so one epoch
@@ -148,10 +151,79 @@ def driver(address: str, plan: dict) -> None:
         ddlf.shutdown()
 
 
+DILOCO = "torchft-diloco"
+
+
+def diloco_runs(plan: dict, ks: list) -> list:
+    """The torchft DiLoCo column: ``lm_compare.py``'s replicas (the model's AdamW inside,
+    outer SGD 0.7 Nesterov 0.9, a sync every 16 steps, a batch of 32 each), one in each
+    of K hosts of ``node_cpus`` (``link_hosts.LinkHosts``: the same namespaces, ``tbf``
+    links and cgroups as the DDLF runs), the lighthouse and barrier store in host 0, as
+    the driver and head are for DDLF. Seeds in order per link; one result per run, in the
+    DDLF runs' form. K = 1 is not run: the efficiency is against the defaults' K = 1."""
+    import argparse
+
+    from benchmarks.emulation.link_hosts import LinkHosts
+    from benchmarks.peers.torchft_diloco import linked_diloco
+    from benchmarks.protocol import cadence
+    from benchmarks.training import lm_compare
+
+    script = os.path.abspath(lm_compare.__file__)
+    out = []
+    for k in (k for k in ks if k > 1):
+        for rate in plan["rates"]:
+            hosts = LinkHosts(rate, host_cpus=plan["node_cpus"], priority=plan["priority"],
+                              n=k + 1).up()
+            try:
+                for seed in plan["seeds"]:
+                    args = argparse.Namespace(
+                        # evaluated on the validation split, as the DDLF runs here are
+                        seed=seed, lr=plan["diloco_lr"], epochs=plan["epochs"], split="val",
+                        evals_per_epoch=cadence.evals_per_epoch(plan["evals_per_epoch"],
+                                                                plan["epochs"]),
+                        sync_every=16, timeout=plan["diloco_timeout"], eval_threads=1,
+                        size=plan["size"], context=plan["context"],
+                        eval_windows=plan["eval_windows"])
+                    load = os.getloadavg()[0]
+                    t0 = time.perf_counter()
+                    try:
+                        got = linked_diloco(args, hosts, script, replica_hosts=range(1, k + 1),
+                                            flags=lm_compare.child_flags(args))
+                    finally:
+                        hosts.end_run()
+                    r = {"rate": rate, "codec": DILOCO, "k": k, "seed": seed,
+                         "scheme": DILOCO, "total_s": time.perf_counter() - t0,
+                         "load": [load, os.getloadavg()[0]]}
+                    if "timeline" not in got:
+                        print(f"  {DILOCO} K={k} {rate} seed {seed}: "
+                              f"{got.get('error') or got.get('unavailable')}", file=sys.stderr)
+                        out.append({**r, "rows": [], "error": got.get("error")
+                                    or got.get("unavailable")})
+                        continue
+                    out.append({**r, "startup_s": got["startup_s"], "rows": [
+                        {"epoch": row["epoch"], "train_s": row["train_s"],
+                         "time_s": row["train_s"], "test_loss": row["test_loss"]}
+                        for row in got["timeline"]]})
+                    if plan.get("partial"):
+                        with open(plan["partial"], "a") as f:
+                            f.write(json.dumps(out[-1]) + "\n")
+                    print(f"  {DILOCO} K={k} {rate} seed {seed}: done in "
+                          f"{out[-1]['total_s']:.1f} s", file=sys.stderr)
+            finally:
+                hosts.close()
+    return out
+
+
 def time_to(r: dict, target: float) -> float | None:
     """Training seconds to the first evaluation at or under ``target``. Runs recorded
     before ``train_s`` (the preview of cd0366e) count their rows' ``time_s``."""
     return next((x.get("train_s", x["time_s"]) for x in r["rows"]
+                 if x["test_loss"] is not None and x["test_loss"] <= target), None)
+
+
+def epochs_to(r: dict, target: float) -> float | None:
+    """Epochs to the first evaluation at or under ``target``."""
+    return next((x["epoch"] for x in r["rows"]
                  if x["test_loss"] is not None and x["test_loss"] <= target), None)
 
 
@@ -160,16 +232,14 @@ def final_loss(r: dict) -> float | None:
     return losses[-1] if losses else None
 
 
-def table(results: list, target: float) -> str:
-    """Per link, setting and K: medians over the seeds, efficiency against K = 1."""
+def groups(results: list, target: float) -> list:
+    """Per link, setting and K (sorted): medians over the seeds, the efficiency against
+    K = 1 (the setting's own, or the defaults'), as a dict each; :func:`table`'s rows and
+    ``report.py``'s facts."""
     med = emu_streaming._median
-    fmt = emu_streaming._fmt
-    out = [f"| link | setting | K | seeds | time to loss {target} s | reached | efficiency "
-           "T1/(K·TK) | utilization | loss at the end | s/epoch | MB/round | load avg |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    groups: dict = {}
+    by: dict = {}
     for r in results:
-        groups.setdefault((r["rate"], r["codec"], r["k"]), []).append(r)
+        by.setdefault((r["rate"], r["codec"], r["k"]), []).append(r)
 
     def reached(runs):
         times = [time_to(r, target) for r in runs]
@@ -177,24 +247,45 @@ def table(results: list, target: float) -> str:
         return (statistics.median(hit) if len(hit) * 2 > len(times) else None,
                 f"{len(hit)}/{len(times)}")
 
-    t1 = {(rate, name): reached(runs)[0] for (rate, name, k), runs in groups.items() if k == 1}
+    t1 = {(rate, name): reached(runs)[0] for (rate, name, k), runs in by.items() if k == 1}
     # A setting without its own K = 1 (data-parallel, or a link not run at K = 1) is
     # against the tuned K = 1: DDLF's defaults on one trainer, which sends nothing, so its
     # time is the same on every link.
     alone = [t for (rate, name), t in sorted(t1.items()) if name == "defaults" and t]
-    for (rate, name, k), runs in sorted(groups.items()):
+    out = []
+    for (rate, name, k), runs in sorted(by.items()):
         tt, hits = reached(runs)
         base = t1.get((rate, name)) or (alone[0] if alone else None)
-        eff = base / (k * tt) if base and tt else None
-        epochs = max(x["epoch"] for x in runs[0]["rows"]) if runs[0]["rows"] else 0
-        per_epoch = med(r["rows"][-1].get("train_s", r["rows"][-1]["time_s"]) / max(epochs, 1e-9) for r in runs if r["rows"])
-        load = [v for r in runs for v in r["load"]]
-        out.append(f"| {rate} | {name} | {k} | {len(runs)} | {fmt(tt)} | {hits} | "
-                   f"{fmt(eff, '.0%')} | "
-                   f"{fmt(med(emu_streaming.utilization(r) for r in runs), '.0%')} | "
-                   f"{fmt(med(final_loss(r) for r in runs), '.4f')} | {fmt(per_epoch)} | "
-                   f"{emu_streaming.mb_per_round(runs[0]):.2f} | "
-                   f"{min(load):.1f}-{max(load):.1f} |")
+        epochs = max((x["epoch"] for r in runs for x in r["rows"]), default=0)
+        # torchft's replicas report neither their compute nor the driver's bytes
+        counted = [r for r in runs if r["rows"] and "compute_total_s" in r["rows"][0]]
+        out.append({
+            "rate": rate, "setting": name, "k": k, "seeds": len(runs), "time": tt,
+            "epochs": med(epochs_to(r, target) for r in runs), "reached": hits,
+            "efficiency": base / (k * tt) if base and tt else None,
+            "utilization": med(emu_streaming.utilization(r) for r in counted),
+            "final_loss": med(final_loss(r) for r in runs),
+            "s_per_epoch": med(r["rows"][-1].get("train_s", r["rows"][-1]["time_s"])
+                               / max(epochs, 1e-9) for r in runs if r["rows"]),
+            "mb_per_round": emu_streaming.mb_per_round(counted[0]) if counted else None,
+            "load": [v for r in runs for v in r["load"]]})
+    return out
+
+
+def table(results: list, target: float) -> str:
+    """Per link, setting and K: medians over the seeds, efficiency against K = 1."""
+    fmt = emu_streaming._fmt
+    out = [f"| link | setting | K | seeds | time to loss {target:.4f} s | epochs to it | "
+           "reached | efficiency T1/(K·TK) | utilization | loss at the end | s/epoch | "
+           "MB/round | load avg |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for g in groups(results, target):
+        out.append(f"| {g['rate']} | {g['setting']} | {g['k']} | {g['seeds']} | "
+                   f"{fmt(g['time'])} | {fmt(g['epochs'], '.3f')} | {g['reached']} | "
+                   f"{fmt(g['efficiency'], '.0%')} | {fmt(g['utilization'], '.0%')} | "
+                   f"{fmt(g['final_loss'], '.4f')} | {fmt(g['s_per_epoch'])} | "
+                   f"{fmt(g['mb_per_round'], '.2f')} | "
+                   f"{min(g['load']):.1f}-{max(g['load']):.1f} |")
     return "\n".join(out)
 
 
@@ -214,18 +305,41 @@ def estimate(plan: dict, ks: list) -> float:
                 rounds = TOKENS * plan["epochs"] / (k * 32 * plan["context"] * 16)
                 ratio = 7.5 if "codec" in name else 1.0
                 per_round = 2 * k * params * 4 * 8 / (mbit * 1e6) / ratio
-                if "allreduce" in name or name == "defaults":   # auto runs the ring
+                if "allreduce" in name or name in ("defaults", DILOCO):   # a ring, or gloo's
                     per_round = 2 * (k - 1) / max(k, 1) * params * 4 * 8 / (mbit * 1e6) / ratio
+                if name == "dataparallel":   # the gradient's ring every step, 16 a "round"
+                    per_round = 16 * 2 * (k - 1) / max(k, 1) * params * 4 * 8 / (mbit * 1e6)
+                if name == DILOCO and k == 1:   # not run: against the defaults' K = 1
+                    continue
                 total += (1.2 * compute + rounds * per_round + 30) * len(plan["seeds"])
     return total
+
+
+def print_from(paths: list, target: float | None, choices: str | None) -> int:
+    """The table of the runs in ``paths`` (``--json`` files), against ``target`` or the
+    choices' target loss."""
+    import gzip
+
+    results = []
+    for path in paths:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+            results += json.load(f)["results"]
+    if target is None and choices:
+        with open(choices) as f:
+            target = json.load(f).get("target_loss")
+    if target is None:
+        raise SystemExit("--from needs --target or --choices (the target loss)")
+    print(table(results, target))
+    return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ks", default="1,2,4")
     p.add_argument("--rates", default="100mbit,1gbit")
-    p.add_argument("--settings", default="defaults,allreduce+overlap+codec",
-                   help="defaults (DDLF's: scheme auto) or of emu_streaming.SETTINGS")
+    p.add_argument("--settings", default=f"defaults,dataparallel,{DILOCO}",
+                   help="defaults (DDLF's: scheme auto), dataparallel, torchft-diloco "
+                        "(torchft's DiLoCo on the same hosts) or of emu_streaming.SETTINGS")
     p.add_argument("--codec", default="int4:ef")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--epochs", type=float, default=1.0)
@@ -241,23 +355,33 @@ def main(argv=None) -> int:
                    help="evaluate on the validation split's first N windows (smoke runs)")
     p.add_argument("--json")
     p.add_argument("--estimate", action="store_true")
+    p.add_argument("--from", dest="from_", metavar="FILES",
+                   help="print the table of these --json files' runs (comma-separated, "
+                        ".gz allowed) instead of running anything")
     a = p.parse_args(argv)
     ks = [int(k) for k in a.ks.split(",")]
     settings = a.settings.split(",")
     for name in settings:
-        setting(name, a.codec)
+        if name != DILOCO:
+            setting(name, a.codec)
     plan = {"mode": "lm", "rates": a.rates.split(","), "settings": settings,
             "seeds": [int(s) for s in a.seeds.split(",")], "epochs": a.epochs,
             "codec": a.codec, "size": a.size, "context": a.context, "node_cpus": a.node_cpus,
             "priority": a.priority, "evals_per_epoch": a.evals_per_epoch,
-            "max_rounds": a.max_rounds, "eval_windows": a.eval_windows}
+            "max_rounds": a.max_rounds, "eval_windows": a.eval_windows,
+            "diloco_lr": 1e-3, "diloco_timeout": 3 * 3600.0}
     if a.estimate:
         print(f"about {estimate(plan, ks) / 3600:.1f} h")
         return 0
+    if a.from_:
+        return print_from(a.from_.split(","), a.target, a.choices)
     target = a.target
-    if target is None and a.choices:
+    if a.choices:
         with open(a.choices) as f:
-            target = json.load(f).get("target_loss")
+            choices = json.load(f)
+        target = choices.get("target_loss") if target is None else target
+        # torchft DiLoCo's rate as the 2-core table chose it (lm_compare.py --select)
+        plan["diloco_lr"] = choices.get(DILOCO, {}).get("lr", plan["diloco_lr"])
     from netns_cluster import netns_unavailable
 
     from benchmarks.emulation.cpu_caps import cgroup_unavailable
@@ -270,7 +394,12 @@ def main(argv=None) -> int:
         plan["partial"] = a.json + ".partial.jsonl"
     signal.signal(signal.SIGTERM, cluster_emu._interrupted)
     signal.signal(signal.SIGHUP, cluster_emu._interrupted)
-    results = [r for k in ks for r in run({**plan, "k": k}, os.path.abspath(__file__))]
+    ddlf_settings = [name for name in settings if name != DILOCO]
+    results = [r for k in ks if ddlf_settings
+               for r in run({**plan, "settings": ddlf_settings, "k": k},
+                            os.path.abspath(__file__))]
+    if DILOCO in settings:
+        results += diloco_runs(plan, ks)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"plan": plan, "results": results}, f, indent=1)

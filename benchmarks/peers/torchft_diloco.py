@@ -184,14 +184,15 @@ def run_diloco(args, script: str) -> dict:
         lighthouse.shutdown()
 
 
-def serve_lighthouse(args) -> None:
-    """``--link``'s torchft-diloco: the lighthouse and the barrier store in host A; prints
-    their ports (one JSON line) and serves until stdin closes (the parent ends the run)."""
+def serve_lighthouse(args, world: int = 2) -> None:
+    """``--link``'s torchft-diloco: the lighthouse (a quorum of ``world`` replicas) and the
+    barrier store in host A; prints their ports (one JSON line) and serves until stdin
+    closes (the parent ends the run)."""
     import torch.distributed as dist
     from torchft._torchft import LighthouseServer
 
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
-    barrier = dist.TCPStore(args.host_ip, 0, world_size=3, is_master=True,
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=world)
+    barrier = dist.TCPStore(args.host_ip, 0, world_size=world + 1, is_master=True,
                             wait_for_workers=False)
     # address() names this machine's hostname, which the other namespace resolves to its
     # own loopback: the parent advertises host A's address with this port instead.
@@ -203,9 +204,14 @@ def serve_lighthouse(args) -> None:
         lighthouse.shutdown()
 
 
-def linked_diloco(args, hosts, script: str) -> dict:
-    """A lighthouse and the barrier store in host A, replica 0 in host A, replica 1 in
-    host B; the replicas' stores, managers and gloo groups on their hosts' addresses."""
+def linked_diloco(args, hosts, script: str, replica_hosts=(0, 1),
+                  flags: list | None = None) -> dict:
+    """A lighthouse and the barrier store in host A (host 0), replica r in host
+    ``replica_hosts[r]`` (by default replica 0 in A, replica 1 in B); the replicas' stores,
+    managers and gloo groups on their hosts' addresses. ``script`` takes
+    ``--lighthouse-server``, ``--diloco-replica R`` and, for more than two replicas,
+    ``--diloco-world K``; each replica also gets ``flags`` (default: this module's
+    ``child_flags(args)``)."""
     import select
 
     try:
@@ -213,12 +219,14 @@ def linked_diloco(args, hosts, script: str) -> dict:
     except ImportError as e:
         return {"unavailable": f"torchft is not installed ({e}); pip install torchft"}
     me = script
+    world = len(replica_hosts)
+    sized = [] if world == 2 else ["--diloco-world", str(world)]
     # The lighthouse logs every quorum (several lines a sync, thousands a run): to a file,
     # shown only if it fails to start.
     lh_err = tempfile.TemporaryFile()
     lh = hosts.popen(0, [sys.executable, me, "--lighthouse-server", "--host-ip",
-                         hosts.ips[0]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                     stderr=lh_err)
+                         hosts.ips[0], *sized], stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=lh_err)
     ready, _, _ = select.select([lh.stdout], [], [], 120)
     line = lh.stdout.readline().decode() if ready else ""
     if not line.startswith("{"):
@@ -227,12 +235,15 @@ def linked_diloco(args, hosts, script: str) -> dict:
         log("the lighthouse's last lines:\n" + "\n".join("    " + ln for ln in tail))
         return {"error": f"the lighthouse did not start in host A (exit {lh.poll()})"}
     ports = json.loads(line)
-    started = [start_in(hosts, r, [
-        sys.executable, me, "--diloco-replica", str(r), "--lighthouse",
+    started = [start_in(hosts, h, [
+        sys.executable, me, "--diloco-replica", str(r), *sized, "--lighthouse",
         f"http://{hosts.ips[0]}:{ports['lighthouse_port']}", "--barrier-addr", hosts.ips[0],
-        "--barrier-port", str(ports["barrier_port"]), "--host-ip", hosts.ips[r],
-        *child_flags(args)]) for r in (0, 1)]
+        "--barrier-port", str(ports["barrier_port"]), "--host-ip", hosts.ips[h],
+        *(child_flags(args) if flags is None else flags)])
+        for r, h in enumerate(replica_hosts)]
     outs = wait_all([p for p, _ in started], [f for _, f in started], args.timeout,
-                    ["replica 0 (host A)", "replica 1 (host B)"])
+                    [f"replica {r} (host {h})" for r, h in enumerate(replica_hosts)])
     relay_epochs(outs[0].stderr)
-    return parse_child(outs[0], "replica 0 (host A)", other=outs[1])
+    failed = [o for o in outs[1:] if o.returncode != 0]
+    return parse_child(outs[0], f"replica 0 (host {replica_hosts[0]})",
+                       other=(failed or outs[1:])[0])

@@ -248,22 +248,25 @@ def run_diloco_replica(args) -> None:
 
     TorchAdapter.configure_threads(1)
     t0 = time.perf_counter()
-    rank, world = args.diloco_replica, 2
+    rank, world = args.diloco_replica, args.diloco_world
     _, x, y, xe, ye = text_split(args)
     per_epoch, total = steps_for(len(x), BATCH * world, args.epochs)
     model = build(args, total)
     inner = model.default_optimizer()
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-    own = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    shared = dist.TCPStore("localhost", args.barrier_port, is_master=False,
-                           timeout=timedelta(seconds=1800))
+    # On emulated hosts (lm_emu.py): this replica's host address (the others reach its
+    # store and manager there) and host A's for the barrier; else all on the loopback.
+    host = args.host_ip or "localhost"
+    own = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    shared = dist.TCPStore(args.barrier_addr or "localhost", args.barrier_port,
+                           is_master=False, timeout=timedelta(seconds=1800))
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=300)), min_replica_size=2,
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=300)), min_replica_size=world,
         load_state_dict=lambda sd: (model.load_state_dict(sd["model"]),
                                     inner.load_state_dict(sd["inner"])),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=str(rank), store_addr="localhost", store_port=own.port, rank=0,
-        world_size=1, lighthouse_addr=args.lighthouse, hostname="localhost",
+        replica_id=str(rank), store_addr=host, store_port=own.port, rank=0,
+        world_size=1, lighthouse_addr=args.lighthouse, hostname=host,
         init_sync=False, use_async_quorum=False, timeout=timedelta(seconds=300),
         quorum_timeout=timedelta(seconds=300), connect_timeout=timedelta(seconds=60))
     every = args.sync_every
@@ -475,6 +478,11 @@ def main(argv=None) -> int:
     p.add_argument("--diloco-replica", type=int, help=argparse.SUPPRESS)
     p.add_argument("--lighthouse", help=argparse.SUPPRESS)
     p.add_argument("--barrier-port", type=int, help=argparse.SUPPRESS)
+    # torchft DiLoCo across emulated hosts (lm_emu.py; torchft_diloco.linked_diloco)
+    p.add_argument("--diloco-world", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--host-ip", help=argparse.SUPPRESS)
+    p.add_argument("--barrier-addr", help=argparse.SUPPRESS)
+    p.add_argument("--lighthouse-server", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--eval-threads", type=int, default=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.ddp_rank:
@@ -482,6 +490,11 @@ def main(argv=None) -> int:
         return 0
     if args.diloco_replica is not None:
         run_diloco_replica(args)
+        return 0
+    if args.lighthouse_server:
+        from benchmarks.peers.torchft_diloco import serve_lighthouse
+
+        serve_lighthouse(args, args.diloco_world)
         return 0
     if args.column:
         try:
