@@ -5,9 +5,11 @@ of its head, node and jobs (``launch/records.py``) and the owner tag of each sha
 segment (``shm_store.py``). psutil's ``create_time()`` will not do for that on Linux: it
 is the process's start in ticks since boot plus the boot time of ``/proc/stat``, which is
 whole seconds, computed from the wall clock on each read (and, since psutil 7, re-read on
-each call). When NTP or a user moves the clock, the same process's ``create_time()``
-moves by whole seconds (psutil #1724, #2526), and a live head read as dead: ``ddlf
-status`` said DIED while the head still held its port.
+each call). When NTP, a user or a virtual machine's restore moves the clock, the same
+process's ``create_time()`` moves by whole seconds (psutil #1724, #2526), and a live head
+read as dead: ``ddlf status`` said DIED while the head still held its port (a fresh-machine
+run of the tests, across a VM snapshot the kernel logged as "crng reseeded due to virtual
+machine fork").
 
 On Linux, :func:`start_time` is the start in seconds since boot, from ``/proc/PID/stat``:
 fixed for the process's life, and the same number in every process that reads it.

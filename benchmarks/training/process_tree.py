@@ -39,16 +39,20 @@ class ProcessTree:
     """
 
     def __init__(self):
-        self.procs: dict = {}  # (pid, create_time) -> psutil.Process
-        self.cpu: dict = {}  # (pid, create_time) -> user + system CPU s when last seen
+        # keyed (pid, start): process_identity's start does not move with the clock, as
+        # create_time() does, which would count a process's CPU twice across a clock step
+        self.procs: dict = {}  # (pid, start) -> psutil.Process
+        self.cpu: dict = {}  # (pid, start) -> user + system CPU s when last seen
 
     def sample(self) -> None:
         import psutil
 
+        from ddlf_actors.runtime import process_identity
+
         for p in psutil.Process().children(recursive=True):
             try:
                 with p.oneshot():
-                    key = (p.pid, p.create_time())
+                    key = (p.pid, process_identity.start_time(p.pid))
                     t = p.cpu_times()  # a zombie still reports its final figures
             except psutil.Error:
                 continue
