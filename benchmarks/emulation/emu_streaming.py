@@ -181,8 +181,9 @@ def _fmt(v, spec=".1f", none="-"):
     return none if v is None else format(v, spec)
 
 
-def _reached(runs: list, target: float) -> tuple[float | None, str]:
-    """Median time to the target over the seeds, and how many reached it."""
+def _reached(runs: list, target: float, time_to=time_to) -> tuple[float | None, str]:
+    """Median time to the target over the seeds, and how many reached it (``time_to``:
+    a run's time to the target, by default an accuracy's, reached going up)."""
     times = [time_to(r, target) for r in runs]
     hit = [t for t in times if t is not None]
     med = statistics.median(hit) if len(hit) * 2 > len(times) else None

@@ -58,7 +58,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import sys
 import time
 
@@ -214,17 +213,23 @@ def diloco_runs(plan: dict, ks: list) -> list:
     return out
 
 
+def _first_at(r: dict, target: float) -> dict | None:
+    """The run's first evaluated row at or under ``target``."""
+    return next((x for x in r["rows"]
+                 if x["test_loss"] is not None and x["test_loss"] <= target), None)
+
+
 def time_to(r: dict, target: float) -> float | None:
     """Training seconds to the first evaluation at or under ``target``. Runs recorded
     before ``train_s`` (the preview of cd0366e) count their rows' ``time_s``."""
-    return next((x.get("train_s", x["time_s"]) for x in r["rows"]
-                 if x["test_loss"] is not None and x["test_loss"] <= target), None)
+    x = _first_at(r, target)
+    return None if x is None else x.get("train_s", x["time_s"])
 
 
 def epochs_to(r: dict, target: float) -> float | None:
     """Epochs to the first evaluation at or under ``target``."""
-    return next((x["epoch"] for x in r["rows"]
-                 if x["test_loss"] is not None and x["test_loss"] <= target), None)
+    x = _first_at(r, target)
+    return None if x is None else x["epoch"]
 
 
 def final_loss(r: dict) -> float | None:
@@ -241,20 +246,15 @@ def groups(results: list, target: float) -> list:
     for r in results:
         by.setdefault((r["rate"], r["codec"], r["k"]), []).append(r)
 
-    def reached(runs):
-        times = [time_to(r, target) for r in runs]
-        hit = [t for t in times if t is not None]
-        return (statistics.median(hit) if len(hit) * 2 > len(times) else None,
-                f"{len(hit)}/{len(times)}")
-
-    t1 = {(rate, name): reached(runs)[0] for (rate, name, k), runs in by.items() if k == 1}
+    t1 = {(rate, name): emu_streaming._reached(runs, target, time_to)[0]
+          for (rate, name, k), runs in by.items() if k == 1}
     # A setting without its own K = 1 (data-parallel, or a link not run at K = 1) is
     # against the tuned K = 1: DDLF's defaults on one trainer, which sends nothing, so its
     # time is the same on every link.
     alone = [t for (rate, name), t in sorted(t1.items()) if name == "defaults" and t]
     out = []
     for (rate, name, k), runs in sorted(by.items()):
-        tt, hits = reached(runs)
+        tt, hits = emu_streaming._reached(runs, target, time_to)
         base = t1.get((rate, name)) or (alone[0] if alone else None)
         epochs = max((x["epoch"] for r in runs for x in r["rows"]), default=0)
         # torchft's replicas report neither their compute nor the driver's bytes
