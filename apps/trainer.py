@@ -272,10 +272,18 @@ class TrainerActor(ClusterWorker, WireMethods, AllreduceTrainer, DownpourTrainer
         ``idle_s`` (since this trainer's previous call ended), ``samples`` and ``loss``,
         and with ``return_state`` the optimizer's state afterwards (what a checkpoint
         keeps)."""
+        _, delta, stats = self._train_from_start(weights, indices, epochs, batch_size,
+                                                return_state, learning_rate)
+        return delta, stats
+
+    def _train_from_start(self, weights, indices, epochs: int, batch_size: int,
+                          return_state: bool = False, learning_rate: float | None = None):
+        """:meth:`train`, returning ``(start weights, delta, stats)``: a caller that keeps
+        the round's start (allreduce) needs no second copy of the model's weights."""
         start = time.perf_counter()
         old, new, loss, samples = self._run(weights, indices, epochs, batch_size, learning_rate)
         delta = [o - n for o, n in zip(old, new)]
-        return delta, self._stats(start, samples, loss, return_state)
+        return old, delta, self._stats(start, samples, loss, return_state)
 
     def _run(self, weights, indices, epochs, batch_size, learning_rate):
         """Train on ``indices``: ``(weights before, weights after, loss, samples)``."""

@@ -47,9 +47,24 @@ def momentum_update(velocity: list | None, mean_delta: list, momentum: float,
             new_velocity.append(v)
             update.append(g)
             continue
-        v = v * g.dtype.type(momentum) + g
+        mu = g.dtype.type(momentum)
+        v = np.asarray(v)
+        if g.dtype.kind == "f" and g.ndim and v.dtype == g.dtype and v.shape == g.shape:
+            # The same operations in the same order as below, into two new arrays instead
+            # of four: on a 5 M-parameter model this step is a trainer's largest cost per
+            # round after its steps, on half a CPU. (Addition commutes bit for bit.)
+            v = np.multiply(v, mu)
+            np.add(v, g, out=v)
+            new_velocity.append(v)
+            if nesterov:
+                u = np.multiply(v, mu)
+                update.append(np.add(u, g, out=u))
+            else:
+                update.append(v)
+            continue
+        v = v * mu + g
         new_velocity.append(v)
-        update.append(g + v * g.dtype.type(momentum) if nesterov else v)
+        update.append(g + v * mu if nesterov else v)
     return new_velocity, update
 
 

@@ -37,7 +37,7 @@ class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
 
     _ddlf_index: int        # what TrainerActor provides
     _last_call_end: float | None
-    train: Callable[..., Any]
+    _train_from_start: Callable[..., Any]
     get_weights: Callable[[], list]
     set_weights: Callable[[list], None]
     buffer_mask: Callable[[], list]
@@ -67,9 +67,8 @@ class AllreduceTrainer(RingStreamTrainer, StreamingTrainer):
         :meth:`allreduce_held` under ``key`` (``(run, round)``); return only the stats. The
         model keeps the round's starting weights: an evaluation queued behind this call
         sees them, and a collective that is redone starts again from them."""
-        old = self.get_weights()
-        delta, stats = self.train(None, indices, epochs, batch_size, return_state,
-                                  learning_rate)
+        old, delta, stats = self._train_from_start(None, indices, epochs, batch_size,
+                                                  return_state, learning_rate)
         self.set_weights(old)
         # The velocity (and hop feedback) the round starts from too: a redone collective
         # starts again there.

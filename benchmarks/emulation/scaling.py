@@ -348,8 +348,12 @@ def run_ddlf(job: dict) -> dict:
         else:
             r = train(model, data, scheme, **shape, **opts)
         points, train_s, eval_s = protocol.ddlf_points(r.history, r.startup_s)
+        # The round's parts too (compute_s: the busiest trainer's steps; collective_s: the
+        # ring, from the driver's side; overhead_s: the wall time beyond the busiest
+        # trainer's work): where a round's time goes besides its steps.
         keys = ("round", "epoch", "time_s", "compute_total_s", "eval_s", "bytes_sent",
-                "bytes_received", "ring_bytes", "test_accuracy", "workers")
+                "bytes_received", "ring_bytes", "test_accuracy", "workers", "wall_s",
+                "compute_s", "collective_s", "idle_s", "overhead_s")
         out = {"status": "ok", "evals": points, "train_s": train_s, "eval_s": eval_s,
                "startup_s": r.startup_s, "epochs_done": r.history[-1]["epoch"],
                "train_losses": [row.get("train_loss") for row in r.history],

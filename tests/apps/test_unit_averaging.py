@@ -94,3 +94,46 @@ def test_a_batchnorm_counter_through_a_sync_round_with_outer_momentum():
     # Counters take no momentum (an integer array times 0.9 in its own dtype is 0), so
     # each round adds the mean batches per trainer: round(28.51) = 29.
     assert int(w[1]) == 100 + 3 * 29
+
+
+# -- the outer step's fewer-copies paths against the plain expressions ------------------------
+def _plain_momentum(velocity, mean_delta, momentum, nesterov):
+    """momentum_update as written before it wrote into fewer new arrays."""
+    if velocity is None:
+        velocity = [np.zeros_like(g) for g in mean_delta]
+    new_v, update = [], []
+    for v, g in zip(velocity, mean_delta):
+        v = v * g.dtype.type(momentum) + g
+        new_v.append(v)
+        update.append(g + v * g.dtype.type(momentum) if nesterov else v)
+    return new_v, update
+
+
+def _bits(arrays):
+    return [(np.asarray(a).dtype.str, np.asarray(a).tobytes()) for a in arrays]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_the_outer_step_is_bit_identical_to_the_plain_expressions(dtype, nesterov):
+    from ddlf_actors.apps import ring
+    from ddlf_actors.apps.schemes.averaging import _scaled
+    from ddlf_actors.apps.schemes.outer import momentum_update
+
+    rng = np.random.default_rng(7)
+    shapes = [(3, 4), (5,), (), (6, 2, 3)]    # a 0-d weight takes the plain path
+    w = [np.asarray(rng.standard_normal(s) * 3, dtype=dtype) for s in shapes]
+    g = [np.asarray(rng.standard_normal(s) * 1e-3, dtype=dtype) for s in shapes]
+    v = [np.asarray(rng.standard_normal(s) * 1e-2, dtype=dtype) for s in shapes]
+    v_before = _bits(v)
+    for velocity in (None, v):
+        assert [_bits(x) for x in momentum_update(velocity, g, 0.9, nesterov)] == \
+            [_bits(x) for x in _plain_momentum(velocity, g, 0.9, nesterov)]
+    assert _bits(v) == v_before                  # a redone collective reuses it
+    for scale in (1.0, 0.7, 1 / 3, np.float64(0.7), 2):
+        plain = [np.asarray(wi) - _scaled(scale, di, np.asarray(wi)) for wi, di in zip(w, g)]
+        assert _bits(apply_delta(w, g, scale)) == _bits(plain)
+    for fraction in (0.25, 1 / 3):
+        vectors, _ = ring.scaled_vectors(g, fraction)
+        plain = np.concatenate([(a * a.dtype.type(fraction)).ravel() for a in g])
+        assert _bits(vectors) == _bits([plain])

@@ -312,15 +312,16 @@ class VirtualSpeedTrainer(NumpyTrainer):
     Env: ``DDLF_TEST_COST_S`` (0.001 s per sample), ``DDLF_TEST_SLOW_FACTOR`` (4).
     """
 
-    def train(self, *args, **kwargs):
+    def _train_from_start(self, *args, **kwargs):
+        # Under train() and allreduce's hold_delta alike.
         import os
 
-        delta, stats = super().train(*args, **kwargs)
+        old, delta, stats = super()._train_from_start(*args, **kwargs)
         cost = float(os.environ.get("DDLF_TEST_COST_S", "0.001"))
         if self._ddlf_index == 0:
             cost *= float(os.environ.get("DDLF_TEST_SLOW_FACTOR", "4"))
         stats["compute_s"] = stats["samples"] * cost
-        return delta, stats
+        return old, delta, stats
 
 
 class SlowOneTrainer(NumpyTrainer):
