@@ -409,9 +409,27 @@ def _lm_emu(h: dict, results: str, facts: dict) -> list:
                     *ratios, ""]
 
 
+def _fixed_budget(h: dict, results: str, facts: dict) -> list:
+    """``fixed_budget.py``'s table (accuracy after a budget of epochs). Facts: ``ID.single``
+    and ``ID.defaults`` (median test accuracy after the budget) and ``ID.diff`` (the
+    median of the seeds' differences, in points)."""
+    from benchmarks.emulation import fixed_budget
+
+    (name,) = h["raw"]
+    data = _load(name, results)
+    lines = _meta(h)
+    lines += fixed_budget.table(data["runs"], data["epochs"]).splitlines()
+    s = fixed_budget.summary(data["runs"], data["epochs"])
+    if s is not None:
+        facts[f"{h['id']}.single"] = f"{s['single']:.4f}"
+        facts[f"{h['id']}.defaults"] = f"{s['defaults']:.4f}"
+        facts[f"{h['id']}.diff"] = f"{s['median']:+.2f}"
+    return lines + [""]
+
+
 KINDS = {"torch_compare": _torch, "streaming": _streaming, "scaling": _scaling,
          "scaling_columns": _scaling_columns, "train_compare": _train_compare,
-         "microbench": _microbench, "lm_emu": _lm_emu}
+         "microbench": _microbench, "lm_emu": _lm_emu, "fixed_budget": _fixed_budget}
 _FACT = re.compile(r"\{\{([^{}]+)\}\}")
 
 

@@ -1,0 +1,210 @@
+"""Accuracy after a fixed budget of epochs: DDLF's defaults on K trainers against the tuned
+single process (issue 30: 5 epochs at K = 4, within 0.3 points).
+
+    python benchmarks/emulation/fixed_budget.py --k 4 --epochs 5 --seeds 0,1,2 \\
+        --choices benchmarks/results/scaling_choices_dp_k4_2026-11-29.json --json out.json
+    python benchmarks/emulation/fixed_budget.py --from out.json      # the table again
+
+The same runs as ``cluster_emu.py scaling``'s ``single`` and ``defaults`` columns (the
+same model, choices file, split, seeds and code: ``single_column.run`` and
+``train(model_fn, data, workers=K)`` with nothing else), on this machine's own cores
+instead of capped nodes behind emulated links. Accuracy after a number of epochs does not
+depend on how fast they run, and five epochs on four 0.5-CPU nodes, with the single
+process's five at the same cap beside them, take over two hours of this 2-core machine;
+here they take about half an hour. What the links decide is auto's codec: on loopback it
+sees fast links, where on the emulated 1 Gbit/s ones it chose fp16 or int8:ef. Each run
+prints what auto chose. The single processes run together, one TensorFlow thread each,
+then the DDLF runs one at a time (an embedded cluster of K one-thread trainers each).
+
+Printed: test accuracy after each epoch for both columns, seed by seed, and the median
+difference in points after the last.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if _ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
+    sys.path.insert(0, _ROOT)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
+__all__ = ["main", "table", "summary"]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _single_job(seed: int, a, choice: dict) -> dict:
+    return {"column": "single", "k": 1, "seed": seed, "stage": "final", "candidate": choice,
+            "model": a.model, "epochs": a.epochs, "evals_per_epoch": 1, "limit": a.limit,
+            "eval_limit": a.eval_limit, "max_rounds": 0, "stop_at_target": None}
+
+
+def _singles(seeds: list[int], a, choice: dict) -> list[dict]:
+    """The single process of every seed, all at once (each its own process)."""
+    from benchmarks.emulation.single_column import PREFIX
+
+    procs = {s: subprocess.Popen([sys.executable, os.path.join(HERE, "single_column.py"),
+                                  "--job", json.dumps(_single_job(s, a, choice))],
+                                 stdout=subprocess.PIPE, text=True) for s in seeds}
+    out = []
+    for seed, p in procs.items():
+        try:
+            text, _ = p.communicate(timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            out.append({"column": "single", "seed": seed, "status": "error",
+                        "reason": f"no result within --timeout {a.timeout} s"})
+            continue
+        lines = [ln for ln in text.splitlines() if ln.startswith(PREFIX)]
+        res = json.loads(lines[-1][len(PREFIX):]) if lines else {
+            "status": "error", "reason": f"exit {p.returncode}, no result line"}
+        out.append({"column": "single", "seed": seed, **res})
+    return out
+
+
+_DDLF_CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+job = json.loads(sys.argv[2])
+import ddlf_actors as ddlf
+from benchmarks import protocol
+from benchmarks.emulation.tuned_model import TunedModel, MODEL_DEFAULT
+from benchmarks.protocol import cadence, ran
+from ddlf_actors.apps import train
+data = protocol.SplitDataset("final", "fashion-mnist", limit=job["limit"],
+                             eval_limit=job["eval_limit"])
+n_train = len(protocol.split_indices("final", 60000, 10000, limit=job["limit"]).train)
+ddlf.init(num_cpus=job["k"])
+try:
+    r = train(TunedModel(job["model"], job["seed"], MODEL_DEFAULT), data, workers=job["k"],
+              master_epochs=job["epochs"], seed=job["seed"], progress=False,
+              **cadence.evaluations(None, {}, job["k"], n_train, 1))
+finally:
+    ddlf.shutdown()
+points, train_s, eval_s = protocol.ddlf_points(r.history, r.startup_s)
+print("RESULT " + json.dumps({"status": "ok", "evals": points, "train_s": train_s,
+                              "epochs_done": r.history[-1]["epoch"],
+                              "settings": ran.describe_run(r),
+                              "compression": ran.compression_ran(r)}), flush=True)
+"""
+
+
+def _ddlf(seed: int, a) -> dict:
+    """DDLF's defaults on an embedded cluster of ``a.k`` trainers, in a fresh process."""
+    job = {"k": a.k, "seed": seed, "model": a.model, "epochs": a.epochs, "limit": a.limit,
+           "eval_limit": a.eval_limit}
+    try:
+        p = subprocess.run([sys.executable, "-c", _DDLF_CHILD, _ROOT, json.dumps(job)],
+                           stdout=subprocess.PIPE, text=True, timeout=a.timeout)
+    except subprocess.TimeoutExpired:
+        return {"column": "defaults", "seed": seed, "status": "error",
+                "reason": f"no result within --timeout {a.timeout} s"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    res = json.loads(lines[-1][len("RESULT "):]) if lines else {
+        "status": "error", "reason": f"exit {p.returncode}, no result line"}
+    return {"column": "defaults", "k": a.k, "seed": seed, **res}
+
+
+def _by_epoch(run: dict, epochs: int) -> list:
+    """The run's accuracy at the evaluation nearest each whole epoch (None if missing)."""
+    out = []
+    for e in range(1, epochs + 1):
+        near = [p for p in run.get("evals", []) if abs(p["epoch"] - e) < 0.02]
+        out.append(near[-1]["accuracy"] if near else None)
+    return out
+
+
+def summary(runs: list[dict], epochs: int) -> dict | None:
+    """After the last epoch, over the seeds both columns finished: ``{"seeds", "single",
+    "defaults"}`` (medians) and ``"diffs"`` (defaults − single, in points, by seed) with
+    their ``"median"``; None when no seed has both."""
+    last: dict = {}
+    for r in runs:
+        if r.get("status") == "ok":
+            acc = _by_epoch(r, epochs)[-1]
+            if acc is not None:
+                last.setdefault(r["column"], {})[r["seed"]] = acc
+    single, ddlf = last.get("single", {}), last.get("defaults", {})
+    both = sorted(set(single) & set(ddlf))
+    if not both:
+        return None
+    diffs = [100 * (ddlf[s] - single[s]) for s in both]
+    return {"seeds": both, "single": statistics.median(single[s] for s in both),
+            "defaults": statistics.median(ddlf[s] for s in both), "diffs": diffs,
+            "median": statistics.median(diffs)}
+
+
+def table(runs: list[dict], epochs: int) -> str:
+    """The accuracy after each epoch by seed, and the difference after the last."""
+    ok = [r for r in runs if r.get("status") == "ok"]
+    lines = [f"| column | seed | {' | '.join(f'epoch {e}' for e in range(1, epochs + 1))} |",
+             "|---|---|" + "---:|" * epochs]
+    for r in sorted(ok, key=lambda r: (r["column"] != "single", r["seed"])):
+        cells = " | ".join("–" if x is None else f"{x:.4f}" for x in _by_epoch(r, epochs))
+        lines.append(f"| {r['column']} | {r['seed']} | {cells} |")
+    for r in runs:
+        if r.get("status") != "ok":
+            lines.append(f"\n{r['column']} seed {r['seed']}: {r.get('reason')}")
+    s = summary(runs, epochs)
+    if s is not None:
+        lines.append("")
+        lines.append(f"After {epochs} epochs (test accuracy, medians): the single process "
+                     f"{s['single']:.4f}, DDLF's defaults {s['defaults']:.4f}; defaults − "
+                     f"single by seed: {', '.join(f'{d:+.2f}' for d in s['diffs'])} points, "
+                     f"median {s['median']:+.2f}.")
+    for r in ok:
+        if r["column"] == "defaults":
+            lines.append(f"- defaults, seed {r['seed']}: {r.get('settings')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--k", type=int, default=4, help="DDLF's trainers (4)")
+    p.add_argument("--epochs", type=int, default=5, help="the budget in epochs (5)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--model", default="wide_cnn")
+    p.add_argument("--choices", help="the scaling choices file (its single column's choice)")
+    p.add_argument("--limit", type=int, default=None, help="smoke runs: the first N images")
+    p.add_argument("--eval-limit", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--json", help="also write the runs here")
+    p.add_argument("--from", dest="from_file", help="print the table of a --json file")
+    a = p.parse_args(argv)
+    if a.from_file:
+        with open(a.from_file) as f:
+            saved = json.load(f)
+        print(table(saved["runs"], saved["epochs"]))
+        return 0
+    if not a.choices:
+        p.error("--choices is needed (the single column's chosen optimizer)")
+    with open(a.choices) as f:
+        choice = json.load(f)["columns"]["single"]["chosen"]
+    seeds = [int(s) for s in a.seeds.split(",")]
+    t0 = time.perf_counter()
+    runs = _singles(seeds, a, choice)
+    print(f"single: {len(runs)} runs in {time.perf_counter() - t0:.0f} s", flush=True)
+    for seed in seeds:
+        runs.append(_ddlf(seed, a))
+        print(f"defaults seed {seed}: {runs[-1].get('status')} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"k": a.k, "epochs": a.epochs, "model": a.model, "choice": choice,
+                       "runs": runs}, f, indent=1)
+    print(table(runs, a.epochs))
+    return 0 if all(r.get("status") == "ok" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
