@@ -51,8 +51,9 @@ def momentum_update(velocity: list | None, mean_delta: list, momentum: float,
         v = np.asarray(v)
         if g.dtype.kind == "f" and g.ndim and v.dtype == g.dtype and v.shape == g.shape:
             # The same operations in the same order as below, into two new arrays instead
-            # of four: on a 5 M-parameter model this step is a trainer's largest cost per
-            # round after its steps, on half a CPU. (Addition commutes bit for bit.)
+            # of four: on half a CPU, a round's work on the whole model is a tenth of a
+            # 5 M-parameter model's round (benchmarks/training/round_cost.py). Addition
+            # commutes bit for bit.
             v = np.multiply(v, mu)
             np.add(v, g, out=v)
             new_velocity.append(v)
