@@ -6,8 +6,9 @@
 K trainers with ``wide_cnn``'s weights (8 arrays, 5.1 M float32 parameters, 20.4 MB)
 run ``train(..., "allreduce", workers=K)`` with the defaults' outer step (rate 0.7,
 Nesterov 0.8) and each codec, on the in-process fake backend
-(``apps/backends/fake.py``: actors on threads, every value copied as a real runtime
-copies it off the wire). Each round is one step that costs next to nothing (it moves the
+(``apps/backends/fake.py``: actors on threads; a call's arguments, the ring's chunks
+among them, are handed over without the pickling and socket copies of a real runtime,
+which are not counted here). Each round is one step that costs next to nothing (it moves the
 weights by a constant), so what the process spends is the round's own work on the whole
 model: the delta, the copies of the weights in and out, the ring's chunks and codec, the
 outer step and the digest. Measured as the process CPU of a run of ``--long`` rounds
