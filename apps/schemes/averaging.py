@@ -62,14 +62,11 @@ def apply_delta(w: list, delta: list, scale: float = 1.0,
     for i, (wi, di) in enumerate(zip(w, delta)):
         wi = np.asarray(wi)
         s = 1.0 if buffers and buffers[i] else scale
-        d = np.asarray(di)
-        if (wi.dtype.kind == "f" and wi.ndim and d.dtype == wi.dtype and d.shape == wi.shape
-                and np.result_type(d, s) == wi.dtype):
-            # What _scaled computes, in one new array instead of two (see momentum_update).
-            step = np.multiply(d, s)
+        step = _scaled(s, di, wi)   # always a new array (or a scalar): written into
+        if isinstance(step, np.ndarray) and step.dtype == wi.dtype and step.shape == wi.shape:
             out.append(np.subtract(wi, step, out=step))
-            continue
-        out.append(wi - _scaled(s, d, wi))
+        else:
+            out.append(wi - step)
     return out
 
 
