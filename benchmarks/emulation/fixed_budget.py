@@ -42,77 +42,74 @@ __all__ = ["main", "table", "summary"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _single_job(seed: int, a, choice: dict) -> dict:
-    return {"column": "single", "k": 1, "seed": seed, "stage": "final", "candidate": choice,
-            "model": a.model, "epochs": a.epochs, "evals_per_epoch": 1, "limit": a.limit,
-            "eval_limit": a.eval_limit, "max_rounds": 0, "stop_at_target": None}
+def _jobs(seed: int, a, choice: dict) -> tuple[dict, dict]:
+    """The seed's ``single`` and ``defaults`` jobs, as the scaling harness writes them."""
+    from benchmarks.emulation.scaling_plan import _job
+    from benchmarks.emulation.tuned_model import MODEL_DEFAULT
+
+    g = {"model": a.model, "epochs": a.epochs, "evals_per_epoch": 1, "limit": a.limit,
+         "eval_limit": a.eval_limit, "max_rounds": 0, "target": None, "stop_at": (),
+         "codec": None, "fragments": 1}
+    single = _job("single", 1, None, None, seed, "final", choice, g)
+    ddlf = {**_job("defaults", a.k, None, None, seed, "final", MODEL_DEFAULT, g),
+            "run_id": f"fixed-budget-K{a.k}-{seed}"}
+    return single, ddlf
 
 
-def _singles(seeds: list[int], a, choice: dict) -> list[dict]:
+def _result(text: str, prefix: str, returncode: int | None) -> dict:
+    """The last ``prefix`` line's record, or an error naming the exit code."""
+    lines = [ln for ln in text.splitlines() if ln.startswith(prefix)]
+    if not lines:
+        return {"status": "error", "reason": f"exit {returncode}, no result line"}
+    return json.loads(lines[-1][len(prefix):])
+
+
+def _timed_out(a) -> dict:
+    return {"status": "error", "reason": f"no result within --timeout {a.timeout} s"}
+
+
+def _singles(jobs: list[dict], a) -> list[dict]:
     """The single process of every seed, all at once (each its own process)."""
     from benchmarks.emulation.single_column import PREFIX
 
-    procs = {s: subprocess.Popen([sys.executable, os.path.join(HERE, "single_column.py"),
-                                  "--job", json.dumps(_single_job(s, a, choice))],
-                                 stdout=subprocess.PIPE, text=True) for s in seeds}
+    procs = [(job, subprocess.Popen([sys.executable, os.path.join(HERE, "single_column.py"),
+                                     "--job", json.dumps(job)],
+                                    stdout=subprocess.PIPE, text=True)) for job in jobs]
     out = []
-    for seed, p in procs.items():
+    for job, p in procs:
         try:
             text, _ = p.communicate(timeout=a.timeout)
+            res = _result(text, PREFIX, p.returncode)
         except subprocess.TimeoutExpired:
             p.kill()
             p.communicate()
-            out.append({"column": "single", "seed": seed, "status": "error",
-                        "reason": f"no result within --timeout {a.timeout} s"})
-            continue
-        lines = [ln for ln in text.splitlines() if ln.startswith(PREFIX)]
-        res = json.loads(lines[-1][len(PREFIX):]) if lines else {
-            "status": "error", "reason": f"exit {p.returncode}, no result line"}
-        out.append({"column": "single", "seed": seed, **res})
+            res = _timed_out(a)
+        out.append({**job, **res})
     return out
 
 
-_DDLF_CHILD = r"""
-import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-job = json.loads(sys.argv[2])
-import ddlf_actors as ddlf
-from benchmarks import protocol
-from benchmarks.emulation.tuned_model import TunedModel, MODEL_DEFAULT
-from benchmarks.protocol import cadence, ran
-from ddlf_actors.apps import train
-data = protocol.SplitDataset("final", "fashion-mnist", limit=job["limit"],
-                             eval_limit=job["eval_limit"])
-n_train = len(protocol.split_indices("final", 60000, 10000, limit=job["limit"]).train)
-ddlf.init(num_cpus=job["k"])
-try:
-    r = train(TunedModel(job["model"], job["seed"], MODEL_DEFAULT), data, workers=job["k"],
-              master_epochs=job["epochs"], seed=job["seed"], progress=False,
-              **cadence.evaluations(None, {}, job["k"], n_train, 1))
-finally:
-    ddlf.shutdown()
-points, train_s, eval_s = protocol.ddlf_points(r.history, r.startup_s)
-print("RESULT " + json.dumps({"status": "ok", "evals": points, "train_s": train_s,
-                              "epochs_done": r.history[-1]["epoch"],
-                              "settings": ran.describe_run(r),
-                              "compression": ran.compression_ran(r)}), flush=True)
-"""
-
-
-def _ddlf(seed: int, a) -> dict:
-    """DDLF's defaults on an embedded cluster of ``a.k`` trainers, in a fresh process."""
-    job = {"k": a.k, "seed": seed, "model": a.model, "epochs": a.epochs, "limit": a.limit,
-           "eval_limit": a.eval_limit}
+def _ddlf(job: dict, a) -> dict:
+    """DDLF's defaults on an embedded cluster of K trainers, in a fresh process
+    (``--ddlf-job``: ``scaling.run_ddlf``, the scaling harness's own run)."""
     try:
-        p = subprocess.run([sys.executable, "-c", _DDLF_CHILD, _ROOT, json.dumps(job)],
-                           stdout=subprocess.PIPE, text=True, timeout=a.timeout)
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--ddlf-job",
+                            json.dumps(job)], stdout=subprocess.PIPE, text=True,
+                           timeout=a.timeout)
     except subprocess.TimeoutExpired:
-        return {"column": "defaults", "seed": seed, "status": "error",
-                "reason": f"no result within --timeout {a.timeout} s"}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-    res = json.loads(lines[-1][len("RESULT "):]) if lines else {
-        "status": "error", "reason": f"exit {p.returncode}, no result line"}
-    return {"column": "defaults", "k": a.k, "seed": seed, **res}
+        return {**job, **_timed_out(a)}
+    return {**job, **_result(p.stdout, "RESULT ", p.returncode)}
+
+
+def _run_ddlf_job(job: dict) -> None:
+    import ddlf_actors as ddlf
+    from benchmarks.emulation.scaling import run_ddlf
+
+    ddlf.init(num_cpus=job["k"])
+    try:
+        out = run_ddlf(job, ask=lambda line: None)
+    finally:
+        ddlf.shutdown()
+    print("RESULT " + json.dumps(out), flush=True)
 
 
 def _by_epoch(run: dict, epochs: int) -> list:
@@ -180,7 +177,11 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--json", help="also write the runs here")
     p.add_argument("--from", dest="from_file", help="print the table of a --json file")
+    p.add_argument("--ddlf-job", help=argparse.SUPPRESS)   # one DDLF run, in its process
     a = p.parse_args(argv)
+    if a.ddlf_job:
+        _run_ddlf_job(json.loads(a.ddlf_job))
+        return 0
     if a.from_file:
         with open(a.from_file) as f:
             saved = json.load(f)
@@ -190,12 +191,13 @@ def main(argv=None) -> int:
         p.error("--choices is needed (the single column's chosen optimizer)")
     with open(a.choices) as f:
         choice = json.load(f)["columns"]["single"]["chosen"]
-    seeds = [int(s) for s in a.seeds.split(",")]
+    jobs = [_jobs(int(s), a, choice) for s in a.seeds.split(",")]
     t0 = time.perf_counter()
-    runs = _singles(seeds, a, choice)
+    runs = _singles([single for single, _ in jobs], a)
     print(f"single: {len(runs)} runs in {time.perf_counter() - t0:.0f} s", flush=True)
-    for seed in seeds:
-        runs.append(_ddlf(seed, a))
+    for _, job in jobs:
+        seed = job["seed"]
+        runs.append(_ddlf(job, a))
         print(f"defaults seed {seed}: {runs[-1].get('status')} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
     if a.json:

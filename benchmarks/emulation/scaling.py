@@ -310,9 +310,11 @@ def driver(address: str, plan: dict) -> None:
         ddlf.shutdown()
 
 
-def run_ddlf(job: dict) -> dict:
+def run_ddlf(job: dict, ask=_ask) -> dict:
     """One DDLF run: ``train(model_fn, dataset[, scheme], **options)`` with the run's
-    shape (K, epochs, seed), its evaluations, and nothing else for the defaults."""
+    shape (K, epochs, seed), its evaluations, and nothing else for the defaults. ``ask``
+    tells the parent a run starts and ends (its CPU snapshots); a run with no parent
+    (``fixed_budget.py``) passes one that does nothing."""
     from benchmarks import protocol
     from benchmarks.emulation.tuned_model import TunedModel, label
     from benchmarks.protocol import cadence, ran
@@ -340,7 +342,7 @@ def run_ddlf(job: dict) -> dict:
     shape = {"workers": k, "master_epochs": job["epochs"], "seed": job["seed"],
              "progress": False, "callbacks": [StopAfter()]}
     load = os.getloadavg()[0]
-    _ask(f"SNAP {job['run_id']}:start")
+    ask(f"SNAP {job['run_id']}:start")
     t0 = time.perf_counter()
     try:
         if scheme is None:   # DDLF's defaults: train(model_fn, dataset), no scheme
@@ -366,6 +368,6 @@ def run_ddlf(job: dict) -> dict:
         traceback.print_exc()
         out = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
     total = time.perf_counter() - t0
-    _ask(f"SNAP {job['run_id']}:end")
+    ask(f"SNAP {job['run_id']}:end")
     return {**job, **out, "total_s": total, "load": [load, os.getloadavg()[0]],
             "machine_cpus": os.cpu_count()}
