@@ -11,7 +11,9 @@ Every run trains ``models.wide_cnn`` (5.1 M parameters) on the first 50,000 Fash
 training images and evaluates on the last 10,000 (validation; ``protocol/split.py``), batch
 32 per trainer, from the same initial weights (built after ``keras.utils.set_random_seed
 (1234)``), the seed setting the data's order; 16 evaluations per epoch (``--evals``). A
-run stops at the target. One JSON line per run goes to ``--out``.
+run stops at the target. One JSON line per run goes to ``--out``. ``--stage final`` trains
+on all 60,000 and evaluates on the test set instead, to compare with the test-set tables
+(never to choose).
 
     python benchmarks/training/scaling_rules.py single "opt=adam:1e-3" "opt=adam:2e-3 batch=128" \\
         --seeds 0,1,2 --out runs.jsonl
@@ -24,7 +26,8 @@ CONFIG (``key=value``, space-separated): ``in=OPT`` / ``opt=OPT`` the optimizer
 ``train()`` option by name (``outer_lr=0.5``, ``outer_momentum=0.8``, ``steps_per_round=32``,
 ``compression=int4:ef``), and ``scheme=NAME`` (default ``allreduce``). The raw runs behind
 ``docs/training.md``'s "The defaults, by K and by link" are
-``benchmarks/results/scaling_rules_2026-11-28.jsonl.gz``.
+``benchmarks/results/scaling_rules_2026-11-28.jsonl.gz`` (16 evaluations an epoch) and, for
+the K = 4 rules chosen again at ``--evals 32``, ``scaling_rules_evals32_2026-11-30.jsonl.gz``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 if _ROOT not in sys.path:   # run as a file: benchmarks.* from the checkout
     sys.path.insert(0, _ROOT)
 
-from benchmarks.protocol.split import SplitDataset  # noqa: E402
+from benchmarks.protocol.split import STAGES, SplitDataset, split_indices  # noqa: E402
 
 INIT_SEED = 1234
 
@@ -88,7 +91,8 @@ def _value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def run_ddlf(k: int, config: str, seed: int, epochs: int, target: float, evals: int) -> dict:
+def run_ddlf(k: int, config: str, seed: int, epochs: int, target: float, evals: int,
+             stage: str = "select") -> dict:
     import keras
 
     from ddlf_actors.apps import train
@@ -101,27 +105,29 @@ def run_ddlf(k: int, config: str, seed: int, epochs: int, target: float, evals: 
     if "batch" in options:
         options["batch_size"] = options.pop("batch")
     batch = options.get("batch_size", 32)
+    trained = len(split_indices(stage, 60_000, 10_000).train)   # Fashion-MNIST's sizes
     rounds = options.get("rounds_per_epoch") or default_rounds(
-        50_000 / k, batch, options.get("steps_per_round", STEPS_PER_ROUND))
+        trained / k, batch, options.get("steps_per_round", STEPS_PER_ROUND))
     keras.utils.set_random_seed(INIT_SEED)
     w0 = model().get_weights()
     t0 = time.time()
-    result = train(model, SplitDataset("select"), scheme, workers=k, master_epochs=epochs,
+    result = train(model, SplitDataset(stage), scheme, workers=k, master_epochs=epochs,
                    seed=seed, target_accuracy=target, progress=False, initial_weights=w0,
                    eval_every=max(1, rounds // evals), **options)
     rows = [(r["epoch"], r["test_accuracy"], r["time_s"]) for r in result.history
             if r.get("test_accuracy") is not None]
     return {"k": k, "config": config, "seed": seed, "rows": rows, "wall_s": time.time() - t0,
-            "settings": getattr(result, "settings", None)}
+            "settings": getattr(result, "settings", None), "stage": stage}
 
 
-def run_single(config: str, seed: int, epochs: int, target: float, evals: int) -> dict:
+def run_single(config: str, seed: int, epochs: int, target: float, evals: int,
+               stage: str = "select") -> dict:
     import keras
     import numpy as np
 
     c = parse(config)
     batch = int(c.get("batch", 32))
-    (x, y), (xv, yv) = SplitDataset("select")()
+    (x, y), (xv, yv) = SplitDataset(stage)()
     keras.utils.set_random_seed(INIT_SEED)
     model = Model(c.get("opt", "adam:1e-3"))()
     rng = np.random.default_rng(seed)
@@ -157,6 +163,8 @@ def table(paths: list, target: float) -> str:
     groups = collections.defaultdict(list)
     for r in runs:
         label = ("one process, " if r.get("single") else "DDLF, ") + r["config"]
+        if r.get("stage", "select") != "select":
+            label += f" ({r['stage']} split)"
         groups[(r["k"], label)].append(epochs_to(r["rows"], target))
     lines = [f"| K | setting | seeds | epochs to {target} (median [min-max]) |",
              "|---:|---|---:|---|"]
@@ -179,6 +187,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=2, help="at most (default 2)")
     p.add_argument("--target", type=float, default=0.875)
     p.add_argument("--evals", type=int, default=16, help="evaluations per epoch (default 16)")
+    p.add_argument("--stage", choices=STAGES, default="select",
+                   help="select: validation (default); final: all 60,000 images, the test set")
     p.add_argument("--out", default="scaling_rules.jsonl", help="append each run here")
     a = p.parse_args(argv)
     if a.mode == "table":
@@ -191,14 +201,14 @@ def main(argv=None) -> int:
 
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        jobs = [(lambda c=c, s=s: run_single(c, s, a.epochs, a.target, a.evals))
+        jobs = [(lambda c=c, s=s: run_single(c, s, a.epochs, a.target, a.evals, a.stage))
                 for s in seeds for c in a.args]
     else:
         import ddlf_actors as ddlf
 
         k = int(a.args[0])
         ddlf.init(num_cpus=max(k, 2))
-        jobs = [(lambda c=c, s=s: run_ddlf(k, c, s, a.epochs, a.target, a.evals))
+        jobs = [(lambda c=c, s=s: run_ddlf(k, c, s, a.epochs, a.target, a.evals, a.stage))
                 for s in seeds for c in a.args[1:]]
     for job in jobs:   # seeds interleaved: every config once per seed, in turn
         r = job()
