@@ -23,7 +23,7 @@ import sys
 
 import psutil
 
-__all__ = ["start_time", "is_running", "matches"]
+__all__ = ["start_time", "is_running", "is_exiting", "matches"]
 
 _LINUX = sys.platform.startswith("linux")
 _TICKS = os.sysconf("SC_CLK_TCK") if _LINUX else 0
@@ -32,19 +32,41 @@ _TICKS = os.sysconf("SC_CLK_TCK") if _LINUX else 0
 _TOLERANCE_S = 0.01 if _LINUX else 1.0
 
 
+# The kernel's flag on a task that has begun to exit (include/linux/sched.h).
+_PF_EXITING = 0x4
+
+
+def _stat_after_name(pid: int) -> list:
+    """The fields of ``/proc/PID/stat`` after the name (field 3 on): the name (field 2) is
+    in parentheses and may hold spaces or ")", so split after its last ")"."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(int(pid)) from None
+    return stat[stat.rindex(b")") + 2:].split()
+
+
 def start_time(pid: int) -> float:
     """When ``pid`` started: seconds since boot on Linux, else since the epoch.
     ``psutil.NoSuchProcess`` if there is no such process."""
     if _LINUX:
-        try:
-            with open(f"/proc/{int(pid)}/stat", "rb") as f:
-                stat = f.read()
-        except (FileNotFoundError, ProcessLookupError):
-            raise psutil.NoSuchProcess(int(pid)) from None
-        # The name (field 2) is in parentheses and may hold spaces or ")": split after
-        # its last ")". The start is field 22, the 20th after it.
-        return int(stat[stat.rindex(b")") + 2:].split()[19]) / _TICKS
+        return int(_stat_after_name(pid)[19]) / _TICKS   # field 22
     return psutil.Process(pid).create_time()
+
+
+def is_exiting(pid: int) -> bool:
+    """True if ``pid`` has begun to exit (Linux; elsewhere always False).
+
+    A process killed by SIGKILL closes its files, and so its children's stdin lifelines,
+    before the kernel marks it a zombie: a child that wakes on that EOF can still find it
+    "running". Its flags already say it is exiting; it will never run user code again."""
+    if not _LINUX:
+        return False
+    try:
+        return bool(int(_stat_after_name(pid)[6]) & _PF_EXITING)   # field 9, the flags
+    except (psutil.Error, OSError, ValueError, IndexError):
+        return False
 
 
 def matches(pid: int, recorded: float | None) -> bool:
