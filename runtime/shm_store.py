@@ -586,9 +586,8 @@ def sweep(s: _Store | None = None) -> int:
         key = (int(parts[0]), int(parts[1]))
         ok = alive.get(key)
         if ok is None:
-            # A zombie has exited: a node sweeps as soon as its driver dies, unreaped. So
-            # has a process that is exiting: the node wakes on its closed lifeline before
-            # the kernel marks the killed driver a zombie, and this sweep is the node's last.
+            # Zombies and exiting processes are gone: a node wakes on its killed driver's
+            # closed lifeline before the kernel marks the driver a zombie, and sweeps last.
             ok = (process_identity.is_running(key[0], key[1] / 100)
                   and not process_identity.is_exiting(key[0]))
             alive[key] = ok
