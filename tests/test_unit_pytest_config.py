@@ -4,8 +4,10 @@ Issue 31: with the registry's CUDA torch, xdist workers died of segfaults in the
 test command (``pytest -q -n 2 --dist loadfile tests``), and after the fourth crash the
 controller waited forever on idle workers. This runs that command's options with this
 project's own pytest configuration (pyproject.toml) on a few files, one of whose tests
-kills its worker with SIGSEGV and another with ``os.abort()``, and checks that the run ends
-with a failure that names the crashed test.
+kills its worker (with SIGSEGV in one run, ``os.abort()`` in another), and checks that the
+run ends with a failure that names the crashed test. One crash a run: two workers crashing
+at the same moment can break xdist's own scheduler ("cannot send (already closed?)", an
+INTERNALERROR this configuration cannot prevent), which is not what is tested here.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
-FILES = {
+CRASHES = {
     "test_a_segfault.py": (
         "import os, signal\n"
         "def test_before():\n    pass\n"
@@ -27,13 +31,16 @@ FILES = {
         "import os\n"
         "def test_abort():\n    os.abort()\n"
         "def test_after():\n    pass\n"),
+}
+FINE = {
     "test_c_fine.py": "def test_one():\n    pass\ndef test_two():\n    pass\n",
     "test_d_fine.py": "def test_one():\n    pass\n",
 }
 
 
-def test_crashed_worker_ends_the_run_with_a_failure(tmp_path):
-    for name, text in FILES.items():
+@pytest.mark.parametrize("crash", sorted(CRASHES))
+def test_crashed_worker_ends_the_run_with_a_failure(tmp_path, crash):
+    for name, text in {crash: CRASHES[crash], **FINE}.items():
         (tmp_path / name).write_text(text)
     env = dict(os.environ, PYTHONFAULTHANDLER="0")
     env.pop("PYTEST_ADDOPTS", None)
@@ -56,5 +63,5 @@ def test_crashed_worker_ends_the_run_with_a_failure(tmp_path):
     assert "replacing crashed worker" not in out and "INTERNALERROR" not in out, out
     assert "crashed while running" in out, out
     # The crash is reported as the failing test's own failure, not lost.
-    assert ("test_a_segfault.py::test_segfault" in out
-            or "test_b_abort.py::test_abort" in out), out
+    crashed = {"test_a_segfault.py": "test_segfault", "test_b_abort.py": "test_abort"}[crash]
+    assert f"{crash}::{crashed}" in out, out
