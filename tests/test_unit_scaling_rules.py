@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.training import scaling_rules
 
 
@@ -31,8 +33,6 @@ def test_runs_on_the_final_split_are_tabled_apart_from_validation(tmp_path):
 
 
 def test_the_stage_is_checked_before_anything_runs(capsys):
-    import pytest
-
     with pytest.raises(SystemExit):
         scaling_rules.main(["ddlf", "4", "in=adam:2e-3", "--stage", "test"])
     assert "invalid choice: 'test'" in capsys.readouterr().err
