@@ -128,7 +128,8 @@ class AutoOptions(AllreduceOptions):
              "of giving each all of it (default: by the probe's noise scale and step times)")
     probe_timeout_s: float | None = option(
         None, check=number_in(0.0, float("inf"), low_open=True, high_open=True),
-        help="give the start-up probe at most this long (default 20 s), then fall back")
+        help="give the start-up probe at most this long, then fall back (default: 20 s, "
+             "and 24 of the trainers' measured steps more once their steps are measured)")
 
     DEFAULTS: ClassVar[dict] = {**AllreduceOptions.DEFAULTS, "probe": True,
                                 "probe_timeout_s": 20.0}
@@ -356,6 +357,10 @@ def resolve(given: SchemeOptions, config, options: SchemeOptions, backend, live:
             found = probe.measure(backend, [s.handle for s in live], config.batch_size,
                                   probe_codecs(config.compression),
                                   timeout_s=float(options.probe_timeout_s or 20.0),
+                                  # a timeout given is kept to; the default one also
+                                  # allows a model whose steps are slow their time
+                                  steps_allowed=0.0 if given.probe_timeout_s is not None
+                                  else probe.STEPS_ALLOWED,
                                   # the links only matter to a ladder still to choose
                                   link=config.compression is None or steps is None,
                                   split_batch=split_of(config.batch_size, k)

@@ -32,8 +32,8 @@ import numpy as np
 from .. import backends
 from . import noise
 
-__all__ = ["Probe", "ProbeTrainer", "measure", "LINK_SIZES", "NOISE_BATCHES",
-           "NOISE_BUDGET_S"]
+__all__ = ["Probe", "ProbeTrainer", "measure", "deadline", "LINK_SIZES", "NOISE_BATCHES",
+           "NOISE_BUDGET_S", "STEPS_ALLOWED"]
 
 # The two message sizes of the link probe: a small one for the latency, a large one for
 # the bandwidth (the difference of their times is the large one's transfer).
@@ -44,6 +44,11 @@ LINK_SIZES = (64 * 1024, 4 * 1024 * 1024)
 NOISE_BATCHES = 8
 # ... and at most this long on them once 4 are done (a slow node's probe stays short).
 NOISE_BUDGET_S = 4.0
+# What the default timeout adds, in the trainers' own measured steps, once those are in:
+# the rest of a trainer's probe is at most 4 steps on the split batch, 8 gradients and the
+# codecs. A 6 M-parameter GPT on one thread (a step of 0.94 s) needed about 20 s in all,
+# and failed a fixed 20 s in one run of two (lm_compare.py --size small, 2026-11-30).
+STEPS_ALLOWED = 24.0
 
 
 @dataclasses.dataclass
@@ -178,13 +183,16 @@ def link_figures(sizes, seconds) -> tuple[float, float]:
 
 
 def measure(backend, handles: list, batch_size: int, codec_specs: list,
-            timeout_s: float = 20.0, link: bool = True, split_batch: int | None = None) -> Probe:
+            timeout_s: float = 20.0, link: bool = True, split_batch: int | None = None,
+            steps_allowed: float = 0.0) -> Probe:
     """Probe the trainers ``handles`` (ring order): every trainer's step, the first one's
     codecs and, with ``link`` and more than one trainer, each trainer's link to its right
     neighbour, all at once; with ``split_batch``, every trainer's step on it and its
-    gradients' noise scale too. Never waits longer than ``timeout_s``: a probe that does
-    not finish comes back with ``failed`` set (its calls may still be queued on the
-    trainers; each gives up by itself within ``timeout_s``)."""
+    gradients' noise scale too. Never waits longer than ``timeout_s``, plus, with
+    ``steps_allowed``, that many of the slowest trainer's measured steps once every step
+    measurement is in (:func:`deadline`): a probe that does not finish comes back with
+    ``failed`` set (its calls may still be queued on the trainers; each gives up by itself
+    within ``timeout_s``)."""
     t0 = time.perf_counter()
     k = len(handles)
     steps = [h.probe_step.remote(batch_size) for h in handles]
@@ -196,11 +204,24 @@ def measure(backend, handles: list, batch_size: int, codec_specs: list,
     links = ([h.probe_link.remote(handles[(i + 1) % k], LINK_SIZES, timeout_s)
               for i, h in enumerate(handles)] if link and k > 1 else [])
     refs = steps + splits + noises + ([codec_ref] if codec_ref is not None else []) + links
-    ready, _ = backend.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    allowed = timeout_s
+    if steps_allowed > 0:
+        # Each trainer runs its calls in order, its step first: once every step is in,
+        # the rest (a split step, the noise's gradients, the codecs) is work of a known
+        # size in steps, so a model whose steps are slow is given their time, not failed.
+        done, _ = backend.wait(steps, num_returns=len(steps), timeout=timeout_s)
+        if len(done) == len(steps):
+            try:
+                slowest = max(backend.get(r)["step_s"] for r in steps)
+            except Exception:   # said below, as the probe's failure
+                slowest = 0.0
+            allowed = deadline(timeout_s, slowest, steps_allowed)
+    ready, _ = backend.wait(refs, num_returns=len(refs),
+                            timeout=max(0.0, allowed - (time.perf_counter() - t0)))
     if len(ready) < len(refs):
         return Probe(seconds=time.perf_counter() - t0,
                      failed=f"{len(refs) - len(ready)} of its {len(refs)} measurements did not "
-                            f"finish within {timeout_s:g} s (a slow or broken link between "
+                            f"finish within {allowed:.3g} s (a slow or broken link between "
                             "trainers, or a trainer that is stuck)")
     try:
         step_s = max(backend.get(r)["step_s"] for r in steps)
@@ -219,6 +240,13 @@ def measure(backend, handles: list, batch_size: int, codec_specs: list,
         _batch_figures(backend, found, split_batch, splits, noises)
     found.seconds = time.perf_counter() - t0
     return found
+
+
+def deadline(timeout_s: float, step_s: float, steps_allowed: float) -> float:
+    """Seconds the whole probe may take: ``timeout_s`` and ``steps_allowed`` steps of
+    ``step_s`` more. Bounded, since the steps themselves came in within ``timeout_s``: a
+    probe of 4 steps a trainer that fits ``timeout_s`` has steps of under ``timeout_s / 4``."""
+    return timeout_s + steps_allowed * max(0.0, min(step_s, timeout_s))
 
 
 def _batch_figures(backend, found: Probe, split_batch: int, splits: list, noises: list) -> None:

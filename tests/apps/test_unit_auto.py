@@ -256,6 +256,39 @@ def test_a_probe_that_does_not_finish_falls_back_without_hanging():
     assert result.settings["compression"] == auto.SAFE[1]
 
 
+class SlowStepTrainer(NumpyTrainer):
+    """A model whose steps are slow (0.1 s here, a 6 M-parameter GPT's 0.94 s on one
+    thread): its whole probe takes longer than a fixed timeout of a few steps."""
+
+    def probe_step(self, batch_size, steps=3):
+        time.sleep(0.1)
+        return {"step_s": 0.1}
+
+    def probe_link(self, right, sizes=(), timeout_s=10.0):
+        time.sleep(0.8)   # what comes after the step: here, the link
+        return super().probe_link(right, timeout_s=timeout_s)
+
+
+def test_the_default_probe_timeout_allows_slow_steps_their_time(monkeypatch):
+    # The default timeout (made 0.5 s here) grows by probe.STEPS_ALLOWED measured steps
+    # once the steps are in: 0.5 + 24 x 0.1 s covers the 1 s this probe takes.
+    monkeypatch.setitem(auto.AutoOptions.DEFAULTS, "probe_timeout_s", 0.5)
+    line = _run(trainer_cls=SlowStepTrainer).settings["auto"]["line"]
+    assert "probe failed" not in line and "a step of 100.0 ms" in line
+    # A timeout given is kept to.
+    given = _run(trainer_cls=SlowStepTrainer, probe_timeout_s=0.5).settings["auto"]["line"]
+    assert "probe failed" in given and "did not finish within 0.5 s" in given
+
+
+def test_the_probe_deadline_is_bounded_by_its_timeout():
+    from ddlf_actors.apps.schemes.probe import deadline
+
+    assert deadline(20.0, 0.94, 24) == pytest.approx(20.0 + 24 * 0.94)
+    assert deadline(20.0, 0.0, 24) == 20.0
+    # a step reported longer than the timeout itself (it could not have been) counts as it
+    assert deadline(20.0, 1e9, 24) == 20.0 * 25
+
+
 def test_a_resumed_auto_run_keeps_its_choice(tmp_path):
     first = _run(checkpoint_dir=str(tmp_path))
     again = train(softmax_model_fn(), _data, workers=2, master_epochs=2, batch_size=16,
