@@ -442,13 +442,20 @@ def run_one(args, column: str, seed: int, lr: float, split: str) -> dict:
     return {**base, **result}
 
 
+def rates(args) -> tuple:
+    """The grid ``--select`` searches: ``--rates`` if given, else ``GRID``."""
+    if not args.rates:
+        return GRID
+    return tuple(float(r) for r in args.rates.split(",") if r)
+
+
 def estimate(args, columns: list, seeds: list) -> float:
     """Seconds a command should take: tokens/s of ``small`` (tiny) at 2 cores from
     ``lm_frameworks.py`` on this machine, ~2,000 (13,000) for every column, plus
     evaluations (a forward pass is about a third of a step) and ~30 s a run to start."""
     rate = {"tiny": 13_000.0, "small": 2_000.0}.get(args.size, 2_000.0)
     per_run = 2_291_436 * args.epochs / rate * (1 + 0.35 * 0.11) + 30
-    runs = len(columns) * (len(GRID) if args.select else len(seeds))
+    runs = len(columns) * (len(rates(args)) if args.select else len(seeds))
     return runs * per_run
 
 
@@ -456,6 +463,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--columns", default=",".join(COLUMNS))
     p.add_argument("--select", action="store_true", help="choose lr on the validation split")
+    p.add_argument("--rates", help="the peak rates --select tries, comma-separated "
+                                   "(default: 3e-4,1e-3,3e-3); the same for every column")
     p.add_argument("--choices", help="JSON of the chosen rates and the target loss: written "
                                      "by --select, read otherwise")
     p.add_argument("--target", type=float, help="the target loss (default: the choices' "
@@ -519,7 +528,7 @@ def main(argv=None) -> int:
     results: list = []
     try:
         if args.select:
-            for lr in GRID:
+            for lr in rates(args):
                 for column in columns:
                     results.append(run_one(args, column, seeds[0], lr, "val"))
             print(report_table(results, None, f"Selection on the validation split, seed "
