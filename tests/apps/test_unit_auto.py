@@ -354,3 +354,21 @@ def test_a_split_batch_runs_every_round_on_it_and_a_resume_keeps_it(tmp_path):
     kept = _run(trainer_cls=TextLikeTrainer, split_batch=False)
     assert kept.config.batch_size == 16 and len(kept.history) == 2
     assert kept.settings["auto"]["probe"]["noise"] is None
+
+
+def test_a_split_batch_takes_the_rounds_plain_average_unless_an_outer_setting_is_given():
+    # docs/training.md: the outer momentum makes up for K trainers moving 1/K as far per
+    # sample; with the batch split they take one process's steps, and it only overshoots.
+    split = _run(trainer_cls=TextLikeTrainer, split_batch=None).settings
+    assert split["auto"]["batch_size"] == 8
+    assert (split["options"]["outer_momentum"], split["options"]["outer_lr"],
+            split["options"]["nesterov"]) == (0.0, 1.0, False)
+    assert "the rounds' average as it is (no outer momentum)" in split["auto"]["line"]
+    # An outer setting given wins, and the rest of the outer step keeps its defaults.
+    given = _run(trainer_cls=TextLikeTrainer, split_batch=None, outer_momentum=0.5).settings
+    assert given["auto"]["batch_size"] == 8 and given["options"]["outer_momentum"] == 0.5
+    assert given["options"]["nesterov"] is True and "no outer momentum" not in given["auto"]["line"]
+    # The whole batch on each trainer keeps the outer step's defaults.
+    kept = _run(trainer_cls=TextLikeTrainer, split_batch=False).settings
+    assert (kept["options"]["outer_momentum"], kept["options"]["outer_lr"],
+            kept["options"]["nesterov"]) == (0.8, 0.7, True)
