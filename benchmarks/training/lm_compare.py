@@ -47,6 +47,9 @@ ddlf-split-batch  (only when named in ``--columns``) ddlf-default with each trai
                 The diagnostic that showed why the defaults learned less per token than
                 one process before ``auto`` weighed the batch; not a column of the issue's
                 table.
+ddlf-plain-average  (only when named) ddlf-default with ``outer_momentum=0``: the round's
+                average applied as it is (outer rate 1, no momentum). A diagnostic of the
+                outer step on a model it was not chosen on.
 
 The model is ``--size small`` (6.1 M parameters; ``tiny`` for smoke runs) with windows of
 ``--context`` 128 bytes (the byte tokenizer). The run's helpers (processes, timelines,
@@ -392,7 +395,9 @@ def run_ddlf(args, batch: int = BATCH, **given) -> dict:
 RUNNERS = {"torch-1p": run_single, "torch-ddp": run_ddp, "torchft-diloco": run_diloco,
            "ddlf-default": run_ddlf,
            # Not one of COLUMNS (the table): a diagnostic, named in --columns.
-           "ddlf-split-batch": lambda args: run_ddlf(args, BATCH // 2, split_batch=False)}
+           "ddlf-split-batch": lambda args: run_ddlf(args, BATCH // 2, split_batch=False),
+           # and the defaults with a plain average for the outer step (no momentum, rate 1)
+           "ddlf-plain-average": lambda args: run_ddlf(args, outer_momentum=0.0)}
 
 
 # -- the parent ---------------------------------------------------------------------------------
