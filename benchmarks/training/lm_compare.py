@@ -454,6 +454,16 @@ def rates(args) -> tuple:
     return tuple(float(r) for r in args.rates.split(",") if r)
 
 
+def save(path: str | None, results: list) -> None:
+    """Every run so far to ``path`` (``--json``), after each run: a command stopped
+    part-way (a benchmark started in the background ignores SIGINT, and SIGKILL skips
+    ``finally``) keeps what it measured."""
+    if path:
+        with open(path + ".part", "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(path + ".part", path)
+
+
 def estimate(args, columns: list, seeds: list) -> float:
     """Seconds a command should take: tokens/s of ``small`` (tiny) at 2 cores from
     ``lm_frameworks.py`` on this machine, ~2,000 (13,000) for every column, plus
@@ -536,6 +546,7 @@ def main(argv=None) -> int:
             for lr in rates(args):
                 for column in columns:
                     results.append(run_one(args, column, seeds[0], lr, "val"))
+                    save(args.json, results)
             print(report_table(results, None, f"Selection on the validation split, seed "
                                               f"{seeds[0]}, {args.epochs:g} epoch(s), "
                                               f"GPT {args.size}"))
@@ -561,15 +572,14 @@ def main(argv=None) -> int:
                 for column in columns:
                     lr = chosen.get(column, {}).get("lr", 1e-3)
                     results.append(run_one(args, column, seed, lr, "test"))
+                    save(args.json, results)
             print(report_table(results, target, f"Test split, seeds {args.seeds}, "
                                                 f"{args.epochs:g} epoch(s), GPT {args.size}, "
                                                 f"context {args.context}"))
             for line in ratio_lines(results, target):
                 print(line)
     finally:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+        save(args.json, results)
     print(f"\nload average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 
