@@ -244,8 +244,9 @@ def measure(backend, handles: list, batch_size: int, codec_specs: list,
 
 def deadline(timeout_s: float, step_s: float, steps_allowed: float) -> float:
     """Seconds the whole probe may take: ``timeout_s`` and ``steps_allowed`` steps of
-    ``step_s`` more. Bounded, since the steps themselves came in within ``timeout_s``: a
-    probe of 4 steps a trainer that fits ``timeout_s`` has steps of under ``timeout_s / 4``."""
+    ``step_s`` more. Bounded: the steps came in within ``timeout_s`` (4 of them a trainer,
+    so a step is under a quarter of it), and a step reported longer counts as
+    ``timeout_s``, so the probe never takes more than ``(1 + steps_allowed) · timeout_s``."""
     return timeout_s + steps_allowed * max(0.0, min(step_s, timeout_s))
 
 

@@ -358,7 +358,7 @@ def test_a_split_batch_runs_every_round_on_it_and_a_resume_keeps_it(tmp_path):
 
 def test_a_split_batch_takes_the_rounds_plain_average_unless_an_outer_setting_is_given():
     # docs/training.md: the outer momentum makes up for K trainers moving 1/K as far per
-    # sample; with the batch split they take one process's steps, and it only overshoots.
+    # sample; with the batch split they take one process's steps, and it only adds rate.
     split = _run(trainer_cls=TextLikeTrainer, split_batch=None).settings
     assert split["auto"]["batch_size"] == 8
     assert (split["options"]["outer_momentum"], split["options"]["outer_lr"],
