@@ -459,9 +459,10 @@ def save(path: str | None, results: list) -> None:
     part-way (a benchmark started in the background ignores SIGINT, and SIGKILL skips
     ``finally``) keeps what it measured."""
     if path:
-        with open(path + ".part", "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(path + ".part", path)
+        from ddlf_actors.apps.datasets.atomic import atomic_write
+
+        with atomic_write(path) as f:
+            f.write(json.dumps(results, indent=1).encode())
 
 
 def estimate(args, columns: list, seeds: list) -> float:
